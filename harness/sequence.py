@@ -1,0 +1,74 @@
+"""A sequence's life in the engine: its tokens, how many have KV stored, and when things happened.
+
+A request with `n` samples or `beam_width` beams becomes several sequences that share the
+request; the allocator and the scheduler only ever see sequences.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class Request:
+    """One user request as the workload generates it (lengths in tokens, times in seconds)."""
+
+    request_id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    prompt_tokens: Optional[np.ndarray] = None  # token ids; None when only lengths are simulated
+    n: int = 1  # parallel samples
+    beam_width: int = 1
+    prefix_id: int = -1  # which shared system prompt it starts with, -1 = none
+
+    @property
+    def final_len(self) -> int:
+        """Tokens whose KV is stored when the request ends (the last sampled token is never fed)."""
+        return self.prompt_len + self.output_len - 1
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Token state of one sequence.
+
+    Invariant: `num_computed <= num_tokens`; the tokens in [num_computed, num_tokens) are the
+    ones the next step feeds to the model. `num_tokens - request.prompt_len` tokens have been
+    generated.
+    """
+
+    seq_id: int
+    request: Request
+    num_tokens: int
+    num_computed: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    token_ids: list = field(default_factory=list)  # prompt + generated ids (serve only)
+    num_cached: int = 0  # tokens whose KV a prefix-cache hit supplied at admission
+    first_token_s: Optional[float] = None
+    finish_s: Optional[float] = None
+    num_preemptions: int = 0
+    parent: Optional["Sequence"] = None
+    cumulative_logprob: float = 0.0
+
+    @property
+    def num_generated(self) -> int:
+        return self.num_tokens - self.request.prompt_len
+
+    @property
+    def final_len(self) -> int:
+        return self.request.final_len
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_tokens - self.num_computed > 1 or self.num_generated == 0

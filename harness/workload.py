@@ -1,0 +1,178 @@
+"""Request streams: arrival times (Poisson or gamma) and prompt / output lengths, seeded.
+
+Length distributions:
+- `sharegpt`: a monotone quantile function interpolated (in log space) through the published
+  ShareGPT percentiles (FACTS.md: input median 35, p90 507, p99 1464, mean 161.31; output
+  median 271, p90 754, p99 1280, mean 337.99). The p25 / p75 knots are not published: they are
+  chosen so that the means come out right. Pairs with input + output > max_model_len are redrawn,
+  as the paper filters them.
+- `alpaca`: log-normal lengths with the published means (input 19.31, output 58.45) and an
+  assumed spread (sigma 0.6 / 0.8).
+- `uniform`: vLLM's random dataset, lengths uniform in [L(1-r), L(1+r)].
+- `fixed`: every request has the same lengths.
+- `trace`: a CSV with `input_len,output_len` and optionally `arrival_s`, used in file order.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import numpy as np
+
+from kvbench.errors import UserError
+from kvbench.sequence import Request
+
+SHAREGPT_INPUT_KNOTS = ((0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0), (1, 12, 35, 115, 507, 1464, 2047))
+SHAREGPT_OUTPUT_KNOTS = ((0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0), (1, 108, 271, 480, 754, 1280, 2047))
+KINDS = ("sharegpt", "alpaca", "uniform", "fixed", "trace")
+
+
+def _quantile_draw(rng: np.random.Generator, knots, size: int) -> np.ndarray:
+    q, v = knots
+    return np.maximum(1, np.rint(np.exp(np.interp(rng.random(size), q, np.log(v))))).astype(np.int64)
+
+
+def _lengths(cfg: dict, rng: np.random.Generator, size: int, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    kind = cfg["kind"]
+    if kind == "sharegpt":
+        draw_in = lambda k: _quantile_draw(rng, SHAREGPT_INPUT_KNOTS, k)
+        draw_out = lambda k: _quantile_draw(rng, SHAREGPT_OUTPUT_KNOTS, k)
+    elif kind == "alpaca":
+        draw_in = lambda k: np.maximum(1, np.rint(rng.lognormal(math.log(19.31) - 0.18, 0.6, k))).astype(np.int64)
+        draw_out = lambda k: np.maximum(1, np.rint(rng.lognormal(math.log(58.45) - 0.32, 0.8, k))).astype(np.int64)
+    elif kind == "uniform":
+        r = float(cfg["range_ratio"])
+        if not 0 <= r < 1:
+            raise UserError(f"workload.range_ratio={r} must be in [0, 1)")
+        draw_in = lambda k: _uniform(rng, int(cfg["input_len"]), r, k)
+        draw_out = lambda k: _uniform(rng, int(cfg["output_len"]), r, k)
+    elif kind == "fixed":
+        draw_in = lambda k: np.full(k, int(cfg["input_len"]), dtype=np.int64)
+        draw_out = lambda k: np.full(k, int(cfg["output_len"]), dtype=np.int64)
+    else:
+        raise UserError(f"unknown workload kind {kind!r}; known: {', '.join(KINDS)}")
+    inputs, outputs = draw_in(size), draw_out(size)
+    if kind in ("sharegpt", "alpaca"):  # the datasets' pairs are filtered to fit the model
+        for _ in range(100):
+            bad = inputs + outputs > max_len
+            if not bad.any():
+                break
+            inputs[bad], outputs[bad] = draw_in(int(bad.sum())), draw_out(int(bad.sum()))
+    return inputs, outputs
+
+
+def _uniform(rng: np.random.Generator, length: int, r: float, size: int) -> np.ndarray:
+    lo, hi = max(1, int(length * (1 - r))), max(1, int(length * (1 + r)))
+    return rng.integers(lo, hi + 1, size=size)
+
+
+def arrivals(rng: np.random.Generator, rate: float, burstiness: float, count: int | None,
+             duration_s: float | None) -> np.ndarray:
+    """Arrival times: gamma-distributed gaps with mean 1/rate (shape 1 = Poisson)."""
+    if math.isinf(rate):
+        return np.zeros(count or 0)
+    scale = 1.0 / (rate * burstiness)
+    if count is not None:
+        return np.cumsum(rng.gamma(burstiness, scale, size=count))
+    times, t = [], 0.0
+    chunk = max(16, int(rate * duration_s * 1.2))
+    while True:
+        for gap in rng.gamma(burstiness, scale, size=chunk):
+            t += gap
+            if t > duration_s:
+                return np.array(times)
+            times.append(t)
+
+
+def load_trace(path: str) -> list[tuple[int, int, float | None]]:
+    if not path:
+        raise UserError("workload=trace needs workload.path=FILE.csv (columns input_len,output_len[,arrival_s])")
+    if not os.path.isfile(path):
+        raise UserError(f"trace file {path!r} does not exist")
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"input_len", "output_len"} - set(reader.fieldnames or ())
+        if missing:
+            raise UserError(f"trace {path}: header must have input_len,output_len[,arrival_s]; missing {sorted(missing)}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                i, o = int(row["input_len"]), int(row["output_len"])
+                a = row.get("arrival_s")
+                a = float(a) if a not in (None, "") else None
+            except (TypeError, ValueError):
+                raise UserError(f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)") from None
+            if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
+                raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
+            rows.append((i, o, a))
+    if not rows:
+        raise UserError(f"trace {path} has no rows")
+    return rows
+
+
+def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False,
+             vocab_size: int = 50272) -> list[Request]:
+    """The requests of one run, sorted by arrival. Token ids are drawn only `with_tokens`."""
+    rate = float(cfg["rate"])
+    if not rate > 0:
+        raise UserError(f"workload.rate={cfg['rate']} must be > 0 (req/s; inf = all at t=0)")
+    burstiness = float(cfg.get("burstiness", 1.0))
+    if not burstiness > 0:
+        raise UserError(f"workload.burstiness={burstiness} must be > 0 (1 = Poisson)")
+    count = cfg.get("num_requests")
+    duration = cfg.get("duration_s")
+    if count is not None and int(count) < 1:
+        raise UserError(f"workload.num_requests={count} must be >= 1")
+    if count is None and (duration is None or math.isinf(rate)):
+        raise UserError("set workload.num_requests (needed with rate=inf) or workload.duration_s")
+    if duration is not None and not float(duration) > 0:
+        raise UserError(f"workload.duration_s={duration} must be > 0")
+    n, beam = int(cfg.get("n", 1)), int(cfg.get("beam_width", 1))
+    if n < 1:
+        raise UserError(f"workload.n={n} must be >= 1 (parallel samples per request)")
+    if beam < 1:
+        raise UserError(f"workload.beam_width={beam} must be >= 1")
+    if n > 1 and beam > 1:
+        raise UserError("workload.n and workload.beam_width cannot both be > 1")
+    rng = np.random.default_rng(seed)
+
+    if cfg["kind"] == "trace":
+        rows = load_trace(cfg.get("path"))
+        if count is not None:
+            rows = rows[: int(count)]
+        inputs = np.array([r[0] for r in rows])
+        outputs = np.array([r[1] for r in rows])
+        given = [r[2] for r in rows]
+        times = (np.array(given, dtype=float) if all(a is not None for a in given)
+                 else arrivals(rng, rate, burstiness, len(rows), None))
+    else:
+        times = arrivals(rng, rate, burstiness, None if count is None else int(count),
+                         None if duration is None else float(duration))
+        inputs, outputs = _lengths(cfg, rng, len(times), max_model_len)
+
+    prefix_len = int(cfg.get("prefix_len", 0))
+    num_prefixes = int(cfg.get("num_prefixes", 1))
+    if prefix_len < 0 or num_prefixes < 1:
+        raise UserError(f"workload.prefix_len={prefix_len} must be >= 0 and num_prefixes={num_prefixes} >= 1")
+    if prefix_len >= max_model_len:
+        raise UserError(f"workload.prefix_len={prefix_len} must be shorter than max_model_len={max_model_len}")
+    token_rng = np.random.default_rng(seed + 1)
+    prefixes = [token_rng.integers(0, vocab_size, prefix_len) for _ in range(num_prefixes)] if prefix_len else []
+    requests = []
+    for i, (t, p, o) in enumerate(zip(times, inputs, outputs)):
+        p, o = int(p) + prefix_len, int(o)
+        if p + o > max_model_len:
+            raise UserError(f"request {i} has {p} prompt + {o} output tokens, more than "
+                            f"max_model_len={max_model_len}; shorten it or raise model.max_model_len")
+        prefix_id = int(token_rng.integers(num_prefixes)) if prefix_len else -1
+        tokens = None
+        if with_tokens or prefix_len:
+            body = token_rng.integers(0, vocab_size, p - prefix_len)
+            tokens = np.concatenate([prefixes[prefix_id], body]) if prefix_len else body
+        requests.append(Request(i, float(t), p, o, tokens, n, beam, prefix_id))
+    if not requests:
+        raise UserError("the workload has no requests: raise workload.duration_s or set workload.num_requests")
+    requests.sort(key=lambda r: r.arrival_s)
+    return requests

@@ -1,0 +1,117 @@
+"""The allocator contract and the four-way KV accounting every allocator keeps.
+
+An allocator decides where a sequence's tokens live; the scheduler decides who runs. The
+scheduler calls, per sequence and step, only O(1) or O(blocks touched) operations:
+
+    admit(seq)          reserve what the policy reserves up front; False = not yet
+    grow(seq, n)        make room for `n` more tokens and count them as token state;
+                        False = out of memory (the scheduler preempts and retries)
+    fork(parent, child) the child shares (paged) or copies (contiguous) the parent's tokens
+    free(seq)           give everything back
+
+Accounting (DESIGN.md): every slot of the pool is exactly one of token state, reserved (set
+aside for a token this request will really produce), internal fragmentation (set aside, never
+used), or free / external fragmentation. The counters are kept incrementally, so `accounting()`
+is O(1) and the four parts always add up to `num_slots`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvbench.errors import UserError
+from kvbench.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class KVAccounting:
+    """A snapshot of where the pool's slots are, in token slots."""
+
+    num_slots: int
+    token: int
+    reserved: int
+    internal: int
+
+    @property
+    def free(self) -> int:
+        return self.num_slots - self.token - self.reserved - self.internal
+
+    def fractions(self) -> tuple[float, float, float, float]:
+        n = self.num_slots
+        return self.token / n, self.reserved / n, self.internal / n, self.free / n
+
+
+class KVAllocator(ABC):
+    """Base of every allocator plugin. Subclasses set `name` and `layout`.
+
+    `layout` is "paged" (sequences have block tables of `block_size`-slot blocks) or
+    "contiguous" (each sequence owns one slot range starting at `slot_start(seq)`).
+    """
+
+    name: ClassVar[str]
+    layout: ClassVar[str]
+    description: ClassVar[str] = ""
+    min_block_size: ClassVar[int] = 1
+    max_block_size: ClassVar[int] = 256
+
+    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, **options):
+        if not isinstance(block_size, int) or not (self.min_block_size <= block_size <= self.max_block_size):
+            raise UserError(
+                f"allocator.block_size={block_size!r} is not allowed for {self.name}: "
+                f"use an integer in {self.min_block_size}..{self.max_block_size}"
+            )
+        if options:
+            raise UserError(f"allocator {self.name} has no option(s) {sorted(options)}")
+        self.block_size = block_size
+        self.num_slots = num_slots
+        self.max_model_len = max_model_len
+        self._token = 0
+        self._reserved = 0
+        self._allocated = 0  # slots set aside for some sequence (token + reserved + internal)
+        self.external_frag_waits = 0  # admissions refused although total free space sufficed
+        self.num_copies = 0  # block or slot-range copies (copy-on-write, fork of a reservation)
+
+    # --- the contract -------------------------------------------------------------------
+    @abstractmethod
+    def admit(self, seq: Sequence) -> bool: ...
+
+    @abstractmethod
+    def grow(self, seq: Sequence, num_tokens: int) -> bool: ...
+
+    @abstractmethod
+    def fork(self, parent: Sequence, child: Sequence) -> None: ...
+
+    @abstractmethod
+    def free(self, seq: Sequence) -> None: ...
+
+    @abstractmethod
+    def capacity(self, seq: Sequence) -> int:
+        """Slots set aside for `seq` now (its block table's slots, or its reservation)."""
+
+    def footprint(self, request_len: int) -> int:
+        """Slots this policy sets aside for a sequence of `request_len` tokens at its end."""
+        return request_len
+
+    def can_ever_admit(self, final_len: int) -> bool:
+        """False when a sequence of `final_len` tokens would not fit even in an empty pool."""
+        return self.footprint(final_len) <= self.num_slots
+
+    def accounting(self) -> KVAccounting:
+        return KVAccounting(self.num_slots, self._token, self._reserved,
+                            self._allocated - self._token - self._reserved)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.num_slots - self._allocated
+
+    def stats(self) -> dict:
+        """Counters a result row records beside the accounting."""
+        return {"external_frag_waits": self.external_frag_waits, "copies": self.num_copies}
+
+    # --- helpers for subclasses ----------------------------------------------------------
+    @staticmethod
+    def _reserved_for(capacity: int, num_tokens: int, final_len: int) -> int:
+        """Empty slots of a sequence's capacity that it will fill before it ends."""
+        return max(0, min(capacity, final_len) - num_tokens)

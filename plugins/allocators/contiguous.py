@@ -1,0 +1,151 @@
+"""Contiguous reservation in a linear slot space, first-fit: Orca(Max) and Orca(Oracle).
+
+Each admitted sequence reserves one slot range up front and keeps it until it ends; the
+reservation size is the policy. Free space is a sorted list of holes, merged with their
+neighbours on free, so external fragmentation is what the placement really leaves behind.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from kvbench.plugins.allocators.base import KVAllocator
+from kvbench.sequence import Sequence
+
+
+class FirstFitSpace:
+    """Holes of a linear space of `size` slots; allocation takes the lowest hole that fits."""
+
+    def __init__(self, size: int):
+        self.starts = [0]  # sorted hole starts
+        self.lengths = {0: size}
+
+    def allocate(self, length: int) -> int | None:
+        for start in self.starts:  # one entry per hole: O(live reservations)
+            hole = self.lengths[start]
+            if hole >= length:
+                i = bisect.bisect_left(self.starts, start)
+                del self.starts[i]
+                del self.lengths[start]
+                if hole > length:
+                    self.starts.insert(i, start + length)
+                    self.lengths[start + length] = hole - length
+                return start
+        return None
+
+    def release(self, start: int, length: int) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        if i < len(self.starts) and start + length == self.starts[i]:  # merge with the next hole
+            nxt = self.starts.pop(i)
+            length += self.lengths.pop(nxt)
+        if i > 0:
+            prev = self.starts[i - 1]
+            if prev + self.lengths[prev] == start:  # merge with the previous hole
+                self.lengths[prev] += length
+                return
+        self.starts.insert(i, start)
+        self.lengths[start] = length
+
+
+class ReservingAllocator(KVAllocator):
+    """A policy that reserves `reservation(seq)` contiguous slots at admission.
+
+    The reservation never grows: a sequence that outgrows it is a policy bug, reported loudly.
+    """
+
+    layout = "contiguous"
+
+    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, **options):
+        super().__init__(num_slots, max_model_len, block_size, **options)
+        self._space = self._make_space()
+        self._range: dict[int, tuple[int, int]] = {}  # seq_id -> (start, length)
+        self._seq_reserved: dict[int, int] = {}
+
+    def _make_space(self):
+        return FirstFitSpace(self.num_slots)
+
+    def reservation(self, seq: Sequence) -> int:
+        raise NotImplementedError
+
+    def footprint(self, request_len: int) -> int:
+        raise NotImplementedError
+
+    def _place(self, length: int) -> int | None:
+        return self._space.allocate(length)
+
+    def _release(self, start: int, length: int) -> None:
+        self._space.release(start, length)
+
+    def admit(self, seq: Sequence) -> bool:
+        length = self.reservation(seq)
+        start = self._place(length)
+        if start is None:
+            if self.num_free_slots >= length:
+                self.external_frag_waits += 1
+            return False
+        self._range[seq.seq_id] = (start, length)
+        self._allocated += length
+        self._seq_reserved[seq.seq_id] = 0
+        self._update(seq, seq.num_computed)
+        return True
+
+    def _update(self, seq: Sequence, num_tokens: int) -> None:
+        _, length = self._range[seq.seq_id]
+        new = self._reserved_for(length, num_tokens, seq.final_len)
+        self._reserved += new - self._seq_reserved[seq.seq_id]
+        self._seq_reserved[seq.seq_id] = new
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        start, length = self._range[seq.seq_id]
+        after = seq.num_computed + num_tokens
+        if after > length:
+            raise RuntimeError(f"{self.name}: sequence {seq.seq_id} outgrew its reservation "
+                               f"({after} > {length} slots)")
+        self._token += num_tokens
+        self._update(seq, after)
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """A contiguous child needs its own range: reserve it and copy the parent's tokens."""
+        child.num_computed = 0
+        if not self.admit(child):
+            raise MemoryError(f"{self.name}: no room to fork sequence {parent.seq_id}")
+        self.grow(child, parent.num_computed)
+        child.num_computed = parent.num_computed
+        self.num_copies += 1
+
+    def free(self, seq: Sequence) -> None:
+        start, length = self._range.pop(seq.seq_id)
+        self._release(start, length)
+        self._allocated -= length
+        self._token -= seq.num_computed
+        self._reserved -= self._seq_reserved.pop(seq.seq_id)
+
+    def capacity(self, seq: Sequence) -> int:
+        return self._range[seq.seq_id][1]
+
+    def slot_start(self, seq: Sequence) -> int:
+        return self._range[seq.seq_id][0]
+
+
+class ContiguousAllocator(ReservingAllocator):
+    name = "contiguous"
+    description = "Orca(Max): reserve max_model_len slots per request, first-fit"
+
+    def reservation(self, seq: Sequence) -> int:
+        return self.max_model_len
+
+    def footprint(self, request_len: int) -> int:
+        return self.max_model_len
+
+
+class OracleAllocator(ReservingAllocator):
+    name = "oracle"
+    description = "Orca(Oracle): reserve exactly prompt + true output length, first-fit"
+
+    def reservation(self, seq: Sequence) -> int:
+        return seq.final_len
+
+    def footprint(self, request_len: int) -> int:
+        return request_len
+

@@ -1,0 +1,290 @@
+"""Attention backends: eager against plain contiguous attention, triton_paged against eager.
+
+Batches are ragged and their caches non-contiguous on purpose: paged sequences get physical
+blocks from a random permutation, contiguous sequences sit in a shuffled order with gaps, and
+every slot no sequence owns holds NaN, so a kernel reading a wrong slot cannot pass. Without a
+GPU the Triton kernels run under the interpreter, so shapes stay tiny.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE.type == "cpu":
+    # Triton picks interpreter or compiler when a kernel is defined, so before kernels import.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from kvbench.plugins.backends.base import AttentionMetadata  # noqa: E402
+from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
+from kvbench.plugins.backends.triton_paged import TritonPagedBackend  # noqa: E402
+
+NUM_HEADS, HEAD_DIM = 4, 16
+SCALE = HEAD_DIM ** -0.5
+
+# name -> (context length of each sequence, how many of its last tokens are this step's queries)
+SCENARIOS = {
+    "prefill": ([13, 1, 30], [13, 1, 30]),
+    "decode": ([37, 5, 20], [1, 1, 1]),
+    # a prompt chunk over 33 cached tokens, a decode row and a fresh prompt in one step
+    "chunked_mixed": ([40, 9, 23], [7, 1, 23]),
+}
+
+
+@dataclass
+class Batch:
+    query: torch.Tensor  # [T, NUM_HEADS, HEAD_DIM], the last row padding when pad_tokens
+    key: torch.Tensor  # [T, kv_heads, HEAD_DIM], this step's tokens
+    value: torch.Tensor
+    k_cache: torch.Tensor  # cached prefixes written, this step's tokens not yet
+    v_cache: torch.Tensor
+    meta: AttentionMetadata
+    context_keys: list  # per sequence [seq_len, kv_heads, HEAD_DIM], the whole context
+    context_values: list
+
+
+def make_batch(scenario: str, block_size: int, layout: str, num_kv_heads: int = 2,
+               pad_tokens: int = 0, seed: int = 0, dtype: torch.dtype = torch.float32) -> Batch:
+    seq_lens, query_lens = SCENARIOS[scenario]
+    gen = torch.Generator().manual_seed(seed)
+    block_tables = seq_starts = None
+    if layout == "paged":
+        blocks_needed = [-(-n // block_size) for n in seq_lens]
+        num_blocks = sum(blocks_needed) + 3
+        physical = torch.randperm(num_blocks, generator=gen).tolist()
+        block_tables = torch.zeros(len(seq_lens), max(blocks_needed), dtype=torch.int32)
+        slots = []
+        for seq, (seq_len, needed) in enumerate(zip(seq_lens, blocks_needed)):
+            ids, physical = physical[:needed], physical[needed:]
+            block_tables[seq, :needed] = torch.tensor(ids)
+            slots.append([ids[i // block_size] * block_size + i % block_size
+                          for i in range(seq_len)])
+    else:
+        starts = [0] * len(seq_lens)
+        end = 0
+        for seq in torch.randperm(len(seq_lens), generator=gen).tolist():
+            starts[seq] = end + int(torch.randint(0, 4, (1,), generator=gen))
+            end = starts[seq] + seq_lens[seq]
+        num_blocks = -(-(end + 3) // block_size)
+        seq_starts = torch.tensor(starts, dtype=torch.int64)
+        slots = [[start + i for i in range(n)] for start, n in zip(starts, seq_lens)]
+
+    shape = (num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    k_cache = torch.full(shape, float("nan"))
+    v_cache = torch.full(shape, float("nan"))
+    context_keys = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
+    context_values = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
+    slot_mapping, new_keys, new_values = [], [], []
+    for seq, (seq_len, q_len) in enumerate(zip(seq_lens, query_lens)):
+        for i in range(seq_len - q_len):
+            k_cache.view(-1, num_kv_heads, HEAD_DIM)[slots[seq][i]] = context_keys[seq][i]
+            v_cache.view(-1, num_kv_heads, HEAD_DIM)[slots[seq][i]] = context_values[seq][i]
+        slot_mapping += slots[seq][seq_len - q_len:]
+        new_keys.append(context_keys[seq][seq_len - q_len:])
+        new_values.append(context_values[seq][seq_len - q_len:])
+    padding = torch.zeros(pad_tokens, num_kv_heads, HEAD_DIM)
+    num_tokens = sum(query_lens) + pad_tokens
+
+    to = dict(device=DEVICE)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor([0] + query_lens, **to).cumsum(0, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, **to),
+        slot_mapping=torch.tensor(slot_mapping + [-1] * pad_tokens, dtype=torch.int64, **to),
+        block_size=block_size, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_tables=None if block_tables is None else block_tables.to(**to),
+        seq_starts=None if seq_starts is None else seq_starts.to(**to))
+    return Batch(
+        query=torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, generator=gen).to(DEVICE, dtype),
+        key=torch.cat(new_keys + [padding]).to(DEVICE, dtype),
+        value=torch.cat(new_values + [padding]).to(DEVICE, dtype),
+        k_cache=k_cache.to(DEVICE, dtype), v_cache=v_cache.to(DEVICE, dtype), meta=meta,
+        context_keys=[k.to(DEVICE) for k in context_keys],
+        context_values=[v.to(DEVICE) for v in context_values])
+
+
+def contiguous_attention(batch: Batch, window: int) -> torch.Tensor:
+    """softmax(Q K^T * scale + mask) V per sequence from its plain K/V tensors: no cache at all."""
+    outputs = []
+    starts = batch.meta.query_start_loc.tolist()
+    for seq, (k, v) in enumerate(zip(batch.context_keys, batch.context_values)):
+        q = batch.query[starts[seq]:starts[seq + 1]].float()
+        q_len, seq_len = q.shape[0], k.shape[0]
+        group = NUM_HEADS // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        ones = torch.ones(q_len, seq_len, dtype=torch.bool, device=DEVICE)
+        visible = ones.tril(seq_len - q_len)
+        if window:
+            visible &= ~ones.tril(seq_len - q_len - window)
+        bias = torch.zeros(q_len, seq_len, device=DEVICE).masked_fill(~visible, float("-inf"))
+        heads = [torch.softmax(q[:, h] @ k[:, h].T * SCALE + bias, dim=-1) @ v[:, h]
+                 for h in range(NUM_HEADS)]
+        outputs.append(torch.stack(heads, dim=1))
+    padding = batch.query.shape[0] - starts[-1]
+    outputs.append(torch.zeros(padding, NUM_HEADS, HEAD_DIM, device=DEVICE))
+    return torch.cat(outputs)
+
+
+def run_backend(backend, batch: Batch, window: int):
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    backend.write_kv(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
+    return backend.forward(batch.query, k_cache, v_cache, batch.meta, SCALE, window)
+
+
+def require_triton():
+    reason = TritonPagedBackend.unsupported_reason(DEVICE, torch.float32, "paged", 0)
+    if reason:
+        pytest.skip(reason)
+
+
+# ---- eager is the reference: check it against attention that never touches a cache ----
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+@pytest.mark.parametrize("window", [0, 5])
+def test_eager_equals_contiguous_attention(scenario, block_size, layout, window):
+    batch = make_batch(scenario, block_size, layout)
+    out = run_backend(EagerBackend(), batch, window)
+    torch.testing.assert_close(out, contiguous_attention(batch, window), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 4])  # MQA and MHA next to the GQA default of 2
+def test_eager_handles_every_head_grouping(num_kv_heads):
+    batch = make_batch("chunked_mixed", 4, "paged", num_kv_heads=num_kv_heads)
+    out = run_backend(EagerBackend(), batch, 0)
+    torch.testing.assert_close(out, contiguous_attention(batch, 0), rtol=0, atol=1e-5)
+
+
+def test_sliding_window_changes_long_context_output_only():
+    batch = make_batch("decode", 4, "paged")
+    full, windowed = (run_backend(EagerBackend(), batch, w) for w in (0, 5))
+    # seq 1 has 5 tokens, so a window of 5 sees all of them; the 37- and 20-token ones lose keys.
+    assert torch.equal(full[1], windowed[1])
+    assert (full[0] - windowed[0]).abs().max() > 1e-2
+    assert (full[2] - windowed[2]).abs().max() > 1e-2
+
+
+def test_eager_write_kv_skips_padding_slot():
+    batch = make_batch("chunked_mixed", 4, "paged", pad_tokens=2)
+    batch.key[-2:] = 7.0  # a padding row that leaked would leave 7s in the cache
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    EagerBackend().write_kv(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    assert torch.equal(flat_k[batch.meta.slot_mapping[:-2]], batch.key[:-2])
+    assert not (k_cache == 7.0).any()
+    # Exactly the 31 new tokens' slots stopped being NaN.
+    slots_filled = batch.k_cache.isnan().sum() - k_cache.isnan().sum()
+    assert slots_filled == 31 * k_cache.shape[2] * HEAD_DIM
+
+
+# ---- triton_paged against eager (interpreter on CPU) ----
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+@pytest.mark.parametrize("window", [0, 5])
+def test_triton_paged_matches_eager(scenario, layout, window):
+    require_triton()
+    batch = make_batch(scenario, 4, layout, pad_tokens=1)
+    expected = run_backend(EagerBackend(), batch, window)
+    out = run_backend(TritonPagedBackend(), batch, window)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_triton_paged_across_block_sizes(block_size, layout):
+    require_triton()
+    batch = make_batch("chunked_mixed", block_size, layout, seed=block_size)
+    expected = run_backend(EagerBackend(), batch, 0)
+    out = run_backend(TritonPagedBackend(), batch, 0)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
+
+
+def test_split_plan_gives_every_split_tokens():
+    from kvbench.kernels.decode import split_plan
+
+    assert split_plan(37, 3, block_n=16) == (13, 3)
+    assert split_plan(200, 3, block_n=16) == (80, 3)  # partitions rounded up to whole tiles
+    assert split_plan(5, 8, block_n=16) == (1, 5)  # never more splits than tokens
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+@pytest.mark.parametrize("window", [0, 12])
+def test_split_kv_decode_matches_eager(layout, window):
+    require_triton()
+    from kvbench.kernels.decode import paged_decode
+
+    batch = make_batch("decode", 4, layout)
+    expected = run_backend(EagerBackend(), batch, window)
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    EagerBackend().write_kv(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
+    meta = batch.meta
+    for num_splits in (2, 3):
+        # block_n 8: splits of 13-19 tokens take several tiles each, so both merges are exercised.
+        out = paged_decode(batch.query, k_cache, v_cache, meta.seq_lens, SCALE,
+                           block_tables=meta.block_tables, seq_starts=meta.seq_starts,
+                           window=window, num_splits=num_splits, block_n=8)
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+@pytest.mark.parametrize("window", [0, 5])
+def test_prefill_over_several_key_tiles_matches_eager(layout, window):
+    require_triton()
+    from kvbench.kernels.prefill import paged_prefill
+
+    batch = make_batch("chunked_mixed", 4, layout)
+    expected = run_backend(EagerBackend(), batch, window)
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    EagerBackend().write_kv(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
+    meta = batch.meta
+    out = paged_prefill(batch.query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, SCALE,
+                        max_query_len=meta.max_query_len, block_tables=meta.block_tables,
+                        seq_starts=meta.seq_starts, window=window, block_n=16)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
+
+
+def test_cache_write_kernel_matches_eager_and_skips_padding():
+    require_triton()
+    batch = make_batch("chunked_mixed", 4, "paged", pad_tokens=2)
+    batch.key[-2:] = 7.0  # a padding row that leaked would leave 7s in the cache
+    caches = {}
+    for backend in (EagerBackend(), TritonPagedBackend()):
+        k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+        backend.write_kv(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
+        caches[backend.name] = (k_cache, v_cache)
+    for eager_cache, triton_cache in zip(caches["eager"], caches["triton_paged"]):
+        torch.testing.assert_close(triton_cache, eager_cache, rtol=0, atol=0, equal_nan=True)
+    k_cache = caches["triton_paged"][0]
+    assert not (k_cache == 7.0).any()
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    assert torch.equal(flat_k[batch.meta.slot_mapping[:-2]], batch.key[:-2])
+
+
+def test_triton_paged_bf16_decode_within_bf16_rounding():
+    require_triton()
+    batch = make_batch("decode", 4, "paged", dtype=torch.bfloat16)
+    expected = run_backend(EagerBackend(), batch, 0)
+    out = run_backend(TritonPagedBackend(), batch, 0)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), rtol=0, atol=2e-2)
+
+
+def test_triton_paged_says_why_cpu_needs_the_interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    reason = TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.float32, "paged", 0)
+    assert "TRITON_INTERPRET=1" in reason
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if DEVICE.type == "cpu":  # on a GPU machine the kernels here were compiled, not interpreted
+        assert TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.float32,
+                                                     "contiguous", 8) is None
+    assert "int8" in TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.int8,
+                                                           "paged", 0)
+    assert EagerBackend.unsupported_reason(torch.device("cpu"), torch.float64, "contiguous",
+                                           3) is None
