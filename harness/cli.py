@@ -1,7 +1,8 @@
 """The `bench` command: a Hydra app that runs one point (or, with -m, a sweep) and writes its rows.
 
-Bad input ends a run with one line on stderr and exit code 2. Inside a sweep a bad point is
-recorded (status=failed, with the reason) and the sweep goes on.
+Bad input ends a run with one line on stderr and exit code 2. Inside a sweep a failing point is
+recorded (status=failed, with the reason) and the sweep goes on; re-running a sweep into the same
+directory (hydra.sweep.dir=...) skips the points an earlier run completed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from kvbench.errors import UserError
-from kvbench.results import environment, write_csv
+from kvbench.profiling import profiled
+from kvbench.results import environment, read_csv, write_csv
 from kvbench.validate import validate_argv
 
 log = logging.getLogger("kvbench")
@@ -25,33 +27,62 @@ log = logging.getLogger("kvbench")
 def point_overrides() -> dict:
     """The swept / overridden parameters of this point, as identity columns."""
     columns = {}
+    not_parameters = set(HydraConfig.get().job.config.override_dirname.exclude_keys)  # e.g. progress
     for item in HydraConfig.get().overrides.task:
         key, _, value = item.lstrip("+~").partition("=")
         if key in ("allocator", "backend", "graph", "scenario", "model", "hardware", "workload"):
+            continue
+        if key in not_parameters:
             continue
         columns[key] = value
     return columns
 
 
+def point_complete(metrics: Path) -> bool:
+    """True when an earlier run of the sweep finished this point with status ok.
+
+    metrics.csv is written atomically, so if it exists it is whole."""
+    if not metrics.is_file():
+        return False
+    rows = read_csv(metrics)
+    return bool(rows) and all(row.get("status") == "ok" for row in rows)
+
+
+def failed_point(cfg: DictConfig, out_dir: Path, reason: str) -> tuple[list[dict], str, str]:
+    from kvbench.run import identity
+
+    reason = reason.strip().splitlines()[0] if reason.strip() else "no message"
+    print(f"error in point {out_dir.name}: {reason}", file=sys.stderr)
+    try:
+        rows = [identity(cfg)]
+    except Exception:  # the identity itself may be what is invalid
+        rows = [{}]
+    return rows, "failed", reason
+
+
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")
 def _main(cfg: DictConfig) -> None:
-    from kvbench.run import identity, run_point
+    from kvbench.run import run_point
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    if multirun and point_complete(out_dir / "metrics.csv"):
+        log.info("skipped %s: complete from an earlier run of this sweep", out_dir.name)
+        return
     try:
-        rows = run_point(cfg)
+        with profiled(cfg, out_dir):
+            rows = run_point(cfg)
         status, reason = "ok", ""
     except UserError as err:
         if not multirun:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        print(f"error in point {out_dir.name}: {err}", file=sys.stderr)
-        try:
-            rows = [identity(cfg)]
-        except Exception:  # the identity itself may be what is invalid
-            rows = [{}]
-        status, reason = "failed", str(err)
+        rows, status, reason = failed_point(cfg, out_dir, str(err))
+    except Exception as err:  # out of memory, a crashed kernel: recorded, and the sweep goes on
+        if not multirun:
+            raise
+        log.exception("point %s failed", out_dir.name)
+        rows, status, reason = failed_point(cfg, out_dir, f"{type(err).__name__}: {err}")
     env = environment()
     for row in rows:
         row.update(point_overrides())

@@ -99,7 +99,7 @@ class Engine:
                     self.allocator.fork(seq, child)
                     child.status = SeqStatus.RUNNING
                     self.scheduler.running.append(child)
-            if seq.num_generated >= seq.request.output_len:
+            if seq.num_tokens >= seq.request.max_tokens:
                 seq.finish_s = clock
                 self.scheduler.finish(seq)
                 self.recorder.on_finish(seq)

@@ -74,10 +74,14 @@ class Scheduler:
         batch = Batch()
         budget = self.max_num_batched_tokens
         allocator, running = self.allocator, self.running
+        seqs, counts = batch.seqs, batch.num_new_tokens
+        num_tokens = context_tokens = attention_pairs = prefills = 0
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = seq.num_tokens - seq.num_computed
+            if n > budget:
+                n = budget
             while not allocator.grow(seq, n):
                 victim = running[-1]  # newest first
                 self.preempt(victim)
@@ -85,11 +89,21 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                self._add_to_batch(batch, seq, n)
+                # inlined _add_to_batch: this loop runs for every running sequence every step
+                seq.num_computed = context = seq.num_computed + n
+                seqs.append(seq)
+                counts.append(n)
+                num_tokens += n
+                context_tokens += context
+                attention_pairs += n * context
+                if n > 1 or seq.num_tokens == seq.request.prompt_len:
+                    prefills += 1
                 budget -= n
                 i += 1
                 continue
             break
+        batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
+        batch.attention_pairs, batch.num_prefill_seqs = attention_pairs, prefills
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < self.max_num_seqs and not batch.preempted:
             seq = waiting[0]

@@ -26,10 +26,10 @@ class Request:
     beam_width: int = 1
     prefix_id: int = -1  # which shared system prompt it starts with, -1 = none
 
-    @property
-    def final_len(self) -> int:
-        """Tokens whose KV is stored when the request ends (the last sampled token is never fed)."""
-        return self.prompt_len + self.output_len - 1
+    def __post_init__(self):
+        # Tokens whose KV is stored when the request ends (the last sampled token is never fed).
+        self.final_len = self.prompt_len + self.output_len - 1
+        self.max_tokens = self.prompt_len + self.output_len
 
 
 class SeqStatus(enum.Enum):
@@ -65,9 +65,8 @@ class Sequence:
     def num_generated(self) -> int:
         return self.num_tokens - self.request.prompt_len
 
-    @property
-    def final_len(self) -> int:
-        return self.request.final_len
+    def __post_init__(self):
+        self.final_len = self.request.final_len  # read on every step: a plain attribute
 
     @property
     def is_prefill(self) -> bool:

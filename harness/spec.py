@@ -37,6 +37,7 @@ class ModelSpec:
     window: int = 0
     linear_state_dim: int = 0  # per-head state is head_dim x linear_state_dim for linear layers
     rope_theta: float = 10000.0
+    num_active_params: float = 0.0  # parameters one token uses (mixture of experts); 0 = all
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> "ModelSpec":
@@ -55,6 +56,8 @@ class ModelSpec:
                                 f"known: {', '.join(LAYER_KINDS)}")
         if "window" in self.layer_pattern and self.window <= 0:
             raise UserError(f"model.window={self.window} must be > 0 for window layers")
+        if "linear" in self.layer_pattern and self.linear_state_dim <= 0:
+            raise UserError(f"model.linear_state_dim={self.linear_state_dim} must be > 0 for linear layers")
         if self.num_heads % self.num_kv_heads:
             raise UserError(f"model.num_heads={self.num_heads} must be a multiple of "
                             f"num_kv_heads={self.num_kv_heads}")
@@ -82,8 +85,17 @@ class ModelSpec:
         return attention_layers * self.kv_bytes_per_token_per_layer
 
     @property
+    def linear_state_bytes_per_layer(self) -> int:
+        """One sequence's recurrent state in one linear layer: heads x head_dim x linear_state_dim."""
+        return self.num_heads * self.head_dim * self.linear_state_dim * self.dtype_bytes
+
+    @property
     def weight_bytes(self) -> float:
         return self.num_params * self.dtype_bytes
+
+    @property
+    def active_params(self) -> float:
+        return self.num_active_params or self.num_params
 
 
 @dataclass(frozen=True)

@@ -128,9 +128,9 @@ def default_num_splits(device: torch.device, num_seqs: int, num_kv_heads: int, s
 
 
 def split_plan(span: int, num_splits: int, block_n: int) -> tuple[int, int]:
-    """(partition_size, num_splits) covering `span` keys, no split left empty.
-
-    Partitions longer than a tile are rounded up to whole tiles so no tile straddles two splits.
+    """(partition_size, num_splits) that cover `span` keys, leaving no split of the longest
+    context empty. A partition longer than a tile is rounded up to whole tiles, so only the
+    context's last tile runs partly masked.
     """
     partition_size = triton.cdiv(span, num_splits)
     if partition_size > block_n:

@@ -76,6 +76,16 @@ class PagedAllocator(KVAllocator):
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         before = seq.num_computed
+        if num_tokens == 1 and before % self.block_size:
+            # The decode fast path: room in an unshared last block, which this token fills by one.
+            # The slot was counted as reserved (a sequence never stores more than final_len).
+            block = self.block_tables[seq.seq_id][-1]
+            if self.ref_count[block] == 1:
+                self.block_fill[block] += 1
+                self._token += 1
+                self._reserved -= 1
+                self._seq_reserved[seq.seq_id] -= 1
+                return True
         after = before + num_tokens
         if self._blocks_needed(seq, after) > len(self.free_blocks):
             return False

@@ -1,0 +1,62 @@
+"""The attention call every model layer makes, registered as the custom op `kvbench::attention`.
+
+Graph modes split a captured model at this op (piecewise) or capture through it (full). The op
+takes only tensors and the layer index; the batch's metadata, the backend and the KV caches
+come from the forward context the executor sets around each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kvbench.plugins.backends.base import AttentionBackend, AttentionMetadata
+
+
+@dataclass
+class ForwardContext:
+    backend: AttentionBackend
+    meta: AttentionMetadata
+    kv_caches: list  # per attention layer: (k_cache, v_cache)
+    scale: float
+    windows: list  # per attention layer: sliding window in tokens, 0 = full
+
+
+_current: Optional[ForwardContext] = None
+
+
+@contextlib.contextmanager
+def forward_context(ctx: ForwardContext):
+    global _current
+    previous, _current = _current, ctx
+    try:
+        yield ctx
+    finally:
+        _current = previous
+
+
+def current_context() -> ForwardContext:
+    if _current is None:
+        raise RuntimeError("kvbench::attention called outside forward_context()")
+    return _current
+
+
+@torch.library.custom_op("kvbench::attention", mutates_args=("output",))
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              output: torch.Tensor, layer: int) -> None:
+    """Write this step's K/V of `layer` into its cache, then attend; result into `output`.
+
+    query / output: [T, num_heads, head_dim]; key / value: [T, num_kv_heads, head_dim].
+    """
+    ctx = current_context()
+    k_cache, v_cache = ctx.kv_caches[layer]
+    ctx.backend.write_kv(key, value, k_cache, v_cache, ctx.meta.slot_mapping)
+    output.copy_(ctx.backend.forward(query, k_cache, v_cache, ctx.meta, ctx.scale, ctx.windows[layer]))
+
+
+@attention.register_fake
+def _(query, key, value, output, layer) -> None:
+    return None
