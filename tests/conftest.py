@@ -1,0 +1,19 @@
+"""Shared fixtures: small sequences and requests for allocator and scheduler scenarios."""
+
+import itertools
+
+import pytest
+
+from kvbench.sequence import Request, Sequence
+
+_ids = itertools.count()
+
+
+def make_seq(prompt_len: int, output_len: int, generated: int = 0) -> Sequence:
+    request = Request(next(_ids), 0.0, prompt_len, output_len)
+    return Sequence(next(_ids), request, prompt_len + generated)
+
+
+@pytest.fixture
+def seq_factory():
+    return make_seq

@@ -1,0 +1,129 @@
+"""The lecture's sizing and reservation examples, and each allocator's accounting."""
+
+import pytest
+
+from kvbench.errors import UserError
+from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
+from kvbench.plugins.allocators.paged import PagedAllocator
+from kvbench.plugins.allocators.pow2 import Pow2Allocator
+from kvbench.spec import ModelSpec
+
+OPT_13B = ModelSpec("opt-13b", 40, 5120, 40, 40, 128, 12.85e9, 2048, "fp16")
+LLAMA_3_8B = ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 8.03e9, 8192, "bf16")
+
+
+def test_kv_bytes_per_token_opt_13b_is_800_kib():
+    assert OPT_13B.kv_bytes_per_token == 819_200 == 800 * 1024
+
+
+def test_kv_bytes_per_token_llama_3_8b_is_128_kib_and_a_16_token_block_is_2_mib():
+    assert LLAMA_3_8B.kv_bytes_per_token == 131_072
+    assert 16 * LLAMA_3_8B.kv_bytes_per_token == 2 * 1024 * 1024
+
+
+def test_a_12_gib_pool_holds_15728_opt_13b_token_slots():
+    assert (12 * 1024**3) // OPT_13B.kv_bytes_per_token == 15_728
+
+
+def grown(allocator, seq):
+    """Admit `seq` and store all its tokens, as prefill would."""
+    assert allocator.admit(seq)
+    assert allocator.grow(seq, seq.num_tokens)
+    seq.num_computed = seq.num_tokens
+    return seq
+
+
+@pytest.mark.parametrize("cls, expected", [
+    (ContiguousAllocator, 2048), (Pow2Allocator, 512), (OracleAllocator, 400), (PagedAllocator, 256),
+])
+def test_lecture_footprint_after_150_of_300_output_tokens(cls, expected, seq_factory):
+    """100-token prompt, 300 output tokens, observed with 250 real tokens (FACTS.md)."""
+    allocator = cls(num_slots=16 * 1024, max_model_len=2048, block_size=16)
+    seq = seq_factory(100, 300, generated=150)
+    grown(allocator, seq)
+    assert allocator.capacity(seq) == expected
+    acc = allocator.accounting()
+    assert acc.token == 250
+    assert acc.token + acc.reserved + acc.internal == expected
+
+
+def test_oracle_reserves_tokens_it_will_produce_and_nothing_more(seq_factory):
+    allocator = OracleAllocator(num_slots=1000, max_model_len=2048)
+    seq = grown(allocator, seq_factory(100, 300))
+    acc = allocator.accounting()
+    assert (acc.token, acc.reserved, acc.internal) == (100, 299, 1)  # the last token is never stored
+    assert acc.free == 1000 - 400
+
+
+def test_contiguous_max_counts_reservation_beyond_the_final_length_as_internal(seq_factory):
+    allocator = ContiguousAllocator(num_slots=4096, max_model_len=2048)
+    grown(allocator, seq_factory(100, 300))
+    acc = allocator.accounting()
+    assert (acc.token, acc.reserved, acc.internal, acc.free) == (100, 299, 2048 - 399, 2048)
+
+
+def test_first_fit_leaves_external_fragmentation_that_blocks_a_request(seq_factory):
+    allocator = OracleAllocator(num_slots=300, max_model_len=300)
+    a, b, c = (grown(allocator, seq_factory(50, 50)) for _ in range(3))  # 100 slots each
+    allocator.free(a)
+    allocator.free(c)
+    big = seq_factory(100, 50)  # 150 slots: 200 are free, but in two holes of 100
+    assert allocator.num_free_slots == 200
+    assert not allocator.admit(big)
+    assert allocator.external_frag_waits == 1
+    allocator.free(b)
+    assert allocator.admit(big)
+
+
+def test_buddy_blocks_merge_back_into_one_arena(seq_factory):
+    allocator = Pow2Allocator(num_slots=16 * 64, max_model_len=2048)
+    seqs = [grown(allocator, seq_factory(10, 6)) for _ in range(64)]  # 16 slots -> one block each
+    assert allocator.num_free_slots == 0
+    for seq in seqs:
+        allocator.free(seq)
+    assert allocator._space.free_lists[6] == {0}  # one free block of 2^6 blocks again
+    whole = seq_factory(1000, 24)
+    assert allocator.admit(whole)
+
+
+def test_paged_allocates_a_block_only_when_the_last_one_is_full(seq_factory):
+    allocator = PagedAllocator(num_slots=160, max_model_len=2048, block_size=16, watermark=0.0)
+    seq = grown(allocator, seq_factory(16, 40))
+    assert len(allocator.block_table(seq)) == 1
+    assert allocator.grow(seq, 1)
+    seq.num_computed += 1
+    assert len(allocator.block_table(seq)) == 2
+    for _ in range(15):
+        assert allocator.grow(seq, 1)
+        seq.num_computed += 1
+    assert len(allocator.block_table(seq)) == 2
+    assert allocator.accounting().token == 32
+
+
+def test_paged_refuses_growth_when_the_pool_is_empty(seq_factory):
+    allocator = PagedAllocator(num_slots=32, max_model_len=2048, block_size=16, watermark=0.0)
+    seq = grown(allocator, seq_factory(32, 10))
+    assert not allocator.grow(seq, 1)
+    assert allocator.accounting().token == 32  # nothing changed
+
+
+@pytest.mark.parametrize("prompt_len, copies", [(20, 3), (32, 0)])
+def test_forked_samples_copy_a_shared_partial_last_block_n_minus_1_times(prompt_len, copies, seq_factory):
+    allocator = PagedAllocator(num_slots=1600, max_model_len=2048, block_size=16, watermark=0.0)
+    parent = grown(allocator, seq_factory(prompt_len, 10))
+    samples = [parent]
+    for _ in range(3):
+        child = seq_factory(prompt_len, 10)
+        allocator.fork(parent, child)
+        samples.append(child)
+    for seq in samples:
+        assert allocator.grow(seq, 1)
+        seq.num_computed += 1
+    assert allocator.num_copies == copies
+    assert allocator.accounting().token == prompt_len + 4 + copies * (prompt_len % 16)
+
+
+@pytest.mark.parametrize("block_size", [0, -4, 257, 2.5])
+def test_block_size_outside_1_to_256_is_refused(block_size):
+    with pytest.raises(UserError, match="block_size"):
+        PagedAllocator(num_slots=1024, max_model_len=2048, block_size=block_size)

@@ -1,0 +1,69 @@
+"""Plugins arrive through pluggy: built-ins and third-party alike, names unique, errors helpful."""
+
+import sys
+import types
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from kvbench.errors import UserError
+from kvbench.hookspecs import hookimpl
+from kvbench.plugins.allocators.contiguous import OracleAllocator
+from kvbench.registry import Registry, default_registry
+from kvbench.run import run_point
+
+
+class HalfOracleAllocator(OracleAllocator):
+    """A third-party policy: reserve prompt + output, but in a pool it sees as half the size."""
+
+    name = "half_oracle"
+
+    def __init__(self, num_slots, max_model_len, block_size=16, **options):
+        super().__init__(num_slots // 2, max_model_len, block_size, **options)
+
+
+def plugin_module(*classes):
+    module = types.ModuleType("third_party_kv")
+
+    @hookimpl
+    def kvbench_allocators():
+        return list(classes)
+
+    module.kvbench_allocators = kvbench_allocators
+    return module
+
+
+def test_built_ins_register_through_the_entry_point_group():
+    registry = Registry()
+    assert {"contiguous", "oracle", "pow2", "paged"} <= set(registry.classes("allocator"))
+    assert {"eager", "triton_paged"} <= set(registry.classes("backend"))
+
+
+def test_an_external_plugin_is_found_by_name_and_runs_a_simulation(monkeypatch):
+    registry = default_registry()
+    module = plugin_module(HalfOracleAllocator)
+    registry.register(module)
+    try:
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            cfg = compose("bench", overrides=["+allocator=oracle", "allocator.name=half_oracle",
+                                              "workload.num_requests=40", "progress=false"])
+        row = run_point(cfg)[0]
+    finally:
+        registry.unregister(module)
+    assert row["allocator"] == "half_oracle"
+    assert row["completed"] == 40
+    assert row["kv_capacity_tokens"] < 10_000  # half of OPT-13B's ~15.8K slots
+
+
+def test_a_duplicate_name_is_an_error_naming_both_sources():
+    registry = Registry()
+    clash = type("Clash", (OracleAllocator,), {"name": "paged"})
+    registry.register(plugin_module(clash), name="third_party_kv")
+    with pytest.raises(UserError) as err:
+        registry.classes("allocator")
+    assert "third_party_kv" in str(err.value) and "kvbench" in str(err.value)
+
+
+def test_an_unknown_name_lists_the_known_ones():
+    with pytest.raises(UserError, match="known: .*contiguous.*paged"):
+        Registry().get("allocator", "bogus")

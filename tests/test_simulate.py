@@ -1,0 +1,53 @@
+"""The paper's headline in simulation: where KV memory goes, and what it does to batch and rate."""
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from kvbench.run import run_point
+
+ALLOCATORS = ("contiguous", "oracle", "pow2", "paged")
+
+
+def simulate(allocator: str, *overrides: str) -> dict:
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=[f"+allocator={allocator}", "progress=false", *overrides])
+    return run_point(cfg)[0]
+
+
+@pytest.fixture(scope="module")
+def at_4_req_s():
+    return {a: simulate(a, "workload.duration_s=300") for a in ALLOCATORS}
+
+
+def test_kv_fractions_add_up_to_one(at_4_req_s):
+    for row in at_4_req_s.values():
+        parts = [row[k] for k in ("kv_token_util", "kv_reserved_frac", "kv_internal_frag_frac", "kv_external_frag_frac")]
+        assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(1.0)
+
+
+def test_paged_keeps_over_90_percent_token_states_and_max_under_30(at_4_req_s):
+    util = {a: row["kv_token_util"] for a, row in at_4_req_s.items()}
+    assert util["paged"] >= 0.90
+    assert util["contiguous"] <= 0.30
+    assert util["contiguous"] < util["pow2"] < util["oracle"] < util["paged"]
+
+
+def test_orca_max_fits_exactly_seven_opt_13b_requests(at_4_req_s):
+    assert at_4_req_s["contiguous"]["mean_batch_size"] == pytest.approx(7.0)
+
+
+def test_where_the_baselines_saturate_paged_sustains_a_higher_rate(at_4_req_s):
+    for allocator in ("contiguous", "oracle", "pow2"):
+        assert at_4_req_s["paged"]["throughput_req_s"] > at_4_req_s[allocator]["throughput_req_s"]
+
+
+def test_at_2_req_s_paged_batches_over_three_times_as_many_requests_as_max():
+    paged = simulate("paged", "workload.rate=2", "workload.duration_s=400")
+    contiguous = simulate("contiguous", "workload.rate=2", "workload.duration_s=400")
+    assert paged["mean_batch_size"] >= 3 * contiguous["mean_batch_size"]
+
+
+def test_the_same_seed_reproduces_every_simulated_metric():
+    a, b = (simulate("paged", "workload.num_requests=200") for _ in range(2))
+    drop = {"schedule_us_per_step"}  # host wall time, not simulated
+    assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
