@@ -55,6 +55,9 @@ class AttentionBackend:
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # True when a decode step's forward can be captured in a CUDA graph and replayed: no host
+    # reads of the metadata, launch shapes fixed by the metadata's sizes and `max_seq_len`.
+    cuda_graph_capturable: ClassVar[bool] = False
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str,

@@ -136,6 +136,10 @@ class FlashInferBackend(AttentionBackend):
 
     def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
+        if query.is_cuda and torch.cuda.is_current_stream_capturing():
+            # A captured run would replay the plan of the capture step for every later batch.
+            raise UserError("flashinfer plans each step on the host, so it cannot be captured "
+                            "in a full CUDA graph; use +graph=eager or +graph=piecewise")
         step = self._plan(query, k_cache, meta, scale, window)
         if meta.block_tables is None:
             k_cache = k_cache.view(-1, 1, *k_cache.shape[2:])
@@ -154,9 +158,6 @@ class FlashInferBackend(AttentionBackend):
                k_cache.dtype, scale)
         step = self._step_plans.get(key)
         if step is None:
-            if query.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise UserError("flashinfer plans each step on the host, so it cannot be captured "
-                                "in a full CUDA graph; use graph=eager or graph=piecewise")
             wrapper_key = (meta.is_decode_only, key)
             wrapper = self._wrappers.get(wrapper_key)
             if wrapper is None:

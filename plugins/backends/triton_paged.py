@@ -34,6 +34,7 @@ def _kernels_compiled_for_gpu() -> bool:
 class TritonPagedBackend(AttentionBackend):
     name = "triton_paged"
     description = "Triton split-KV decode and varlen prefill kernels over the block table"
+    cuda_graph_capturable = True
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str,
@@ -63,6 +64,8 @@ class TritonPagedBackend(AttentionBackend):
         # Imported here, not at the top: the import fixes interpreter vs GPU for the process.
         from kvbench.kernels.cache_write import write_kv_cache
 
+        if key.stride() != value.stride() or key.stride(-1) != 1:  # the kernel walks both with one set of strides
+            key, value = key.contiguous(), value.contiguous()
         write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
 
     def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -1,0 +1,330 @@
+"""The flashinfer backend: its CSR page tables and plans on CPU, its kernels against eager on a GPU.
+
+Without a GPU the kernels cannot run, so a reference wrapper plays FlashInfer's documented
+plan()/run() contract in plain torch (its causal and window_left masks as in FlashInfer's
+attention variants); everything kvbench does around the kernel is then checked against eager.
+Slots no sequence owns hold a large finite sentinel: a wrong-slot read dominates the softmax and
+the output, while FlashInfer's masked reads of a last page's unused tail stay harmless.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvbench.errors import UserError
+from kvbench.plugins.backends.base import AttentionMetadata
+from kvbench.plugins.backends.flashinfer import (
+    INSTALL_HINT, FlashInferBackend, paged_kv, paged_kv_from_block_tables,
+    paged_kv_from_seq_starts, window_left)
+
+SENTINEL = 1e4
+# name -> (context length of each sequence, how many of its last tokens are this step's queries)
+SCENARIOS = {
+    "prefill": ([13, 1, 32], [13, 1, 32]),
+    "decode": ([37, 5, 16], [1, 1, 1]),
+    "chunked_mixed": ([40, 9, 23], [7, 1, 23]),  # a prompt chunk, a decode row, a fresh prompt
+}
+
+
+def make_step(scenario, block_size, layout, *, num_heads=4, num_kv_heads=2, head_dim=16,
+              dtype=torch.float32, device="cpu", pad_tokens=0, seed=0):
+    """A step whose cached prefixes are written; returns (query, key, value, k_cache, v_cache, meta)."""
+    seq_lens, query_lens = SCENARIOS[scenario]
+    gen = torch.Generator().manual_seed(seed)
+    block_tables = seq_starts = None
+    if layout == "paged":
+        needed = [-(-n // block_size) for n in seq_lens]
+        num_blocks = sum(needed) + 2
+        physical = torch.randperm(num_blocks, generator=gen).tolist()
+        spare = physical.pop()  # holds only sentinels; unused block-table entries point at it
+        block_tables = torch.full((len(seq_lens), max(needed) + 1), spare, dtype=torch.int32)
+        slots = []
+        for seq, (n, count) in enumerate(zip(seq_lens, needed)):
+            ids, physical = physical[:count], physical[count:]
+            block_tables[seq, :count] = torch.tensor(ids)
+            slots.append([ids[i // block_size] * block_size + i % block_size for i in range(n)])
+    else:
+        starts, end = [], 2
+        for n in seq_lens:
+            starts.append(end)
+            end += n + 3  # gaps of sentinel slots between ranges
+        num_blocks = -(-end // block_size)
+        seq_starts = torch.tensor(starts, dtype=torch.int64)
+        slots = [list(range(s, s + n)) for s, n in zip(starts, seq_lens)]
+
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.full(shape, SENTINEL), torch.full(shape, SENTINEL)
+    flat_k, flat_v = k_cache.view(-1, num_kv_heads, head_dim), v_cache.view(-1, num_kv_heads, head_dim)
+    keys, values, slot_mapping = [], [], []
+    for seq_slots, n, q_len in zip(slots, seq_lens, query_lens):
+        k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
+        v = torch.randn(n, num_kv_heads, head_dim, generator=gen)
+        flat_k[seq_slots[:n - q_len]], flat_v[seq_slots[:n - q_len]] = k[:n - q_len], v[:n - q_len]
+        keys.append(k[n - q_len:])
+        values.append(v[n - q_len:])
+        slot_mapping += seq_slots[n - q_len:]
+    padding = torch.zeros(pad_tokens, num_kv_heads, head_dim)
+    num_tokens = sum(query_lens) + pad_tokens
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor([0] + query_lens).cumsum(0).to(device, torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        slot_mapping=torch.tensor(slot_mapping + [-1] * pad_tokens, dtype=torch.int64,
+                                  device=device),
+        block_size=block_size, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_tables=None if block_tables is None else block_tables.to(device),
+        seq_starts=None if seq_starts is None else seq_starts.to(device))
+    query = torch.randn(num_tokens, num_heads, head_dim, generator=gen)
+    return tuple(t.to(device, dtype) for t in (query, torch.cat(keys + [padding]),
+                                                torch.cat(values + [padding]), k_cache, v_cache)) + (meta,)
+
+
+def token_slots(kv, seq):
+    """Flat slots of a sequence's tokens, read back from the CSR page table."""
+    pages = kv.indices[kv.indptr[seq]:kv.indptr[seq + 1]].tolist()
+    length = (len(pages) - 1) * kv.page_size + int(kv.last_page_len[seq]) if pages else 0
+    return [pages[i // kv.page_size] * kv.page_size + i % kv.page_size for i in range(length)]
+
+
+class ReferenceWrapper:
+    """FlashInfer's plan()/run() contract in plain torch; records every plan() call."""
+
+    def __init__(self, decode):
+        self.decode, self.plans = decode, []
+
+    def plan(self, *args, **options):
+        self.plans.append((args, options))
+        if self.decode:
+            indptr, indices, last, num_heads, num_kv_heads, head_dim, page_size = args
+            qo_indptr = torch.arange(len(last) + 1)
+        else:
+            qo_indptr, indptr, indices, last, num_heads, num_kv_heads, head_dim, page_size = args
+            assert options["causal"]
+        self.state = (qo_indptr.tolist(), indptr.tolist(), indices, last.tolist(),
+                      num_heads // num_kv_heads, page_size, options)
+
+    def run(self, q, kv_cache):
+        qo_indptr, indptr, indices, last, group, page_size, options = self.state
+        k_cache, v_cache = kv_cache
+        assert k_cache.shape[1] == page_size and q.shape[0] == qo_indptr[-1]
+        out = torch.empty_like(q)
+        for b in range(len(last)):
+            pages = indices[indptr[b]:indptr[b + 1]].long()
+            kv_len = (len(pages) - 1) * page_size + last[b]
+            k = k_cache[pages].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1)
+            v = v_cache[pages].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1)
+            rows = q[qo_indptr[b]:qo_indptr[b + 1]].float()
+            qo_idx = torch.arange(len(rows))[:, None]
+            kv_idx = torch.arange(kv_len)[None, :]
+            visible = kv_idx + len(rows) <= kv_len + qo_idx
+            if options["window_left"] >= 0:
+                visible &= kv_idx + len(rows) + options["window_left"] >= kv_len + qo_idx
+            scores = torch.einsum("qhd,khd->hqk", rows, k) * options["sm_scale"]
+            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+            out[qo_indptr[b]:qo_indptr[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        return out
+
+
+class ReferenceFactory:
+    def __init__(self):
+        self.wrappers = []
+
+    def __call__(self, decode, device):
+        self.wrappers.append(ReferenceWrapper(decode))
+        return self.wrappers[-1]
+
+    @property
+    def plan_count(self):
+        return sum(len(w.plans) for w in self.wrappers)
+
+
+# ---- CSR page tables ----
+
+def test_block_table_to_csr_worked_example():
+    block_tables = torch.tensor([[7, 2, 5], [3, 0, 5], [9, 5, 5]], dtype=torch.int32)
+    kv = paged_kv_from_block_tables(block_tables, torch.tensor([5, 8, 1]), block_size=4)
+    assert kv.indptr.tolist() == [0, 2, 4, 5]
+    assert kv.indices.tolist() == [7, 2, 3, 0, 9]
+    assert kv.last_page_len.tolist() == [1, 4, 1]  # 8 = 2 full blocks: last page full, not 0
+    assert kv.page_size == 4
+    assert {t.dtype for t in (kv.indptr, kv.indices, kv.last_page_len)} == {torch.int32}
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_csr_reaches_exactly_the_block_table_slots(block_size, scenario):
+    *_, meta = make_step(scenario, block_size, "paged", seed=block_size)
+    kv = paged_kv(meta)
+    for seq, seq_len in enumerate(meta.seq_lens.tolist()):
+        blocks = meta.block_tables[seq]
+        expected = [int(blocks[i // block_size]) * block_size + i % block_size
+                    for i in range(seq_len)]
+        assert token_slots(kv, seq) == expected
+        assert 1 <= int(kv.last_page_len[seq]) <= block_size
+    assert int(kv.indptr[-1]) == sum(-(-n // block_size) for n in meta.seq_lens.tolist())
+
+
+def test_exact_multiple_of_block_size_fills_the_last_page():
+    block_tables = torch.tensor([[4, 1], [2, 3]], dtype=torch.int32)
+    kv = paged_kv_from_block_tables(block_tables, torch.tensor([32, 16]), block_size=16)
+    assert kv.indptr.tolist() == [0, 2, 3]
+    assert kv.last_page_len.tolist() == [16, 16]
+
+
+def test_block_table_too_narrow_for_seq_len_is_an_error():
+    with pytest.raises(ValueError, match="needs 3 blocks"):
+        paged_kv_from_block_tables(torch.zeros(1, 2, dtype=torch.int32), torch.tensor([9]), 4)
+
+
+def test_contiguous_ranges_become_pages_of_one_token():
+    kv = paged_kv_from_seq_starts(torch.tensor([10, 0, 4]), torch.tensor([3, 2, 1]))
+    assert kv.page_size == 1
+    assert kv.indptr.tolist() == [0, 3, 5, 6]
+    assert kv.indices.tolist() == [10, 11, 12, 0, 1, 4]
+    assert kv.last_page_len.tolist() == [1, 1, 1]
+
+
+def test_window_maps_to_inclusive_left_bound():
+    assert window_left(0) == -1  # full attention
+    assert window_left(1) == 0  # only the query's own key
+    assert window_left(5) == 4
+
+
+# ---- plans and forward, with the reference wrapper standing in for the kernels ----
+
+def test_decode_plan_arguments():
+    query, _, _, k_cache, _, meta = make_step("decode", 16, "paged")
+    factory = ReferenceFactory()
+    FlashInferBackend(factory).forward(query, k_cache, k_cache, meta, scale=0.25, window=8)
+    (wrapper,) = factory.wrappers
+    (args, options), = wrapper.plans
+    assert wrapper.decode
+    indptr, indices, last, num_heads, num_kv_heads, head_dim, page_size = args
+    assert indptr.tolist() == [0, 3, 4, 5] and last.tolist() == [5, 5, 16]
+    assert (num_heads, num_kv_heads, head_dim, page_size) == (4, 2, 16, 16)
+    assert options == dict(window_left=7, sm_scale=0.25, q_data_type=torch.float32,
+                           kv_data_type=torch.float32)
+
+
+def test_chunked_prefill_plan_arguments():
+    query, _, _, k_cache, _, meta = make_step("chunked_mixed", 4, "paged")
+    factory = ReferenceFactory()
+    FlashInferBackend(factory).forward(query, k_cache, k_cache, meta, scale=0.25)
+    (wrapper,) = factory.wrappers
+    (args, options), = wrapper.plans
+    assert not wrapper.decode
+    qo_indptr, indptr, _, last, *_ = args
+    assert qo_indptr.tolist() == [0, 7, 8, 31] and qo_indptr.dtype == torch.int32
+    assert indptr.tolist() == [0, 10, 13, 19] and last.tolist() == [4, 1, 3]
+    assert options["causal"] and options["window_left"] == -1
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("layout,block_size", [("paged", 1), ("paged", 4), ("paged", 16),
+                                               ("contiguous", 4)])
+@pytest.mark.parametrize("window", [0, 5])
+def test_forward_through_reference_wrapper_equals_eager(scenario, layout, block_size, window):
+    from kvbench.plugins.backends.eager import EagerBackend
+
+    query, key, value, k_cache, v_cache, meta = make_step(scenario, block_size, layout,
+                                                          pad_tokens=2)
+    backend = FlashInferBackend(ReferenceFactory())
+    backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+    got = backend.forward(query, k_cache, v_cache, meta, scale=0.25, window=window)
+    want = EagerBackend().forward(query, k_cache, v_cache, meta, scale=0.25, window=window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert got[-2:].abs().max() == 0  # padding rows
+
+
+def test_one_plan_per_step_and_window_shared_by_all_layers():
+    query, _, _, k_cache, v_cache, meta = make_step("chunked_mixed", 4, "paged")
+    factory = ReferenceFactory()
+    backend = FlashInferBackend(factory)
+    for _ in range(3):  # three full-attention layers
+        backend.forward(query, k_cache, v_cache, meta, scale=0.25)
+    backend.forward(query, k_cache, v_cache, meta, scale=0.25, window=4)  # a sliding layer
+    assert factory.plan_count == 2 and len(factory.wrappers) == 2
+
+    next_query, *_, next_meta = make_step("decode", 4, "paged")
+    backend.forward(next_query, k_cache, v_cache, next_meta, scale=0.25)
+    backend.forward(next_query, k_cache, v_cache, next_meta, scale=0.25)
+    assert factory.plan_count == 3  # the new step planned once, on a new decode wrapper
+
+    backend.forward(query, k_cache, v_cache, make_step("chunked_mixed", 4, "paged")[-1], 0.25)
+    assert factory.plan_count == 4 and len(factory.wrappers) == 3  # prefill wrapper re-planned
+
+
+# ---- what the backend says it cannot run ----
+
+def test_unsupported_reasons():
+    reason = FlashInferBackend.unsupported_reason
+    assert reason(torch.device("cpu"), torch.float16, "paged", 0) == \
+        "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
+    assert "float32" in reason(torch.device("cuda"), torch.float32, "paged", 0)
+    assert "layout" in reason("cuda", torch.float16, "ring", 0)
+    assert "window" in reason("cuda", torch.bfloat16, "paged", -1)
+
+
+def test_module_imports_and_explains_without_flashinfer():
+    probe = ("import sys; sys.modules['flashinfer'] = None\n"
+             "import torch\n"
+             "from kvbench.plugins.backends.flashinfer import FlashInferBackend\n"
+             "print(FlashInferBackend.unsupported_reason(torch.device('cuda'), torch.float16, "
+             "'paged', 0))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == INSTALL_HINT
+
+
+# ---- the real kernels ----
+
+def gpu_skip_reason(dtype):
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
+    return FlashInferBackend.unsupported_reason(torch.device("cuda"), dtype, "paged", 0)
+
+
+GPU_CASES = [(scenario, layout, block_size, window, torch.float16)
+             for scenario in SCENARIOS
+             for layout, block_size in [("paged", 1), ("paged", 16), ("contiguous", 16)]
+             for window in (0, 5)]
+GPU_CASES.append(("chunked_mixed", "paged", 16, 0, torch.bfloat16))
+
+
+@pytest.mark.parametrize("scenario,layout,block_size,window,dtype", GPU_CASES)
+def test_flashinfer_kernels_equal_eager(scenario, layout, block_size, window, dtype):
+    reason = gpu_skip_reason(dtype)
+    if reason:
+        pytest.skip(reason)
+    from kvbench.plugins.backends.eager import EagerBackend
+
+    query, key, value, k_cache, v_cache, meta = make_step(
+        scenario, block_size, layout, num_heads=8, num_kv_heads=2, head_dim=128, dtype=dtype,
+        device="cuda", pad_tokens=3)
+    scale = 128 ** -0.5
+    backend, eager = FlashInferBackend(), EagerBackend()
+    backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+    got = backend.forward(query, k_cache, v_cache, meta, scale, window)
+    want = eager.forward(query, k_cache, v_cache, meta, scale, window)
+    tolerance = 5e-3 if dtype == torch.float16 else 3e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+    # a second layer of the same step reuses the plan and sees its own cache
+    got_again = backend.forward(query, k_cache * 2, v_cache, meta, scale, window)
+    want_again = eager.forward(query, k_cache * 2, v_cache, meta, scale, window)
+    torch.testing.assert_close(got_again.float(), want_again.float(), atol=tolerance,
+                               rtol=tolerance)
+
+
+def test_full_cuda_graph_capture_is_refused():
+    reason = gpu_skip_reason(torch.float16)
+    if reason:
+        pytest.skip(reason)
+    query, _, _, k_cache, v_cache, meta = make_step("decode", 16, "paged", head_dim=128,
+                                                    dtype=torch.float16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(UserError, match="full CUDA graph"), torch.cuda.graph(graph):
+        FlashInferBackend().forward(query, k_cache, v_cache, meta, scale=0.1)
