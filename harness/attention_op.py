@@ -23,6 +23,8 @@ class ForwardContext:
     kv_caches: list  # per attention layer: (k_cache, v_cache)
     scale: float
     windows: list  # per attention layer: sliding window in tokens, 0 = full
+    layer_meta: Optional[list] = None  # per attention layer, where layer kinds have their own
+                                       # block tables (the hybrid allocator); None = `meta` for all
 
 
 _current: Optional[ForwardContext] = None
@@ -53,8 +55,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """
     ctx = current_context()
     k_cache, v_cache = ctx.kv_caches[layer]
-    ctx.backend.write_kv(key, value, k_cache, v_cache, ctx.meta.slot_mapping)
-    output.copy_(ctx.backend.forward(query, k_cache, v_cache, ctx.meta, ctx.scale, ctx.windows[layer]))
+    meta = ctx.meta if ctx.layer_meta is None else ctx.layer_meta[layer]
+    ctx.backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+    output.copy_(ctx.backend.forward(query, k_cache, v_cache, meta, ctx.scale, ctx.windows[layer]))
 
 
 @attention.register_fake

@@ -1,9 +1,13 @@
 """CostModelExecutor: a step's time from the roofline of the model on the hardware.
 
 time = max(bytes moved / achievable bandwidth, FLOPs / achievable compute) + per-step overhead
-where bytes = weights + the KV the step's attention reads and writes, and FLOPs = 2 x params per
-token + the attention score and value products. Achievable = datasheet peak x efficiency; every
-constant is in the hardware YAML and recorded with the results.
+where bytes = weights + the KV the step's attention reads and writes, and FLOPs = 2 x active
+params per token + the attention score and value products. Hybrid models: window layers read at
+most their window of KV, linear layers their fixed-size state. Achievable = datasheet peak x
+efficiency; every constant is in the hardware YAML and recorded with the results.
+
+Preemption by swapping adds its copies to the step (a fixed latency per copy plus the bytes
+over PCIe); recomputation costs the re-prefill's FLOPs, which the steps already contain.
 """
 
 from __future__ import annotations
@@ -18,28 +22,85 @@ from kvbench.spec import Hardware, ModelSpec
 @dataclass
 class StepResult:
     duration_s: float
-    tokens: Optional[list] = None  # sampled token id per scheduled sequence (serve only)
+    # serve only, per scheduled sequence: its sampled token id; for a request that forks or
+    # steps its beams, at the root's row, the list the engine applies; None for a prefill chunk
+    tokens: Optional[list] = None
+
+
+def swap_time_s(hardware: Hardware, num_copies: int, num_bytes: float) -> float:
+    """Host <-> device copies: a fixed latency per copy plus the bytes over PCIe."""
+    return num_copies * hardware.copy_latency_s + num_bytes / hardware.pcie_bytes_per_s
+
+
+def copies_per_block(model: ModelSpec) -> int:
+    """Copies that move one block: its K and V sit in separate tensors per attention layer (as in vLLM)."""
+    return 2 * (model.num_layers - model.num_layers_of("linear"))
+
+
+def preemption_costs(model: ModelSpec, hardware: Hardware, block_size: int, swapped_blocks: int,
+                     recomputed_tokens: int, recomputed_pairs: int) -> dict:
+    """What a run's preemptions cost on `hardware`: its swap traffic, and the modelled time of
+    the swaps and of the recomputation (re-prefill FLOPs at achievable compute)."""
+    swapped_bytes = swapped_blocks * block_size * model.kv_bytes_per_token
+    copies = swapped_blocks * copies_per_block(model)
+    attention_layers = model.num_layers - model.num_layers_of("linear")
+    flops = (2.0 * model.active_params * recomputed_tokens
+             + 4.0 * attention_layers * model.num_heads * model.head_dim * recomputed_pairs)
+    flops_per_s = hardware.peak_flops * hardware.flops_efficiency * hardware.num_gpus
+    return {"swapped_bytes": swapped_bytes, "swap_copies": copies,
+            "swap_time_model_s": swap_time_s(hardware, copies, swapped_bytes),
+            "recompute_time_model_s": flops / flops_per_s}
 
 
 class CostModelExecutor:
     simulated = True
 
     def __init__(self, model: ModelSpec, hardware: Hardware):
+        self.hardware = hardware
+        self.swap_copies_per_block = copies_per_block(model)
+        self.swap_bytes_per_slot = model.kv_bytes_per_token
         g = hardware.num_gpus
         self.weight_bytes = model.weight_bytes
-        self.kv_bytes_per_token = model.kv_bytes_per_token
         self.bytes_per_s = hardware.hbm_bytes_per_s * hardware.hbm_efficiency * g
         self.flops_per_s = hardware.peak_flops * hardware.flops_efficiency * g
-        self.flops_per_token = 2.0 * model.num_params
-        attention_layers = model.num_layers - model.num_layers_of("linear")
-        self.flops_per_attention_pair = 4.0 * attention_layers * model.num_heads * model.head_dim
+        self.flops_per_token = 2.0 * model.active_params
+        per_layer, pair_flops = model.kv_bytes_per_token_per_layer, 4.0 * model.num_heads * model.head_dim
+        full, window, linear = (model.num_layers_of(k) for k in ("full", "window", "linear"))
+        self.kv_bytes_per_token = full * per_layer  # full attention reads the whole context
+        self.flops_per_attention_pair = pair_flops * full
+        # Window layers read at most the last `window` tokens; a linear layer reads and writes its
+        # state once per sequence and updates it per token (a rank-1 delta rule: ~6 flops a value).
+        self.window = model.window
+        self.window_kv_bytes_per_token = window * per_layer
+        self.window_flops_per_pair = pair_flops * window
+        state_values = linear * model.num_heads * model.head_dim * model.linear_state_dim
+        self.state_bytes_per_seq = 2 * linear * model.linear_state_bytes_per_layer
+        self.state_flops_per_token = 6.0 * state_values
+        self.hybrid = bool(window or linear)
         self.step_overhead_s = hardware.step_overhead_s
 
-    def step_time(self, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
-        memory_s = (self.weight_bytes + self.kv_bytes_per_token * (context_tokens + num_tokens)) / self.bytes_per_s
-        compute_s = (self.flops_per_token * num_tokens
-                     + self.flops_per_attention_pair * attention_pairs) / self.flops_per_s
+    def step_time(self, num_tokens: int, context_tokens: int, attention_pairs: int,
+                  window_context_tokens: int = 0, window_pairs: int = 0, num_seqs: int = 0) -> float:
+        kv_bytes = (self.kv_bytes_per_token * (context_tokens + num_tokens)
+                    + self.window_kv_bytes_per_token * (window_context_tokens + num_tokens)
+                    + self.state_bytes_per_seq * num_seqs)
+        memory_s = (self.weight_bytes + kv_bytes) / self.bytes_per_s
+        compute_s = (self.flops_per_token * num_tokens + self.state_flops_per_token * num_tokens
+                     + self.flops_per_attention_pair * attention_pairs
+                     + self.window_flops_per_pair * window_pairs) / self.flops_per_s
         return max(memory_s, compute_s) + self.step_overhead_s
 
     def execute(self, batch: Batch) -> StepResult:
-        return StepResult(self.step_time(batch.num_tokens, batch.context_tokens, batch.attention_pairs))
+        window_context = window_pairs = 0
+        if self.hybrid:  # O(scheduled sequences), only for models with window or linear layers
+            w = self.window
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seen = min(seq.num_computed, w)
+                window_context += seen
+                window_pairs += n * seen
+        step_s = self.step_time(batch.num_tokens, batch.context_tokens, batch.attention_pairs,
+                                window_context, window_pairs, len(batch.seqs))
+        if batch.swapped_blocks:
+            step_s += swap_time_s(self.hardware, batch.swapped_blocks * self.swap_copies_per_block,
+                                  batch.swapped_slots * self.swap_bytes_per_slot)
+        return StepResult(step_s)

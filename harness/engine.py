@@ -3,6 +3,11 @@
 The clock is the sum of step times: the cost model's in `simulate`, measured wall time in
 `serve`. When nothing can run, the clock jumps to the next arrival (an idle server), so a run's
 result does not depend on how fast the host is at being idle.
+
+A request of n samples or beam width W forks when its prompt is done: every sequence takes its
+first token from the prompt's logits. Beams then step together: each step keeps the W best
+continuations, re-forking the beams nobody continued from the ones continued twice. The
+simulator has no logits, so its beams pick their parents with a seeded RNG.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import itertools
 import time
 from collections import deque
 
+import numpy as np
 from tqdm import tqdm
 
 from kvbench.errors import UserError
@@ -21,8 +27,9 @@ from kvbench.sequence import Request, Sequence, SeqStatus
 
 class Engine:
     def __init__(self, scheduler: Scheduler, executor, recorder: Recorder | None = None,
-                 progress: bool = True):
+                 progress: bool = True, seed: int = 0):
         self.scheduler = scheduler
+        self.rng = np.random.default_rng(seed)  # simulated beam search: which beams continue
         self.allocator = scheduler.allocator
         self.executor = executor
         self.recorder = recorder or Recorder()
@@ -30,13 +37,24 @@ class Engine:
         self._seq_ids = itertools.count()
 
     def check_fits(self, requests: list[Request]) -> None:
-        longest = max(r.final_len for r in requests)
+        longest = max(r.max_tokens for r in requests)
         if not self.allocator.can_ever_admit(longest):
             raise UserError(
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
                 f"{self.allocator.name} needs {self.allocator.footprint(longest)} slots for a "
                 f"{longest}-token request; give more memory (hardware.*, engine.kv_cache_bytes) "
                 f"or a smaller model")
+        allocator, widest = self.allocator, max(r.width for r in requests)
+        if allocator.footprint(longest) * widest > allocator.num_slots:
+            raise UserError(f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
+                            f"sequences of one request ({allocator.footprint(longest)} slots each with "
+                            f"{allocator.name}); lower workload.n / workload.beam_width or give more memory")
+        if self.scheduler.preemption == "swap" and allocator.supports_swap:
+            blocks = -(-longest // allocator.block_size)
+            if blocks > allocator.num_cpu_blocks:
+                raise UserError(f"the swap pool ({allocator.num_cpu_blocks} blocks of {allocator.block_size} "
+                                f"tokens) cannot hold one {longest}-token request ({blocks} blocks); "
+                                f"raise engine.swap_space_bytes (serve: scenario.swap_space_tokens)")
 
     def new_sequence(self, request: Request, parent: Sequence | None = None) -> Sequence:
         tokens = list(request.prompt_tokens) if request.prompt_tokens is not None else []
@@ -80,29 +98,96 @@ class Engine:
         row = recorder.summary(total, scheduler.last_admit_s, first)
         row.update(preemptions=scheduler.num_preemptions,
                    recomputed_tokens=scheduler.recomputed_tokens,
+                   swapped_blocks=self.allocator.swapped_blocks,
                    kv_capacity_tokens=self.allocator.num_slots, **self.allocator.stats())
+        row.setdefault("prefix_hit_rate", 0.0)
         return row
 
     def _advance(self, batch: Batch, tokens: list | None, clock: float) -> int:
-        """Append each sampled token; fork parallel samples after the prompt; finish sequences."""
-        done = 0
+        """Append each sampled token, fork requests whose prompt is done, step beams; retire
+        the requests that are complete. Returns how many were retired."""
+        finished = []
         for i, seq in enumerate(batch.seqs):
             if seq.num_computed < seq.num_tokens:
                 continue  # a prefill chunk: no token yet
-            seq.num_tokens += 1
-            if tokens is not None:
-                seq.token_ids.append(tokens[i])
-            if seq.first_token_s is None:
-                seq.first_token_s = clock
-                for _ in range(seq.request.n - 1):
-                    child = self.new_sequence(seq.request, parent=seq)
-                    self.allocator.fork(seq, child)
-                    child.status = SeqStatus.RUNNING
-                    self.scheduler.running.append(child)
-            if seq.num_tokens >= seq.request.max_tokens:
+            request = seq.request
+            if request.width == 1:  # the common case, kept inline: one sequence per request
+                seq.num_tokens += 1
+                if tokens is not None:
+                    seq.token_ids.append(tokens[i])
+                if seq.first_token_s is None:
+                    seq.first_token_s = clock
+                if seq.num_tokens >= request.max_tokens:
+                    finished.append(seq)
+                continue
+            picked = tokens[i] if tokens is not None else None
+            if seq.group is None:
+                self._fork(seq, picked, clock)
+            elif seq is not seq.group[0]:
+                if request.beam_width == 1:
+                    _append(seq, picked)  # a sample; the root's row retires the group
+                continue
+            elif request.beam_width > 1:
+                self._step_beams(seq.group, picked)
+            else:
+                _append(seq, picked)
+            if seq.num_tokens >= request.max_tokens:
+                finished.append(seq)
+        for root in finished:  # after the loop, when every member of a group has its token
+            self.scheduler.finish(root)
+            for seq in root.group or (root,):
                 seq.finish_s = clock
-                self.scheduler.finish(seq)
                 self.recorder.on_finish(seq)
-                if seq.parent is None:
-                    done += 1
-        return done
+        return len(finished)
+
+    def _fork(self, root: Sequence, picked: list | None, clock: float) -> None:
+        """The prompt is done: fork the other samples / beams; each takes its first token."""
+        request = root.request
+        root.group = [root]
+        for index in range(1, request.width):
+            child = self.new_sequence(request, parent=root)
+            child.sample_index = index
+            child.status = SeqStatus.RUNNING
+            child.group = root.group
+            self.allocator.fork(root, child)
+            root.group.append(child)
+        if request.beam_width > 1:
+            for seq, (_, token, logprob) in zip(root.group, picked or [(0, None, 0.0)] * request.width):
+                seq.cumulative_logprob = logprob
+                _append(seq, token)
+        else:
+            for seq, token in zip(root.group, picked or [None] * request.width):
+                _append(seq, token)
+        for seq in root.group:
+            seq.first_token_s = clock
+
+    def _step_beams(self, beams: list, picked: list | None) -> None:
+        """Continue with the `picked` (beam row, token, logprob) continuations. A picked beam keeps
+        its sequence for its first continuation; further continuations of it take over the
+        sequences of beams nobody picked, re-forked from it before any beam appends its token."""
+        width = len(beams)
+        if picked is None:
+            picked = [(int(row), None, 0.0) for row in self.rng.integers(width, size=width)]
+        slots: list = [None] * width
+        again = []
+        for pick in picked:
+            if slots[pick[0]] is None:
+                slots[pick[0]] = pick
+            else:
+                again.append(pick)
+        unpicked = [slot for slot in range(width) if slots[slot] is None]
+        for slot, pick in zip(unpicked, again):
+            beam, parent = beams[slot], beams[pick[0]]
+            self.allocator.free(beam)
+            self.allocator.fork(parent, beam)
+            beam.num_tokens, beam.token_ids = parent.num_tokens, list(parent.token_ids)
+            slots[slot] = pick
+        for beam, (_, token, logprob) in zip(beams, slots):
+            beam.cumulative_logprob = logprob
+            _append(beam, token)
+
+
+def _append(seq: Sequence, token: int | None) -> None:
+    seq.num_tokens += 1
+    if token is not None:
+        seq.token_ids.append(token)

@@ -19,6 +19,7 @@ class Recorder:
         self.step_dt: list[float] = []
         self.batch_size: list[int] = []
         self.kv: list[tuple[int, int, int]] = []  # token, reserved, internal slots
+        self.kv_by_kind: dict[str, list] = {}  # hybrid models: layer kind -> per-step fractions
         self.schedule_s: list[float] = []
         self.finished: list[Sequence] = []
         self.num_slots = 1
@@ -28,6 +29,8 @@ class Recorder:
         self.step_dt.append(dt)
         self.batch_size.append(batch_size)
         self.kv.append((accounting.token, accounting.reserved, accounting.internal))
+        for kind, acc in getattr(accounting, "by_kind", {}).items():
+            self.kv_by_kind.setdefault(kind, []).append(acc.fractions()[:3])
         self.num_slots = accounting.num_slots
         self.schedule_s.append(schedule_s)
 
@@ -39,6 +42,16 @@ class Recorder:
         start = self.warmup_frac * end
         stop = last_admit_s if last_admit_s > start else end
         return start, stop
+
+    def _kind_fractions(self, weight: np.ndarray) -> dict:
+        """Time-averaged accounting of each layer kind's view of the pool (hybrid models)."""
+        row = {}
+        for kind, steps in self.kv_by_kind.items():
+            token, reserved, internal = np.average(np.asarray(steps), axis=0, weights=weight)
+            row.update({f"kv_token_util_{kind}": token, f"kv_reserved_frac_{kind}": reserved,
+                        f"kv_internal_frag_frac_{kind}": internal,
+                        f"kv_external_frag_frac_{kind}": 1.0 - token - reserved - internal})
+        return row
 
     def summary(self, num_requests: int, last_admit_s: float, first_arrival_s: float) -> dict:
         ends = np.asarray(self.step_end)
@@ -77,6 +90,8 @@ class Recorder:
             "kv_reserved_frac": reserved,
             "kv_internal_frag_frac": internal,
             "kv_external_frag_frac": 1.0 - token - reserved - internal,
+            **self._kind_fractions(weight),
+            "max_batch_size": max(self.batch_size, default=0),
             "normalized_latency_s_per_tok": float(np.mean(e2e / out)) if len(out) else float("nan"),
             "ttft_p50_s": pct(ttft, 50),
             "ttft_p99_s": pct(ttft, 99),

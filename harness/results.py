@@ -21,13 +21,20 @@ IDENTITY = ["scenario", "allocator", "backend", "graph", "model", "hardware", "w
 ENVIRONMENT = ["kvbench_version", "git_sha", "torch", "triton", "device"]
 
 
-def write_atomic(path: Path, text: str) -> None:
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -35,12 +42,8 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def write_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())
 
 
 def ordered_columns(rows: list[dict]) -> list[str]:

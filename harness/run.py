@@ -34,7 +34,12 @@ def plugin_cfg(cfg: DictConfig, kind: str) -> dict:
 def build_allocator(cfg: DictConfig, model: ModelSpec, num_slots: int):
     options = plugin_cfg(cfg, "allocator")
     cls = default_registry().get("allocator", options.pop("name"))
-    return cls(num_slots=num_slots, max_model_len=model.max_model_len, **options)
+    unserved = [k for k in dict.fromkeys(model.layer_kinds) if k not in cls.layer_kinds]
+    if unserved:
+        raise UserError(f"allocator {cls.name} cannot hold the {' and '.join(unserved)} layers of model "
+                        f"{model.name} (it holds: {', '.join(cls.layer_kinds)}); use +allocator=hybrid "
+                        f"(allocator.policy=as_full keeps every layer as full attention)")
+    return cls(num_slots=num_slots, max_model_len=model.max_model_len, model=model, **options)
 
 
 def kv_slots(cfg: DictConfig, model: ModelSpec, hardware: Hardware) -> int:

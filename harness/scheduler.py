@@ -2,10 +2,18 @@
 
 Each step, running sequences are served first, oldest first, each with its remaining tokens (one
 for a decode, the rest of the prompt for a prefill, at most the step's token budget with chunked
-prefill). When the allocator cannot grow a sequence, whole sequences are preempted, newest
-first, until it can (FCFS order protected). Then waiting sequences are admitted in arrival
-order while the allocator admits them and the budgets (`max_num_seqs`, `max_num_batched_tokens`)
-allow. Per step the work is O(scheduled sequences); nothing scans the KV pool.
+prefill). When the allocator cannot grow a sequence, whole requests are preempted, newest
+first, until it can (FCFS order protected): `recompute` drops their KV and re-prefills prompt +
+generated tokens later, `swap` copies their blocks to the allocator's CPU pool and back (falling
+back to recompute when the pool is full). Swapped requests come back before new ones are
+admitted; then waiting sequences are admitted in arrival order while the allocator admits them
+and the budgets (`max_num_seqs`, `max_num_batched_tokens`) allow.
+
+A request with n samples or beams is one entry in `running` / `waiting` / `swapped`: its root
+sequence, whose `group` lists the live sequences. It counts as its width against `max_num_seqs`
+from admission on (as in vLLM), so its forks never overrun the limit. Groups are scheduled whole
+(all members in the same step, consecutively in the batch, root first), so beams always step
+together. Per step the work is O(scheduled sequences); nothing scans the KV pool.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from dataclasses import dataclass, field
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
 from kvbench.sequence import Sequence, SeqStatus
+
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 @dataclass
@@ -29,6 +39,8 @@ class Batch:
     num_prefill_seqs: int = 0
     context_tokens: int = 0  # sum of context lengths after the step (KV read by attention)
     attention_pairs: int = 0  # sum of new tokens x context length (attention FLOPs / 4 / dims)
+    swapped_blocks: int = 0  # blocks copied to or from the CPU swap pool before this step
+    swapped_slots: int = 0
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -36,18 +48,26 @@ class Batch:
 
 class Scheduler:
     def __init__(self, allocator: KVAllocator, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2560, chunked_prefill: bool = False):
+                 max_num_batched_tokens: int = 2560, chunked_prefill: bool = False,
+                 preemption: str = "recompute"):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise UserError(f"scheduler.max_num_seqs={max_num_seqs} and max_num_batched_tokens="
                             f"{max_num_batched_tokens} must be >= 1")
+        if preemption not in PREEMPTION_MODES:
+            raise UserError(f"engine.preemption={preemption!r} is not one of {', '.join(PREEMPTION_MODES)}")
+        self.preemption = preemption
         self.allocator = allocator
+        allocator.max_step_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.num_running_seqs = 0  # sequences of the running requests, each counted at its width
         self.num_preemptions = 0
         self.recomputed_tokens = 0
+        self.recomputed_pairs = 0  # sum over recomputed sequences of L(L+1)/2: their attention work
         self.last_admit_s = 0.0
 
     def add(self, seq: Sequence) -> None:
@@ -57,18 +77,27 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
-    def preempt(self, seq: Sequence) -> None:
-        """Recompute-style preemption: drop the KV, re-prefill prompt + generated tokens later."""
+    def preempt(self, seq: Sequence, batch: Batch) -> None:
+        """Preempt the request of running entry `seq`: swap its blocks out, or drop them to recompute."""
         self.running.remove(seq) if seq is not self.running[-1] else self.running.pop()
-        self.allocator.free(seq)
-        self.recomputed_tokens += seq.num_computed
-        seq.num_computed = 0
-        seq.status = SeqStatus.WAITING
-        seq.num_preemptions += 1
+        self.num_running_seqs -= seq.request.width
+        members = seq.group or (seq,)
+        swapped = self.preemption == "swap" and self.allocator.swap_out(members)
+        for member in members:
+            if swapped:
+                member.status = SeqStatus.SWAPPED
+            else:
+                self.allocator.free(member)
+                self.recomputed_tokens += member.num_computed
+                self.recomputed_pairs += member.num_computed * (member.num_computed + 1) // 2
+                member.num_computed = 0
+                member.status = SeqStatus.WAITING
+            member.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        (self.swapped if swapped else self.waiting).appendleft(seq)
+        batch.preempted.append(seq)
 
     def schedule(self, now: float = 0.0) -> Batch:
         batch = Batch()
@@ -76,16 +105,30 @@ class Scheduler:
         allocator, running = self.allocator, self.running
         seqs, counts = batch.seqs, batch.num_new_tokens
         num_tokens = context_tokens = attention_pairs = prefills = 0
+        swapped_before = allocator.swapped_blocks
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            if seq.group is not None:  # a request's samples or beams: one decode token each
+                group = seq.group
+                if len(group) > budget or not self._grow_group(group, batch):
+                    break
+                for member in group:
+                    member.num_computed = context = member.num_computed + 1
+                    seqs.append(member)
+                    counts.append(1)
+                    context_tokens += context
+                    attention_pairs += context
+                num_tokens += len(group)
+                budget -= len(group)
+                i += 1
+                continue
             n = seq.num_tokens - seq.num_computed
             if n > budget:
                 n = budget
             while not allocator.grow(seq, n):
                 victim = running[-1]  # newest first
-                self.preempt(victim)
-                batch.preempted.append(victim)
+                self.preempt(victim, batch)
                 if victim is seq:
                     break
             else:
@@ -104,9 +147,39 @@ class Scheduler:
             break
         batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
         batch.attention_pairs, batch.num_prefill_seqs = attention_pairs, prefills
+        swapped = self.swapped
+        while swapped and budget > 0 and not batch.preempted:
+            seq = swapped[0]
+            members = seq.group or (seq,)
+            if (len(members) > budget or self.num_running_seqs + seq.request.width > self.max_num_seqs
+                    or not allocator.swap_in(members)):
+                break
+            swapped.popleft()
+            running.append(seq)
+            self.num_running_seqs += seq.request.width
+            for member in members:
+                member.status = SeqStatus.RUNNING
+                if not allocator.grow(member, 1):  # swap_in keeps a block per member free
+                    raise RuntimeError(f"{allocator.name}: no room to decode a swapped-in sequence")
+                self._add_to_batch(batch, member, 1)
+            budget -= len(members)
+        batch.swapped_blocks = allocator.swapped_blocks - swapped_before
+        batch.swapped_slots = batch.swapped_blocks * allocator.block_size
         waiting = self.waiting
-        while waiting and budget > 0 and len(running) < self.max_num_seqs and not batch.preempted:
+        while waiting and budget > 0 and not batch.preempted and not swapped:
             seq = waiting[0]
+            if self.num_running_seqs + seq.request.width > self.max_num_seqs:
+                break
+            if seq.group is not None:  # a preempted group comes back whole, its prompts re-prefilled
+                admitted = self._admit_group(batch, seq, budget)
+                if not admitted:
+                    break
+                waiting.popleft()
+                running.append(seq)
+                self.num_running_seqs += seq.request.width
+                self.last_admit_s = now
+                budget -= admitted
+                continue
             n = seq.num_tokens - seq.num_computed
             if n > budget:
                 if not self.chunked_prefill:
@@ -117,14 +190,52 @@ class Scheduler:
             n = min(n, seq.num_tokens - seq.num_computed)  # a prefix-cache hit may cover some
             if not allocator.grow(seq, n):
                 allocator.free(seq)
+                seq.num_computed = seq.num_cached = 0
                 break
             waiting.popleft()
             seq.status = SeqStatus.RUNNING
             running.append(seq)
+            self.num_running_seqs += seq.request.width
             self.last_admit_s = now
             self._add_to_batch(batch, seq, n)
             budget -= n
         return batch
+
+    def _grow_group(self, group: list, batch: Batch) -> bool:
+        """Room for one more token in every member, preempting newest requests as needed;
+        False when the group itself had to go."""
+        allocator, running = self.allocator, self.running
+        for member in group:
+            while not allocator.grow(member, 1):
+                victim = running[-1]
+                self.preempt(victim, batch)
+                if victim is group[0]:
+                    return False
+        return True
+
+    def _admit_group(self, batch: Batch, root: Sequence, budget: int) -> int:
+        """Admit every member of a preempted group and schedule its whole remaining prefill;
+        the tokens scheduled, 0 if it does not fit yet. A group larger than the token budget
+        runs alone in a step rather than never."""
+        allocator, group = self.allocator, root.group
+        admitted = []
+        for member in group:
+            if not allocator.admit(member):
+                break
+            admitted.append(member)
+            if not allocator.grow(member, member.num_tokens - member.num_computed):
+                break
+        else:
+            tokens = sum(m.num_tokens - m.num_computed for m in group)
+            if tokens <= budget or not batch.seqs:
+                for member in group:
+                    member.status = SeqStatus.RUNNING
+                    self._add_to_batch(batch, member, member.num_tokens - member.num_computed)
+                return tokens
+        for member in admitted:
+            allocator.free(member)
+            member.num_computed = member.num_cached = 0
+        return 0
 
     @staticmethod
     def _add_to_batch(batch: Batch, seq: Sequence, n: int) -> None:
@@ -139,6 +250,9 @@ class Scheduler:
             batch.num_prefill_seqs += 1
 
     def finish(self, seq: Sequence) -> None:
+        """Retire running entry `seq` and every sequence of its group."""
         self.running.remove(seq)
-        self.allocator.free(seq)
-        seq.status = SeqStatus.FINISHED
+        self.num_running_seqs -= seq.request.width
+        for member in seq.group or (seq,):
+            self.allocator.free(member)
+            member.status = SeqStatus.FINISHED

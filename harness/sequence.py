@@ -1,7 +1,7 @@
 """A sequence's life in the engine: its tokens, how many have KV stored, and when things happened.
 
 A request with `n` samples or `beam_width` beams becomes several sequences that share the
-request; the allocator and the scheduler only ever see sequences.
+request (a group); the allocator only ever sees sequences, the scheduler moves groups whole.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Request:
         # Tokens whose KV is stored when the request ends (the last sampled token is never fed).
         self.final_len = self.prompt_len + self.output_len - 1
         self.max_tokens = self.prompt_len + self.output_len
+        self.width = max(self.n, self.beam_width)  # sequences the request runs once its prompt is done
 
 
 class SeqStatus(enum.Enum):
@@ -60,6 +61,10 @@ class Sequence:
     num_preemptions: int = 0
     parent: Optional["Sequence"] = None
     cumulative_logprob: float = 0.0
+    # A request of width > 1 forks when its prompt is done; from then on its live sequences,
+    # root first, are scheduled, preempted and finished together. None for a lone sequence.
+    group: Optional[list] = None
+    sample_index: int = 0  # which of the request's samples / beam slots (seeds its sampling)
 
     @property
     def num_generated(self) -> int:

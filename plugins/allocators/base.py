@@ -9,6 +9,11 @@ scheduler calls, per sequence and step, only O(1) or O(blocks touched) operation
     fork(parent, child) the child shares (paged) or copies (contiguous) the parent's tokens
     free(seq)           give everything back
 
+Optional, for preemption by swapping (`supports_swap`): swap_out(seqs) moves a request's
+blocks to a CPU pool (False = the pool is full: recompute instead), swap_in(seqs) brings them
+back (False = not yet). Data movement the executor must replay before the next forward (copy-on-
+write, contiguous forks, swaps) is logged in order in `copy_log` when `record_copies` is set.
+
 Accounting (DESIGN.md): every slot of the pool is exactly one of token state, reserved (set
 aside for a token this request will really produce), internal fragmentation (set aside, never
 used), or free / external fragmentation. The counters are kept incrementally, so `accounting()`
@@ -55,8 +60,10 @@ class KVAllocator(ABC):
     description: ClassVar[str] = ""
     min_block_size: ClassVar[int] = 1
     max_block_size: ClassVar[int] = 256
+    layer_kinds: ClassVar[tuple] = ("full",)  # layer kinds (spec.LAYER_KINDS) whose KV it can hold
 
-    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, **options):
+    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None,
+                 **options):
         if not isinstance(block_size, int) or not (self.min_block_size <= block_size <= self.max_block_size):
             raise UserError(
                 f"allocator.block_size={block_size!r} is not allowed for {self.name}: "
@@ -65,6 +72,7 @@ class KVAllocator(ABC):
         if options:
             raise UserError(f"allocator {self.name} has no option(s) {sorted(options)}")
         self.block_size = block_size
+        self.model = model  # the ModelSpec served (None in unit tests of full-attention policies)
         self.num_slots = num_slots
         self.max_model_len = max_model_len
         self._token = 0
@@ -72,6 +80,12 @@ class KVAllocator(ABC):
         self._allocated = 0  # slots set aside for some sequence (token + reserved + internal)
         self.external_frag_waits = 0  # admissions refused although total free space sufficed
         self.num_copies = 0  # block or slot-range copies (copy-on-write, fork of a reservation)
+        self.swapped_blocks = 0  # blocks copied to or from the CPU swap pool
+        # (kind, src_slot, dst_slot, num_slots), kind "device" (within the cache), "out" (cache ->
+        # swap pool) or "in" (swap pool -> cache); kept only for an executor that replays them.
+        self.record_copies = False
+        self.max_step_tokens = None  # the most tokens one grow may ask for (the scheduler sets it)
+        self.copy_log: list[tuple[str, int, int, int]] = []
 
     # --- the contract -------------------------------------------------------------------
     @abstractmethod
@@ -89,6 +103,23 @@ class KVAllocator(ABC):
     @abstractmethod
     def capacity(self, seq: Sequence) -> int:
         """Slots set aside for `seq` now (its block table's slots, or its reservation)."""
+
+    supports_swap: ClassVar[bool] = False
+
+    def swap_out(self, seqs) -> bool:
+        return False
+
+    def swap_in(self, seqs) -> bool:
+        raise NotImplementedError(f"{self.name} does not swap")
+
+    def take_copies(self) -> list[tuple[str, int, int, int]]:
+        """The logged copies since the last call, in the order they must be replayed."""
+        copies, self.copy_log = self.copy_log, []
+        return copies
+
+    def _log_copy(self, kind: str, src_slot: int, dst_slot: int, num_slots: int) -> None:
+        if self.record_copies:
+            self.copy_log.append((kind, src_slot, dst_slot, num_slots))
 
     def footprint(self, request_len: int) -> int:
         """Slots this policy sets aside for a sequence of `request_len` tokens at its end."""

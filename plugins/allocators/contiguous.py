@@ -51,6 +51,9 @@ class ReservingAllocator(KVAllocator):
     """A policy that reserves `reservation(seq)` contiguous slots at admission.
 
     The reservation never grows: a sequence that outgrows it is a policy bug, reported loudly.
+    A request of n samples or beams reserves a range per sequence when its prompt is admitted
+    (Orca reserves for every output it will produce); its forks take those ranges and copy the
+    parent's tokens into them.
     """
 
     layout = "contiguous"
@@ -60,6 +63,7 @@ class ReservingAllocator(KVAllocator):
         self._space = self._make_space()
         self._range: dict[int, tuple[int, int]] = {}  # seq_id -> (start, length)
         self._seq_reserved: dict[int, int] = {}
+        self._spares: dict[int, list[tuple[int, int]]] = {}  # root seq_id -> ranges for its forks
 
     def _make_space(self):
         return FirstFitSpace(self.num_slots)
@@ -78,16 +82,28 @@ class ReservingAllocator(KVAllocator):
 
     def admit(self, seq: Sequence) -> bool:
         length = self.reservation(seq)
-        start = self._place(length)
-        if start is None:
-            if self.num_free_slots >= length:
-                self.external_frag_waits += 1
-            return False
+        count = seq.request.width if seq.num_generated == 0 else 1
+        ranges = []
+        for _ in range(count):
+            start = self._place(length)
+            if start is None:
+                for placed in ranges:
+                    self._release(placed, length)
+                if self.num_free_slots >= count * length:
+                    self.external_frag_waits += 1
+                return False
+            ranges.append(start)
+        self._allocated += count * length
+        self._take_range(seq, ranges[0], length)
+        if count > 1:
+            self._spares[seq.seq_id] = [(start, length) for start in ranges[1:]]
+            self._reserved += (count - 1) * min(length, seq.final_len)  # each fork will fill it
+        return True
+
+    def _take_range(self, seq: Sequence, start: int, length: int) -> None:
         self._range[seq.seq_id] = (start, length)
-        self._allocated += length
         self._seq_reserved[seq.seq_id] = 0
         self._update(seq, seq.num_computed)
-        return True
 
     def _update(self, seq: Sequence, num_tokens: int) -> None:
         _, length = self._range[seq.seq_id]
@@ -106,12 +122,24 @@ class ReservingAllocator(KVAllocator):
         return True
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """A contiguous child needs its own range: reserve it and copy the parent's tokens."""
+        """A contiguous child needs its own range: take one (a spare of the parent's request,
+        else a new one) and copy the parent's tokens into it."""
         child.num_computed = 0
-        if not self.admit(child):
-            raise MemoryError(f"{self.name}: no room to fork sequence {parent.seq_id}")
+        spares = self._spares.get(parent.seq_id)
+        if spares:
+            start, length = spares.pop()
+            self._reserved -= min(length, parent.final_len)
+            self._take_range(child, start, length)
+        else:
+            length = self.reservation(child)
+            start = self._place(length)
+            if start is None:
+                raise MemoryError(f"{self.name}: no room to fork sequence {parent.seq_id}")
+            self._allocated += length
+            self._take_range(child, start, length)
         self.grow(child, parent.num_computed)
         child.num_computed = parent.num_computed
+        self._log_copy("device", self._range[parent.seq_id][0], start, parent.num_computed)
         self.num_copies += 1
 
     def free(self, seq: Sequence) -> None:
@@ -120,6 +148,10 @@ class ReservingAllocator(KVAllocator):
         self._allocated -= length
         self._token -= seq.num_computed
         self._reserved -= self._seq_reserved.pop(seq.seq_id)
+        for start, length in self._spares.pop(seq.seq_id, ()):  # a request preempted before it forked
+            self._release(start, length)
+            self._allocated -= length
+            self._reserved -= min(length, seq.final_len)
 
     def capacity(self, seq: Sequence) -> int:
         return self._range[seq.seq_id][1]
@@ -144,7 +176,8 @@ class OracleAllocator(ReservingAllocator):
     description = "Orca(Oracle): reserve exactly prompt + true output length, first-fit"
 
     def reservation(self, seq: Sequence) -> int:
-        return seq.final_len
+        # The paper's Oracle reserves prompt + output; the last sampled token's slot stays empty.
+        return seq.request.max_tokens
 
     def footprint(self, request_len: int) -> int:
         return request_len

@@ -75,4 +75,4 @@ class Pow2Allocator(ReservingAllocator):
         return (1 << (blocks - 1).bit_length()) * self.block_size
 
     def reservation(self, seq: Sequence) -> int:
-        return self.footprint(seq.final_len)
+        return self.footprint(seq.request.max_tokens)

@@ -1,0 +1,240 @@
+"""The hybrid allocator: full-attention, sliding-window and linear-state layers in one KV pool.
+
+One pool of equal-byte pages (hybrid_pages.unify_pages), one manager per layer kind: full
+attention keeps every block; a window layer gives back the blocks that fall out of its window;
+a linear-state layer holds one fixed-size state per sequence. `policy` picks how the pool is
+shared, so the two naive choices are measured by the same code:
+
+    shared   one pool, any kind takes any free page (vLLM's hybrid allocator)
+    static   the pool split by layer kind in proportion to layer counts
+    as_full  one pool, every layer kept as full attention (window layers keep every block,
+             linear layers store K/V per token): PagedAttention unaware of layer kinds
+
+Accounting is in bytes, per kind and in total. A kind's token state is what its layers will
+read again (full: every token; window: the last W; linear: the state), so the tokens an
+`as_full` window layer keeps beyond its window count as internal fragmentation. A kind's view
+of the pool is the pages it holds plus the free pages it could take; the four parts of each
+view, and of the whole pool, add up to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvbench.errors import UserError
+from kvbench.plugins.allocators.base import KVAccounting, KVAllocator
+from kvbench.plugins.allocators.hybrid_attention import AttentionManager
+from kvbench.plugins.allocators.hybrid_pages import LinearStateManager, PagePool, unify_pages
+from kvbench.sequence import Sequence
+from kvbench.spec import LAYER_KINDS
+
+POLICIES = ("shared", "static", "as_full")
+
+
+@dataclass(frozen=True)
+class HybridAccounting(KVAccounting):
+    """The pool's accounting in bytes, with each layer kind's view of it."""
+
+    by_kind: dict = field(default_factory=dict)
+
+
+class HybridAllocator(KVAllocator):
+    name = "hybrid"
+    layout = "paged"
+    layer_kinds = LAYER_KINDS
+    description = "hybrid models: one pool of equal-byte pages, a KV manager per layer kind"
+
+    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None,
+                 policy: str = "shared", watermark: float = 0.01, prefix_caching: bool = False,
+                 **options):
+        super().__init__(num_slots, max_model_len, block_size, model=model, **options)
+        if model is None:
+            raise ValueError("the hybrid allocator needs the model's layer kinds (model=ModelSpec)")
+        if policy not in POLICIES:
+            raise UserError(f"allocator.policy={policy!r} is not one of {', '.join(POLICIES)}")
+        if not 0.0 <= watermark < 1.0:
+            raise UserError(f"allocator.watermark={watermark} must be in [0, 1)")
+        self.policy = policy
+        self.pages = unify_pages(model, block_size, linear_as_full=policy == "as_full")
+        self.slot_bytes = model.kv_bytes_per_token  # `num_slots` counts tokens of these bytes
+        num_pages = num_slots * self.slot_bytes // self.pages.page_bytes
+        kinds = [k for k in LAYER_KINDS if model.num_layers_of(k)]
+        if policy == "static":  # partitions in proportion to layer counts, disjoint page ids
+            sizes = [num_pages * model.num_layers_of(k) // model.num_layers for k in kinds]
+            firsts = [sum(sizes[:i]) for i in range(len(kinds))]
+            pools = {k: PagePool(n, first) for k, n, first in zip(kinds, sizes, firsts)}
+        else:
+            pools = dict.fromkeys(kinds, PagePool(num_pages))
+        self.pools = list({id(p): p for p in pools.values()}.values())
+        self.num_pages = num_pages
+        self.watermark_pages = {id(p): int(watermark * p.num_pages) for p in self.pools}
+        self.managers: dict = {}
+        for kind in kinds:
+            if kind == "linear" and policy != "as_full":
+                self.managers[kind] = LinearStateManager(pools[kind], self.pages.pages_per_state,
+                                                         self.pages.state_bytes, self._log_page_copy)
+                continue
+            keep = model.window if kind == "window" else 0
+            if kind == "linear":  # sized as attention, it still reads only its state's worth
+                state_bytes = model.num_layers_of("linear") * model.linear_state_bytes_per_layer
+                keep = -(-state_bytes // self.pages.token_bytes[kind])
+            self.managers[kind] = AttentionManager(
+                kind, pools[kind], self.pages.block_sizes[kind], self.pages.token_bytes[kind],
+                keep=keep, release=kind == "window" and policy != "as_full", log_copy=self._log_page_copy)
+        self.attention = [m for m in self.managers.values() if isinstance(m, AttentionManager)]
+        self.linear = self.managers.get("linear") if policy != "as_full" else None
+        # A linear layer's state after a prefix is not kept, so models with linear layers get no
+        # prefix hits, whatever the policy (as_full included, for a fair comparison).
+        self.prefix_caching = bool(prefix_caching) and not model.num_layers_of("linear")
+        self.hit_step = math.lcm(*(m.block_size for m in self.attention)) if self.attention else 1
+        self.prefix_hit_tokens = self.prefix_query_tokens = 0
+
+    # --- the contract --------------------------------------------------------------------
+    def _fits(self, need: dict, reserve: bool) -> bool:
+        for pool in self.pools:
+            spare = self.watermark_pages[id(pool)] if reserve else 0
+            if pool.num_free - need.get(id(pool), 0) < spare:
+                return False
+        return True
+
+    def _num_states(self, seq: Sequence) -> int:
+        """States a sequence takes at admission: its own and those of the samples it will fork."""
+        return seq.request.n if seq.parent is None and seq.first_token_s is None else 1
+
+    def admit(self, seq: Sequence) -> bool:
+        # As paged: admit while the whole prompt's blocks fit. A window layer holds, while a
+        # step runs, its window plus every token the step writes; counting only its steady
+        # state admits sequences whose later prefill chunks preempt (and recompute) one another.
+        step = min(seq.num_tokens, self.max_step_tokens or seq.num_tokens)
+        need: dict = {}
+        for m in self.attention:
+            blocks = -(-seq.num_tokens // m.block_size)
+            if m.release:
+                blocks = min(blocks, -(-(m.keep - 1 + step) // m.block_size) + 1)
+            need[id(m.pool)] = need.get(id(m.pool), 0) + blocks
+        states = self._num_states(seq)
+        if self.linear:
+            pool = id(self.linear.pool)
+            need[pool] = need.get(pool, 0) + states * self.pages.pages_per_state
+        if not self._fits(need, reserve=True):
+            return False
+        if self.prefix_caching and seq.token_ids:
+            self._admit_cached(seq)
+        else:
+            for m in self.attention:
+                m.add(seq.seq_id)
+        if self.linear:
+            self.linear.add(seq.seq_id, states)
+        return True
+
+    def _admit_cached(self, seq: Sequence) -> None:
+        """Reuse the longest cached prefix every kind agrees on; never the last prompt token."""
+        tokens, limit = seq.token_ids, seq.num_tokens - 1
+        hashes = {m: m.chain(tokens, limit // m.block_size) for m in self.attention}
+        hit = min([m.cached_prefix_blocks(hashes[m]) * m.block_size for m in self.attention
+                   if not m.release] + [limit])
+        hit -= hit % self.hit_step
+        while hit and not all(m.window_cached(hashes[m], hit) for m in self.attention if m.release):
+            hit -= self.hit_step
+        for m in self.attention:
+            m.adopt(seq.seq_id, hashes[m], hit)
+        seq.num_computed = seq.num_cached = hit
+        self.prefix_hit_tokens += hit
+        self.prefix_query_tokens += seq.num_tokens
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        sid, before = seq.seq_id, seq.num_computed
+        after = before + num_tokens
+        need: dict = {}
+        for m in self.attention:
+            if m.release:
+                m.release_before(sid, m.first_needed(before))
+            need[id(m.pool)] = need.get(id(m.pool), 0) + m.pages_needed(sid, before, after)
+        if not self._fits(need, reserve=False):
+            return False
+        tokens = seq.token_ids if self.prefix_caching else None
+        for m in self.attention:
+            m.append(sid, before, after, seq.final_len, tokens)
+        if self.linear:
+            self.linear.start(sid)
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        for m in self.attention:
+            m.fork(parent.seq_id, child.seq_id, parent.num_computed, parent.final_len)
+        if self.linear:
+            self.linear.fork(parent.seq_id, child.seq_id)
+        child.num_computed = parent.num_computed
+
+    def free(self, seq: Sequence) -> None:
+        for m in self.managers.values():
+            m.free(seq.seq_id)
+
+    def capacity(self, seq: Sequence) -> int:
+        pages = sum(m.held_blocks(seq.seq_id) for m in self.attention)
+        if self.linear:
+            pages += self.pages.pages_per_state * (1 + len(self.linear.spares[seq.seq_id]))
+        return pages * self.pages.page_bytes // self.slot_bytes
+
+    def _pages_at_end(self, request_len: int) -> dict:
+        need: dict = {}
+        for m in self.attention:
+            need[id(m.pool)] = need.get(id(m.pool), 0) + m.blocks_for(request_len)
+        if self.linear:
+            pool = id(self.linear.pool)
+            need[pool] = need.get(pool, 0) + self.pages.pages_per_state
+        return need
+
+    def footprint(self, request_len: int) -> int:
+        pages = sum(self._pages_at_end(request_len).values())
+        return pages * self.pages.page_bytes // self.slot_bytes
+
+    def can_ever_admit(self, final_len: int) -> bool:
+        need = self._pages_at_end(final_len)
+        return all(need.get(id(p), 0) <= p.num_pages - self.watermark_pages[id(p)] for p in self.pools)
+
+    # --- accounting ----------------------------------------------------------------------
+    def accounting(self) -> HybridAccounting:
+        page_bytes = self.pages.page_bytes
+        by_kind, token, reserved, held = {}, 0, 0, 0
+        for kind, m in self.managers.items():
+            pages, kind_token, kind_reserved = m.usage()
+            by_kind[kind] = KVAccounting((pages + m.pool.num_free) * page_bytes, kind_token,
+                                         kind_reserved, pages * page_bytes - kind_token - kind_reserved)
+            token, reserved, held = token + kind_token, reserved + kind_reserved, held + pages
+        total = sum(p.num_pages for p in self.pools) * page_bytes
+        return HybridAccounting(total, token, reserved, held * page_bytes - token - reserved, by_kind)
+
+    @property
+    def num_free_slots(self) -> int:
+        free = sum(p.num_free for p in self.pools)
+        return free * self.pages.page_bytes // self.slot_bytes
+
+    def stats(self) -> dict:
+        row = {**super().stats(), "copies": sum(m.num_copies for m in self.managers.values()),
+               "prefix_hit_rate": self.prefix_hit_tokens / max(1, self.prefix_query_tokens),
+               "policy": self.policy, "page_bytes": self.pages.page_bytes,
+               "num_pages": self.num_pages, "pages_per_state": self.pages.pages_per_state}
+        row.update({f"block_size_{k}": b for k, b in self.pages.block_sizes.items()})
+        return row
+
+    # --- what the executor needs ---------------------------------------------------------
+    def block_size_of(self, kind: str) -> int:
+        return self.managers[kind].block_size
+
+    def block_table(self, seq: Sequence, kind: str | None = None) -> list[int]:
+        """Pages of `seq`'s blocks for layers of `kind` (default: the first attention kind); -1
+        marks a block a window layer has released."""
+        manager = self.managers[kind] if kind else self.attention[0]
+        return manager.tables[seq.seq_id]
+
+    def state_slot(self, seq: Sequence) -> int:
+        """The linear layers' state of `seq` lives at this page (the first of its state's pages)."""
+        return self.linear.states[seq.seq_id][0]
+
+    def _log_page_copy(self, src: int, dst: int) -> None:
+        """Log ("page", src, dst, 1): attention copy-on-write and forked linear states, in order.
+        A page id names one page whatever its kind, so copying a pair in every layer's cache
+        changes only the pages that kind owns."""
+        self._log_copy("page", src, dst, 1)

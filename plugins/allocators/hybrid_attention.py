@@ -1,0 +1,212 @@
+"""The hybrid allocator's manager of one attention kind: block tables over the shared page pool.
+
+Prefix caching (vLLM's scheme, per kind): a full block is named by the chained hash of its
+parent block's hash and its own token ids; a page keeps its name while it is free, until it is
+handed out again. Across kinds a hit must suit every kind: full attention needs every block of
+the prefix, a window layer only the blocks its next query reads (the last W tokens), and the
+hit length is a multiple of every kind's block size.
+"""
+
+from __future__ import annotations
+
+from kvbench.plugins.allocators.hybrid_pages import PagePool
+
+
+class AttentionManager:
+    """Block tables of one attention kind over a page pool.
+
+    `keep` > 0: only a sequence's last `keep` tokens are read again (a window layer, or a linear
+    layer sized as full attention); older tokens still held are stale, i.e. internal
+    fragmentation. `release`: blocks that fall wholly before what the next step reads go back to
+    the pool, so a window layer holds at most ceil(W / B) + 1 blocks after a decode step.
+    Counters (pages held, tokens filled, stale, reserved) are kept incrementally; a shared page
+    is counted once.
+    """
+
+    def __init__(self, kind: str, pool: PagePool, block_size: int, token_bytes: int,
+                 keep: int = 0, release: bool = False, log_copy=lambda src, dst: None):
+        self.kind, self.pool, self.block_size, self.token_bytes = kind, pool, block_size, token_bytes
+        self.keep, self.release, self.log_copy = keep, release, log_copy
+        self.tables: dict[int, list[int]] = {}  # seq -> page per block; -1 once released
+        self.first_live: dict[int, int] = {}  # seq -> index of its first block not released
+        self.stale_end: dict[int, int] = {}  # seq -> positions below this are counted stale
+        self.seq_reserved: dict[int, int] = {}
+        self.hashes: dict[int, list] = {}  # seq -> chained hashes of its cached full blocks
+        self.num_pages = self.filled = self.stale = self.reserved = self.num_copies = 0
+
+    # --- pages ---------------------------------------------------------------------------
+    def _take(self) -> int:
+        self.num_pages += 1
+        return self.pool.take()
+
+    def _drop(self, page: int) -> None:
+        pool = self.pool
+        if pool.drop(page):
+            self.num_pages -= 1
+            self.filled -= pool.fill[page]
+            self.stale -= pool.stale[page]
+
+    def _fill(self, page: int, tokens: int) -> None:
+        self.filled += tokens - self.pool.fill[page]
+        self.pool.fill[page] = tokens
+
+    # --- per sequence --------------------------------------------------------------------
+    def add(self, seq_id: int, table: list[int] | None = None) -> None:
+        self.tables[seq_id] = table or []
+        self.first_live[seq_id] = 0
+        self.stale_end[seq_id] = 0
+        self.seq_reserved[seq_id] = 0
+
+    def first_needed(self, before: int) -> int:
+        """The oldest position a step starting at `before` reads (its first query's window)."""
+        return before - self.keep + 1 if self.release else 0
+
+    def release_before(self, seq_id: int, position: int) -> None:
+        table, bs = self.tables[seq_id], self.block_size
+        i = self.first_live[seq_id]
+        while i < len(table) and (i + 1) * bs <= position:
+            self._drop(table[i])
+            table[i] = -1
+            i += 1
+        self.first_live[seq_id] = i
+
+    def pages_needed(self, seq_id: int, before: int, after: int) -> int:
+        table = self.tables[seq_id]
+        need = -(-after // self.block_size) - len(table)
+        if before % self.block_size and table and self.pool.ref_count[table[-1]] > 1:
+            need += 1  # the shared partial last block is copied before it is written
+        return need
+
+    def append(self, seq_id: int, before: int, after: int, final_len: int,
+               token_ids: list | None = None) -> None:
+        """Room for positions [before, after), filled; with `token_ids`, full blocks get cached."""
+        table, bs, pool = self.tables[seq_id], self.block_size, self.pool
+        if before % bs and pool.ref_count[table[-1]] > 1:
+            src, dst = table[-1], self._take()  # its fill is set with the new tokens' below
+            pool.stale[dst] = pool.stale[src]
+            self.stale += pool.stale[src]
+            self._drop(src)
+            table[-1] = dst
+            self.log_copy(src, dst)
+            self.num_copies += 1
+        while len(table) * bs < after:
+            table.append(self._take())
+        for index in range(before // bs, (after - 1) // bs + 1):
+            self._fill(table[index], min(bs, after - index * bs))
+        if self.keep:
+            self._mark_stale(seq_id, after - self.keep)
+        self._update_reserved(seq_id, after, final_len)
+        if token_ids:
+            self._cache_full_blocks(seq_id, token_ids, min(after, len(token_ids)) // bs)
+
+    def _mark_stale(self, seq_id: int, frontier: int) -> None:
+        """Positions below `frontier` will never be read again: count them stale, block by block."""
+        start = self.stale_end[seq_id]
+        if frontier <= start:
+            return
+        table, bs, pool = self.tables[seq_id], self.block_size, self.pool
+        for index in range(max(start // bs, self.first_live[seq_id]), (frontier - 1) // bs + 1):
+            page = table[index]
+            stale = min(bs, frontier - index * bs)
+            if stale > pool.stale[page]:  # shared: stale once the furthest holder passed it
+                self.stale += stale - pool.stale[page]
+                pool.stale[page] = stale
+        self.stale_end[seq_id] = frontier
+
+    def _update_reserved(self, seq_id: int, num_tokens: int, final_len: int) -> None:
+        table = self.tables[seq_id]
+        # Empty slots of a shared last block belong to nobody yet: the writer copies it first.
+        own = bool(table) and table[-1] >= 0 and self.pool.ref_count[table[-1]] == 1
+        new = max(0, min(len(table) * self.block_size, final_len) - num_tokens) if own else 0
+        self.reserved += new - self.seq_reserved[seq_id]
+        self.seq_reserved[seq_id] = new
+
+    def fork(self, parent: int, child: int, num_tokens: int, final_len: int) -> None:
+        table = list(self.tables[parent])
+        first = self.first_live[parent]
+        for page in table[first:]:
+            self.pool.share(page)
+        self.add(child, table)
+        self.first_live[child] = first
+        if parent in self.hashes:
+            self.hashes[child] = list(self.hashes[parent])
+        self.stale_end[child] = self.stale_end[parent]
+        self._update_reserved(parent, num_tokens, final_len)
+        self._update_reserved(child, num_tokens, final_len)
+
+    def free(self, seq_id: int) -> None:
+        table = self.tables.pop(seq_id)
+        for page in reversed(table[self.first_live.pop(seq_id):]):  # the tail is evicted first
+            self._drop(page)
+        del self.stale_end[seq_id]
+        self.reserved -= self.seq_reserved.pop(seq_id)
+        self.hashes.pop(seq_id, None)
+
+    def held_blocks(self, seq_id: int) -> int:
+        return len(self.tables[seq_id]) - self.first_live[seq_id]
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks a sequence of `num_tokens` tokens holds between steps."""
+        blocks = -(-num_tokens // self.block_size)
+        if self.release:
+            blocks = min(blocks, -(-self.keep // self.block_size) + 1)
+        return blocks
+
+    def usage(self) -> tuple[int, int, int]:
+        """(pages held, bytes of token state, bytes reserved)."""
+        return (self.num_pages, (self.filled - self.stale) * self.token_bytes,
+                self.reserved * self.token_bytes)
+
+    # --- prefix caching --------------------------------------------------------------------
+    def chain(self, token_ids: list, num_blocks: int, hashes: list | None = None) -> list:
+        """Chained hashes of the first `num_blocks` blocks of `token_ids`, extending `hashes`."""
+        hashes = list(hashes or [])
+        bs = self.block_size
+        for index in range(len(hashes), num_blocks):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash((parent, tuple(token_ids[index * bs:(index + 1) * bs]))))
+        return hashes
+
+    def _cache_full_blocks(self, seq_id: int, token_ids: list, num_full: int) -> None:
+        hashes = self.hashes.setdefault(seq_id, [])
+        known = len(hashes)
+        if num_full <= known:
+            return
+        hashes[:] = self.chain(token_ids, num_full, hashes)
+        table, pool = self.tables[seq_id], self.pool
+        for index in range(known, num_full):
+            page, key = table[index], (self.kind, hashes[index])
+            if page >= 0 and key not in pool.cached and pool.page_hash[page] is None:
+                pool.cached[key] = page
+                pool.page_hash[page] = key
+
+    def cached_prefix_blocks(self, hashes: list) -> int:
+        """How many blocks from the start are cached (what full attention can reuse)."""
+        cached = self.pool.cached
+        count = 0
+        while count < len(hashes) and (self.kind, hashes[count]) in cached:
+            count += 1
+        return count
+
+    def window_cached(self, hashes: list, length: int) -> bool:
+        """Whether the blocks a query at position `length` reads are all cached (window layers)."""
+        cached, bs = self.pool.cached, self.block_size
+        first = max(0, self.first_needed(length)) // bs
+        return all((self.kind, hashes[i]) in cached for i in range(first, length // bs))
+
+    def adopt(self, seq_id: int, hashes: list, length: int) -> None:
+        """Start `seq_id` with its first `length` tokens from cached pages (a prefix hit)."""
+        pool, bs = self.pool, self.block_size
+        first = max(0, self.first_needed(length)) // bs
+        table = [-1] * first + [pool.cached[(self.kind, h)] for h in hashes[first:length // bs]]
+        for page in table[first:]:
+            if pool.ref_count[page] == 0:  # revived from the free pages: held again, stale for nobody
+                self.num_pages += 1
+                self.filled += pool.fill[page]
+                pool.stale[page] = 0
+            pool.share(page)
+        self.add(seq_id, table)
+        self.first_live[seq_id] = first
+        self.hashes[seq_id] = hashes[:length // bs]
+        if self.keep:
+            self._mark_stale(seq_id, length - self.keep)

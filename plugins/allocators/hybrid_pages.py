@@ -1,0 +1,155 @@
+"""The hybrid allocator's parts: one pool of equal-byte pages and a KV manager per layer kind.
+
+Page-size unification (vLLM's hybrid allocator): a page of an attention kind holds one block of
+that kind's tokens across all of its layers, so the kind that stores the most bytes per token
+gets `block_size` tokens per block and the others proportionally more (the block size is scaled,
+the page is not); a linear-state kind's fixed-size state per sequence takes a whole number of
+pages. Every page has `page_bytes`, so any kind can take any free page.
+
+Free pages wait in LRU order; a freed page keeps its prefix hash until it is handed out again,
+so a later request can still hit it (FACTS.md: vLLM's eviction order).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from kvbench.errors import UserError
+from kvbench.spec import LAYER_KINDS, ModelSpec
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """How each layer kind fills a page of `page_bytes`."""
+
+    page_bytes: int
+    block_sizes: dict  # kind whose KV grows per token -> tokens per block
+    token_bytes: dict  # same kinds -> bytes of one token across the kind's layers
+    state_bytes: int  # one sequence's recurrent state across all linear layers (0: none, or as full)
+    pages_per_state: int
+
+    def page_padding(self, kind: str) -> int:
+        """Bytes of a page that kind `kind` never fills (rounding of its scaled block size or state)."""
+        if kind in self.block_sizes:
+            return self.page_bytes - self.block_sizes[kind] * self.token_bytes[kind]
+        return self.pages_per_state * self.page_bytes - self.state_bytes
+
+
+def unify_pages(model: ModelSpec, block_size: int, linear_as_full: bool = False) -> PageLayout:
+    """Pages of `block_size` tokens of the heaviest attention kind; block sizes of the rest scaled up.
+
+    `linear_as_full` sizes linear layers as if they were full attention (the naive baseline).
+    """
+    per_layer = model.kv_bytes_per_token_per_layer
+    token_kinds = [k for k in LAYER_KINDS if model.num_layers_of(k) and (k != "linear" or linear_as_full)]
+    token_bytes = {k: model.num_layers_of(k) * per_layer for k in token_kinds}
+    num_linear = 0 if linear_as_full else model.num_layers_of("linear")
+    state_bytes = num_linear * model.linear_state_bytes_per_layer
+    page_bytes = block_size * max(token_bytes.values()) if token_bytes else state_bytes
+    if page_bytes <= 0:
+        raise UserError(f"model {model.name} stores no KV and no state: nothing to allocate")
+    block_sizes = {k: page_bytes // b for k, b in token_bytes.items()}
+    pages_per_state = -(-state_bytes // page_bytes)
+    return PageLayout(page_bytes, block_sizes, token_bytes, state_bytes, pages_per_state)
+
+
+class PagePool:
+    """Pages `first_page .. first_page + num_pages - 1` with reference counts; per page the
+    tokens filled and the stale ones. Pools of a static partition take disjoint id ranges, so a
+    page id names one page of the whole KV cache whatever the policy."""
+
+    def __init__(self, num_pages: int, first_page: int = 0):
+        self.num_pages = num_pages
+        end = first_page + num_pages
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(first_page, end))  # LRU first
+        self.ref_count = [0] * end
+        self.fill = [0] * end  # tokens of the page holding K/V
+        self.stale = [0] * end  # of those, tokens no layer will read again
+        self.page_hash: list = [None] * end
+        self.cached: dict = {}  # (kind, prefix hash) -> page, for free and used pages alike
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def take(self) -> int:
+        page, _ = self.free.popitem(last=False)
+        if self.page_hash[page] is not None:  # evict its prefix-cache entry
+            del self.cached[self.page_hash[page]]
+            self.page_hash[page] = None
+        self.ref_count[page] = 1
+        self.fill[page] = 0
+        self.stale[page] = 0
+        return page
+
+    def share(self, page: int) -> None:
+        if self.ref_count[page] == 0:  # a prefix-cache hit on a free page revives it
+            del self.free[page]
+        self.ref_count[page] += 1
+
+    def drop(self, page: int) -> bool:
+        """One holder fewer; True when the page became free."""
+        self.ref_count[page] -= 1
+        if self.ref_count[page]:
+            return False
+        self.free[page] = None
+        return True
+
+
+class LinearStateManager:
+    """One fixed-size recurrent state per sequence, `pages_per_state` pages each.
+
+    A request with n parallel samples reserves its n - 1 children's states when it is admitted,
+    so forking (which copies the parent's state) never waits for memory.
+    """
+
+    kind = "linear"
+
+    def __init__(self, pool: PagePool, pages_per_state: int, state_bytes: int,
+                 log_copy=lambda src, dst: None):
+        self.pool, self.pages_per_state, self.state_bytes = pool, pages_per_state, state_bytes
+        self.log_copy = log_copy
+        self.states: dict[int, list[int]] = {}
+        self.spares: dict[int, list[list[int]]] = {}
+        self.started: set[int] = set()  # sequences whose state holds computed tokens
+        self.num_pages = self.num_states = self.num_copies = 0
+
+    def _take_state(self) -> list[int]:
+        self.num_pages += self.pages_per_state
+        self.num_states += 1
+        return [self.pool.take() for _ in range(self.pages_per_state)]
+
+    def _drop_state(self, pages: list[int]) -> None:
+        for page in pages:
+            self.pool.drop(page)
+        self.num_pages -= self.pages_per_state
+        self.num_states -= 1
+
+    def add(self, seq_id: int, num_states: int) -> None:
+        self.states[seq_id] = self._take_state()
+        self.spares[seq_id] = [self._take_state() for _ in range(num_states - 1)]
+
+    def start(self, seq_id: int) -> None:
+        self.started.add(seq_id)
+
+    def fork(self, parent: int, child: int) -> None:
+        spares = self.spares[parent]
+        pages = spares.pop() if spares else self._take_state()
+        for src, dst in zip(self.states[parent], pages):
+            self.log_copy(src, dst)
+        self.num_copies += 1
+        self.states[child] = pages
+        self.spares[child] = []
+        self.started.add(child)
+
+    def free(self, seq_id: int) -> None:
+        self._drop_state(self.states.pop(seq_id))
+        for pages in self.spares.pop(seq_id):
+            self._drop_state(pages)
+        self.started.discard(seq_id)
+
+    def usage(self) -> tuple[int, int, int]:
+        started = len(self.started)
+        return (self.num_pages, started * self.state_bytes,
+                (self.num_states - started) * self.state_bytes)

@@ -1,0 +1,97 @@
+"""Prefix caching: chained block hashes against a token-level radix tree.
+
+With a shared system prompt the block cache finds at most what the radix tree finds (it reuses
+whole blocks only), and exactly as much at block size 1. A hit never covers a prompt's last
+token; freed blocks stay cached and are evicted least recently freed first, a sequence's tail
+before its head, and only once no never-cached block is free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+
+from kvbench.cost_model import CostModelExecutor
+from kvbench.plugins.allocators.paged import PagedAllocator
+from kvbench.radix import RadixTree, radix_hit_rate
+from kvbench.run import load_specs, run_point
+from kvbench.sequence import Request, Sequence
+from kvbench.simulate import build_engine
+from kvbench.workload import generate
+
+
+def test_radix_tree_matches_token_by_token_across_split_edges():
+    tree = RadixTree()
+    tree.insert([1, 2, 3, 4])
+    tree.insert([1, 2, 5])  # splits the edge after [1, 2]
+    assert tree.match([1, 2, 3, 9]) == 3
+    assert tree.match([1, 2, 5, 6]) == 3
+    assert tree.match([1, 2, 3, 4, 5]) == 4
+    assert tree.match([7, 1]) == 0
+
+
+def test_radix_hit_rate_never_covers_the_last_prompt_token():
+    assert radix_hit_rate([[1, 2, 3], [1, 2, 3]]) == pytest.approx(2 / 6)
+
+
+def shared_prefix_config(block_size: int, extra=()):
+    overrides = ["workload=uniform", "workload.num_requests=40", "workload.rate=inf",
+                 "workload.input_len=40", "workload.output_len=8", "workload.prefix_len=50",
+                 "workload.num_prefixes=3", "+allocator=paged", f"allocator.block_size={block_size}",
+                 "allocator.prefix_caching=true", "progress=false", *extra]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        return compose("bench", overrides=overrides)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_block_hash_hit_rate_is_at_most_the_radix_trees_and_equal_at_block_size_1(block_size):
+    cfg = shared_prefix_config(block_size)
+    model, hardware = load_specs(cfg)
+    requests = generate(dict(cfg.workload), 0, model.max_model_len)
+    engine = build_engine(cfg, model, 200_000, lambda allocator: CostModelExecutor(model, hardware))
+    block_rate = engine.run(requests)["prefix_hit_rate"]
+    radix_rate = radix_hit_rate(r.prompt_tokens for r in requests)
+    assert 0.3 < block_rate <= radix_rate
+    if block_size == 1:
+        assert block_rate == radix_rate
+
+
+def test_real_engine_reports_both_hit_rates_and_they_agree_at_block_size_1():
+    cfg = shared_prefix_config(1, ["scenario=serve", "model=tiny", "workload.num_requests=8",
+                                   "workload.input_len=10", "workload.prefix_len=20"])
+    row = run_point(cfg)[0]
+    assert row["prefix_hit_rate"] == row["prefix_hit_rate_radix"] > 0.3
+
+
+def admitted(pool: PagedAllocator, tokens) -> Sequence:
+    seq = Sequence(len(pool.block_tables) + 100 * pool.prefix_query_tokens, Request(0, 0.0, len(tokens), 4),
+                   len(tokens), token_ids=list(tokens))
+    assert pool.admit(seq)
+    assert pool.grow(seq, seq.num_tokens - seq.num_computed)
+    seq.num_computed = seq.num_tokens
+    return seq
+
+
+def test_a_hit_never_covers_the_last_prompt_token():
+    pool = PagedAllocator(num_slots=64, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    admitted(pool, range(16))
+    assert admitted(pool, range(16)).num_cached == 12  # the 4th block holds the last token
+    assert admitted(pool, range(17)).num_cached == 16
+
+
+def test_freed_blocks_stay_cached_and_the_tail_is_evicted_first():
+    pool = PagedAllocator(num_slots=32, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    pool.free(admitted(pool, range(12)))  # 3 full blocks, freed tail first
+    pool.free(admitted(pool, np.arange(100, 120)))  # the 5 never-cached blocks went first
+    assert len(pool.cached) == 8 and not pool.free_blocks
+    admitted(pool, np.arange(200, 204))  # evicts the least recently freed: the first's tail
+    assert admitted(pool, list(range(12)) + [7]).num_cached == 8
+
+
+def test_cached_blocks_count_as_free_until_hit():
+    pool = PagedAllocator(num_slots=32, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    pool.free(admitted(pool, range(12)))
+    assert pool.accounting().free == 32
+    admitted(pool, range(13))
+    assert pool.accounting().token == 13  # three revived blocks and one new token

@@ -1,0 +1,211 @@
+"""The real engine produces, token for token, what each request produces on its own.
+
+Every request is also generated independently (kvbench.reference: the whole sequence recomputed
+for each token, no allocator, no batch); the engine must match it under every allocator, with
+preemption by recompute and by swap, chunked prefill, prefix caching, parallel sampling and beam
+search. The helpers here are shared by the other serve test files.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from kvbench.engine import Engine
+from kvbench.metrics import Recorder
+from kvbench.model import TinyDecoder
+from kvbench.model_executor import ModelExecutor
+from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.reference import beam_search_alone, generate_alone
+from kvbench.registry import default_registry
+from kvbench.run import run_point
+from kvbench.sampling import SamplingParams
+from kvbench.scheduler import Scheduler
+from kvbench.sequence import Request
+from kvbench.spec import ModelSpec
+
+# GQA, and a sliding-window layer beside a full one, so generation exercises both.
+SPEC = ModelSpec(name="test-tiny", num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2,
+                 head_dim=8, num_params=1e4, max_model_len=96, dtype="fp32", vocab_size=128,
+                 intermediate_size=64, layer_pattern=("window", "full"), window=6)
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_model() -> TinyDecoder:
+    torch.set_num_threads(1)  # the model's ops are tiny; extra threads only contend
+    return TinyDecoder(SPEC, seed=0).eval()
+
+
+def make_requests(count: int, output_len: int = 10, n: int = 1, beam_width: int = 1, seed: int = 0,
+                  prefix: int = 0) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, SPEC.vocab_size, prefix)
+    requests = []
+    for i, length in enumerate(rng.integers(3, 20, count)):
+        prompt = np.concatenate([shared, rng.integers(0, SPEC.vocab_size, int(length))])
+        requests.append(Request(i, 0.0, len(prompt), output_len, prompt, n, beam_width, 0 if prefix else -1))
+    return requests
+
+
+def run_engine(requests, allocator="paged", num_slots=400, block_size=4, preemption="recompute",
+               swap_slots=0, sampling=GREEDY, chunked_prefill=False, max_num_batched_tokens=512,
+               max_num_seqs=64, on_step=None, **options):
+    """Serve `requests` through the real engine; returns (result row, engine).
+
+    Every step checks the KV accounting: no part negative, none beyond the pool."""
+    cls = default_registry().get("allocator", allocator)
+    pool = cls(num_slots=num_slots, max_model_len=SPEC.max_model_len, block_size=block_size, **options)
+    if swap_slots:
+        pool.enable_swap(swap_slots)
+    pool.record_copies = True
+    executor = ModelExecutor(tiny_model(), pool, EagerBackend(), sampling, swap_slots=swap_slots)
+    execute = executor.execute
+
+    def checked(batch):
+        acc = pool.accounting()
+        assert min(acc.token, acc.reserved, acc.internal, acc.free) >= 0, acc
+        if on_step:
+            on_step(batch, pool)
+        return execute(batch)
+
+    executor.execute = checked
+    scheduler = Scheduler(pool, max_num_seqs, max_num_batched_tokens, chunked_prefill, preemption)
+    engine = Engine(scheduler, executor, Recorder(), progress=False)
+    row = engine.run(requests)
+    assert pool.accounting().free == pool.num_slots  # everything given back
+    return row, engine
+
+
+def outputs(engine) -> dict:
+    """request id -> [(sample index, generated tokens, cumulative logprob)] of its sequences."""
+    out: dict = {}
+    for seq in engine.recorder.finished:
+        out.setdefault(seq.request.request_id, []).append(
+            (seq.sample_index, seq.token_ids[seq.request.prompt_len:], seq.cumulative_logprob))
+    return out
+
+
+def alone(request: Request, sampling: SamplingParams, sample_index: int = 0) -> list[int]:
+    return _alone(request.request_id, tuple(request.prompt_tokens), request.output_len, sampling, sample_index)
+
+
+@functools.lru_cache(maxsize=None)
+def _alone(request_id, prompt, output_len, sampling, sample_index):
+    return generate_alone(tiny_model(), prompt, output_len, sampling, request_id, sample_index)
+
+
+@functools.lru_cache(maxsize=None)
+def beams_alone(prompt: tuple, output_len: int, width: int) -> list:
+    return sorted(tokens for tokens, _ in beam_search_alone(tiny_model(), prompt, output_len, width))
+
+
+# (allocator, KV slots, block size, preemption, swap slots): ample pools for the reserving
+# policies (they never preempt); a paged pool tight enough to preempt, in both modes.
+POOLS = {
+    "contiguous": ("contiguous", 96 * 12, 4, "recompute", 0),
+    "oracle": ("oracle", 300, 4, "recompute", 0),
+    "pow2": ("pow2", 600, 4, "recompute", 0),
+    "paged": ("paged", 400, 4, "recompute", 0),
+    "paged-recompute": ("paged", 96, 4, "recompute", 0),
+    "paged-swap": ("paged", 96, 4, "swap", 400),
+    "paged-block-1-swap": ("paged", 96, 1, "swap", 400),
+    "paged-block-16": ("paged", 112, 16, "recompute", 0),
+}
+
+
+def run_pool(name, requests, **kwargs):
+    allocator, slots, block_size, preemption, swap = POOLS[name]
+    return run_engine(requests, allocator, slots, block_size, preemption, swap, **kwargs)
+
+
+@pytest.mark.parametrize("pool", list(POOLS))
+def test_greedy_generation_equals_independent_generation(pool):
+    requests = make_requests(6)
+    row, engine = run_pool(pool, requests)
+    if pool.startswith("paged-") and "16" not in pool:
+        assert row["preemptions"] > 0  # the tight pool really preempted
+    if pool.endswith("swap"):
+        assert row["swapped_blocks"] > 0 and row["recomputed_tokens"] == 0
+    got = outputs(engine)
+    for r in requests:
+        assert got[r.request_id][0][1] == alone(r, GREEDY)
+
+
+def test_sampled_tokens_do_not_depend_on_batch_or_preemption():
+    requests = make_requests(6)
+    row, engine = run_pool("paged-swap", requests, sampling=SAMPLED)
+    assert row["preemptions"] > 0
+    got = outputs(engine)
+    for r in requests:
+        assert got[r.request_id][0][1] == alone(r, SAMPLED)
+    assert any(alone(r, SAMPLED) != alone(r, GREEDY) for r in requests)  # it really sampled
+
+
+def test_chunked_prefill_with_prefix_caching_keeps_tokens():
+    requests = make_requests(6, prefix=13)
+    row, engine = run_engine(requests, num_slots=120, chunked_prefill=True, max_num_batched_tokens=16,
+                             prefix_caching=True)
+    assert row["prefix_hit_rate"] > 0.2
+    got = outputs(engine)
+    for r in requests:
+        assert got[r.request_id][0][1] == alone(r, GREEDY)
+
+
+@pytest.mark.parametrize("pool", ["contiguous", "oracle", "pow2", "paged", "paged-recompute", "paged-swap"])
+def test_parallel_samples_equal_independent_samples(pool):
+    requests = make_requests(4, n=3)
+    row, engine = run_pool(pool, requests, sampling=SAMPLED)
+    got = outputs(engine)
+    for r in requests:
+        samples = sorted(got[r.request_id])
+        assert [index for index, _, _ in samples] == [0, 1, 2]
+        for index, tokens, _ in samples:
+            assert tokens == alone(r, SAMPLED, index)
+
+
+@pytest.mark.parametrize("pool", ["contiguous", "oracle", "pow2", "paged", "paged-recompute", "paged-swap"])
+def test_beam_search_equals_independent_beam_search(pool):
+    requests = make_requests(4, beam_width=3, output_len=8)
+    row, engine = run_pool(pool, requests)
+    if pool.startswith("paged-"):
+        assert row["preemptions"] > 0
+    got = outputs(engine)
+    for r in requests:
+        beams = sorted(tokens for _, tokens, _ in got[r.request_id])
+        assert beams == beams_alone(tuple(r.prompt_tokens), r.output_len, 3)
+
+
+def test_prefix_caching_with_samples_beams_and_preemption_keeps_tokens():
+    samples = make_requests(3, n=2, prefix=9, seed=1)
+    row, engine = run_engine(samples, num_slots=100, preemption="swap", swap_slots=400, sampling=SAMPLED,
+                             prefix_caching=True)
+    assert row["prefix_hit_rate"] > 0
+    got = outputs(engine)
+    for r in samples:
+        for index, tokens, _ in got[r.request_id]:
+            assert tokens == alone(r, SAMPLED, index)
+    beams = make_requests(3, beam_width=2, prefix=9, seed=2, output_len=8)
+    row, engine = run_engine(beams, num_slots=80, prefix_caching=True)
+    assert row["prefix_hit_rate"] > 0 and row["preemptions"] > 0
+    got = outputs(engine)
+    for r in beams:
+        assert sorted(t for _, t, _ in got[r.request_id]) == beams_alone(tuple(r.prompt_tokens), r.output_len, 2)
+
+
+def test_serve_scenario_reports_the_host_time_split():
+    overrides = ["scenario=serve", "model=tiny", "+allocator=paged", "workload=fixed",
+                 "workload.input_len=12", "workload.output_len=6", "scenario.num_requests=5", "progress=false"]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=overrides)
+    row = run_point(cfg)[0]
+    assert row["completed"] == 5 and row["device"] == "cpu" and row["dtype"] == "fp32"
+    phases = ("schedule", "copy", "prepare", "forward", "sample")
+    assert all(row[f"{p}_s"] > 0 for p in ("schedule", "prepare", "forward", "sample"))
+    assert sum(row[f"{p}_frac"] for p in phases) == pytest.approx(1.0)
+    assert row["throughput_tok_s"] == pytest.approx(5 * 6 / row["duration_s"])
