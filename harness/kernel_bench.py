@@ -71,6 +71,7 @@ def time_cpu(fn, min_run_time_s: float) -> list[float]:
     """p10, p50, p90 seconds from torch.utils.benchmark's blocked measurement."""
     from torch.utils.benchmark import Timer
 
+    fn()  # warm-up: first-call costs (allocator, lazy imports, interpreter set-up) are not latency
     measurement = Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time_s)
     return [float(np.quantile(measurement.times, q)) for q in QUANTILES]
 
@@ -87,7 +88,7 @@ def time_cuda(fn, sc: DictConfig, graph: bool) -> list[float]:
     return [m * 1e-3 for m in ms]
 
 
-def host_launch_s(fn, device: torch.device, calls: int = 20) -> float:
+def host_launch_s(fn, device: torch.device, calls: int = 5) -> float:
     """Host seconds per call, not waiting for the device (on CPU the call is the work)."""
     torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -120,7 +121,7 @@ def run(cfg: DictConfig) -> list[dict]:
     longest = max(spec.seq_lens)
     max_model_len = max(model.max_model_len, longest)
     allocator = allocator_cls(num_slots=2 * spec.num_seqs * (max_model_len + 256),
-                              max_model_len=max_model_len, **alloc_options)
+                              max_model_len=max_model_len, model=model, **alloc_options)
     case = kernel_case.build(spec, model, allocator, dtype, device, int(cfg.seed))
     backend = backend_cls()
 

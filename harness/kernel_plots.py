@@ -24,7 +24,7 @@ def _flag(value) -> bool:
 
 
 def series_label(row: dict, keys: list[str]) -> str:
-    parts = [str(row.get(k, "")) for k in keys]
+    parts = [f"{k}={row.get(k, '')}" if k == "window" else str(row.get(k, "")) for k in keys]
     parts.append(f"B={int(_num(row, 'num_seqs'))}")
     return " ".join(parts) + (" (interpreted)" if _flag(row.get("interpreted")) else "")
 
@@ -44,7 +44,7 @@ def latency_vs_context(rows: list[dict], out_dir: Path) -> Path:
     for ax in (lat, bw):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length per sequence (tokens)")
-    lat.set_yscale("log")
+        ax.set_yscale("log")
     lat.set_ylabel("attention latency p50 (us, one layer)")
     bw.set_ylabel("achieved bandwidth (GB/s)")
     profiles = {str(r.get("roofline_hardware", "")) for r in rows} - {""}

@@ -1,0 +1,155 @@
+"""scenario=kernel: the KV laid out by the allocator, the roofline columns, the sweep and its plot.
+
+Without a GPU the Triton backend runs under the interpreter (~10 ms per program-iteration),
+so batch specs stay tiny and the rows say `interpreted=True`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+
+from hydra import compose, initialize_config_module  # noqa: E402
+
+from kvbench import kernel_bench, kernel_case  # noqa: E402
+from kvbench.batch_spec import parse  # noqa: E402
+from kvbench.plugins.allocators.contiguous import ContiguousAllocator  # noqa: E402
+from kvbench.plugins.allocators.paged import PagedAllocator  # noqa: E402
+from kvbench.spec import ModelSpec  # noqa: E402
+
+BENCH = [sys.executable, "-m", "kvbench.cli"]
+TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                 num_params=1e5, max_model_len=512, dtype="fp32")
+
+
+def bench(cwd, *args, env=None):
+    return subprocess.run([*BENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+def kernel_cfg(*overrides):
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        return compose("bench", overrides=["scenario=kernel", "model=tiny", "scenario.min_run_time_s=0.01",
+                                           *overrides])
+
+
+def flat_slots(meta, seq: int, seq_len: int, block_size: int) -> list[int]:
+    if meta.block_tables is not None:
+        return [int(meta.block_tables[seq, i // block_size]) * block_size + i % block_size
+                for i in range(seq_len)]
+    return [int(meta.seq_starts[seq]) + i for i in range(seq_len)]
+
+
+def test_paged_layout_scatters_blocks_and_keeps_a_contiguous_reference():
+    spec = parse("3d40+1p20")
+    allocator = PagedAllocator(num_slots=4096, max_model_len=512, block_size=8)
+    case = kernel_case.build(spec, TINY, allocator, torch.float32, torch.device("cpu"), seed=0)
+    tables = case.meta.block_tables
+    assert tables.shape == (4, 5)  # 40 tokens = 5 blocks of 8
+    # The allocator handed out blocks 0..17 in order; the shuffle leaves no sequence in order.
+    assert all(tables[s, 1:3].tolist() != [tables[s, 0] + 1, tables[s, 0] + 2] for s in range(4))
+    slots = [flat_slots(case.meta, s, n, 8) for s, n in enumerate(spec.seq_lens)]
+    everything = [x for seq in slots for x in seq]
+    assert len(set(everything)) == spec.kv_tokens == 140  # no slot shared between sequences
+    reference = case.contiguous_meta
+    assert reference.seq_starts.tolist() == [0, 40, 80, 120]  # back to back
+    assert case.k_cache.shape[0] * 8 >= max(everything) + 1 and case.k_cache.shape[0] * 8 >= 140
+    # The query tokens' slots: one per decode, the whole prompt of the prefill.
+    assert case.meta.slot_mapping.tolist()[:3] == [slots[s][39] for s in range(3)]
+    assert case.meta.slot_mapping.tolist()[3:] == slots[3]
+    assert case.query.shape == (3 + 20, 4, 16)
+
+
+def test_contiguous_allocator_gives_slot_ranges_and_no_reference():
+    spec = parse("3d100")
+    allocator = ContiguousAllocator(num_slots=4096, max_model_len=512, block_size=16)
+    case = kernel_case.build(spec, TINY, allocator, torch.float32, torch.device("cpu"), seed=0)
+    assert case.meta.seq_starts.tolist() == [0, 512, 1024]  # Orca(Max) reserves max_model_len each
+    assert case.contiguous_meta is None
+
+
+def test_bytes_moved_counts_visible_kv_queries_outputs_and_layout():
+    # 4 decodes at 64 tokens, 2 kv heads x 16 dims fp32: K+V 65,536 B; q+o 2,048 B;
+    # 16 block-table entries 64 B; seq_lens 16 B.
+    assert kernel_bench.bytes_moved(parse("4d64"), TINY, 4, 16, paged=True) == 65536 + 2048 + 64 + 16
+    # A window of 32 reads only the last 32 keys of each 128-token context.
+    windowed = kernel_bench.bytes_moved(parse("2d128:w32"), TINY, 4, 16, paged=False)
+    assert windowed == 2 * 32 * 2 * 16 * 2 * 4 + 2 * 4 * 16 * 2 * 4 + 2 * 8 + 2 * 4
+
+
+def test_eager_kernel_row_has_every_kernel_column():
+    [row] = kernel_bench.run(kernel_cfg("+backend=eager", "batch=2d16+1p8"))
+    assert row["batch_spec"] == "2d16+1p8" and row["kv_tokens"] == 40 and row["num_seqs"] == 3
+    assert row["max_abs_err_vs_eager"] == 0.0
+    assert 0 < row["latency_us_p10"] <= row["latency_us_p50"] <= row["latency_us_p90"]
+    assert row["achieved_gbps"] == pytest.approx(row["bytes_moved"] / row["latency_us_p50"] / 1e3)
+    assert row["roofline_frac"] == pytest.approx(row["achieved_gbps"] * 1e9 / 1555e9)  # a100-40gb
+    assert row["paging_overhead"] > 0 and row["layout"] == "paged"
+    assert row["interpreted"] is (not torch.cuda.is_available())
+
+
+def test_triton_kernel_matches_eager_on_a_shuffled_paged_cache():
+    [row] = kernel_bench.run(kernel_cfg("+backend=triton_paged", "batch=2d24:w16", "+allocator=paged",
+                                        "allocator.block_size=4"))
+    assert row["max_abs_err_vs_eager"] < 1e-4
+    assert row["window"] == 16 and row["layout"] == "paged"
+
+
+def test_sweep_over_backends_and_specs_writes_summary_and_plot(tmp_path):
+    result = bench(tmp_path, "-m", "scenario=kernel", "model=tiny", "+backend=eager,triton_paged",
+                   "batch=1d16,2d32", "scenario.min_run_time_s=0.01", "hydra.sweep.dir=sweep",
+                   env={"TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "sweep" / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["backend"], r["batch_spec"]) for r in rows) == [
+        ("eager", "1d16"), ("eager", "2d32"), ("triton_paged", "1d16"), ("triton_paged", "2d32")]
+    assert all(r["status"] == "ok" for r in rows)
+    if not torch.cuda.is_available():
+        assert all(r["interpreted"] == "True" for r in rows)
+    assert (tmp_path / "sweep" / "latency_vs_context.png").stat().st_size > 10_000
+
+
+def test_malformed_batch_spec_is_one_line_exit_2(tmp_path):
+    result = bench(tmp_path, "scenario=kernel", "model=tiny", "batch=4d1k+3x2")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "'3x2'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_backend_that_cannot_run_says_why(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("triton_paged runs on the GPU here")
+    result = bench(tmp_path, "scenario=kernel", "model=tiny", "+backend=triton_paged", "batch=1d16",
+                   env={"TRITON_INTERPRET": "0"})
+    assert result.returncode == 2 and "TRITON_INTERPRET=1" in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_its_whole_pipeline_in_cpu_mode(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu_check.sh")
+    result = subprocess.run(["bash", script, "--cpu"], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(tmp_path / "kernel.csv") as f:
+        kernel = list(csv.DictReader(f))
+    assert sorted((r["backend"], r["batch_spec"]) for r in kernel) == [
+        ("eager", "1d16"), ("eager", "2d16"), ("triton_paged", "1d16"), ("triton_paged", "2d16")]
+    with open(tmp_path / "graphs.csv") as f:
+        graphs = list(csv.DictReader(f))
+    # 3 graph modes x blocking / async, each with the per-step host split
+    assert sorted((r["graph"], r["async_scheduling"]) for r in graphs) == sorted(
+        (g, a) for g in ("eager", "full", "piecewise") for a in ("False", "True"))
+    assert all(r["cpu_overhead_frac"] != "" for r in graphs)
+    figures = (tmp_path / "figures.txt").read_text()
+    assert "triton_paged 2d16 fp32" in figures and "batch   2 piecewise" in figures
+    assert (tmp_path / "latency_vs_context.png").is_file()
