@@ -1,0 +1,90 @@
+"""HybridModelExecutor: the tiny model served from the hybrid allocator's per-layer-kind layout.
+
+Every page id names one page of the pool, whatever layer kind holds it. Each attention layer
+owns a K and a V tensor `[num_pages, block_size of its kind, kv_heads, head_dim]` and each linear
+layer a state tensor `[num_pages, heads, head_dim, state_dim]` whose row `state_slot(seq)` is
+the sequence's state. (On a GPU vLLM lays the kinds over one shared buffer; here each layer has
+its own tensor, and the pool's page budget is what the allocator enforces.) Per step a layer
+kind gets its own block tables and slot mapping, since window layers drop the blocks that fell
+out of their window; linear layers get the batch's state slots, and which sequences start
+from an empty state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from kvbench.attention_op import current_context, forward_context
+from kvbench.errors import UserError
+from kvbench.linear_state import StateContext, new_states, state_context
+from kvbench.model_executor import ModelExecutor
+from kvbench.scheduler import Batch
+
+
+class HybridModelExecutor(ModelExecutor):
+    def __init__(self, model, allocator, backend, sampling, swap_slots: int = 0,
+                 graph: dict | None = None, async_scheduling: bool = False):
+        if allocator.policy == "as_full" and model.spec.num_layers_of("linear"):
+            raise UserError("allocator.policy=as_full sizes linear layers as attention (a memory "
+                            "baseline for scenario=simulate) and has no state slots to serve them; "
+                            "use policy shared or static")
+        # A step's per-kind metadata and state slots are held from prepare to forward: one step
+        # at a time. Graph modes take per-layer metadata, but not the linear layers' state slots.
+        if async_scheduling:
+            raise UserError("allocator hybrid serves with engine.async_scheduling=false")
+        if (graph or {"name": "eager"})["name"] != "eager" and model.spec.num_layers_of("linear"):
+            raise UserError("a model with linear layers serves with graph=eager: captured graphs "
+                            "do not carry the layers' per-step state slots")
+        super().__init__(model, allocator, backend, sampling, swap_slots, graph, async_scheduling)
+        spec, pages = model.spec, allocator.num_pages
+        self.kinds = [k for k in spec.layer_kinds if k != "linear"]  # attention layers, cache order
+        self.block_size = allocator.attention[0].block_size  # the kind block_table(seq) answers for
+        shape = (spec.num_kv_heads, spec.head_dim)
+        on_device = dict(device=self.device, dtype=self.dtype)
+        self.kv_caches = [tuple(torch.zeros(pages, allocator.block_size_of(kind), *shape, **on_device)
+                                for _ in "kv") for kind in self.kinds]
+        self.states = new_states(spec, pages, self.device, self.dtype)
+        self._flat = []  # the base's slot-addressed views of the caches replaced above
+        self._step_meta, self._step_states = None, None
+
+    def _copy(self, copies: list) -> None:
+        """Copy whole pages, in the order logged, in every layer's cache and state tensor."""
+        for _, src, dst, _ in copies:
+            for cache in (c for pair in self.kv_caches for c in pair):
+                cache[dst] = cache[src]
+            for states in self.states:
+                states[dst] = states[src]
+
+    def _prepare(self, batch: Batch):
+        ids, positions, meta, last_rows, sampled = super()._prepare(batch)
+        to = dict(device=self.device)
+        counts = torch.tensor(batch.num_new_tokens, **to)
+        seq_of_token = torch.repeat_interleave(torch.arange(len(batch.seqs), **to), counts)
+        by_kind = {}
+        for kind in dict.fromkeys(self.kinds):
+            bs = self.allocator.block_size_of(kind)
+            tables = [self.allocator.block_table(seq, kind) for seq in batch.seqs]
+            width = max(len(t) for t in tables)
+            # A released window block (-1) is never read (masked out), but must index a real page.
+            block_tables = torch.tensor([[max(p, 0) for p in t] + [0] * (width - len(t)) for t in tables],
+                                        dtype=torch.int32, **to)
+            slot_mapping = (block_tables[seq_of_token, positions // bs].to(torch.int64) * bs
+                            + positions % bs)
+            by_kind[kind] = replace(meta, block_tables=block_tables, slot_mapping=slot_mapping, block_size=bs)
+        self._step_meta = [by_kind[kind] for kind in self.kinds]
+        if self.states:
+            slots = torch.tensor([self.allocator.state_slot(seq) for seq in batch.seqs], dtype=torch.int64, **to)
+            fresh = torch.tensor([seq.num_computed == n for seq, n in zip(batch.seqs, batch.num_new_tokens)],
+                                 dtype=torch.bool, **to)
+            self._step_states = StateContext(self.states, slots, meta.query_start_loc, fresh)
+        return ids, positions, meta, last_rows, sampled
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        context = replace(current_context(), layer_meta=self._step_meta)
+        with forward_context(context):
+            if self._step_states is None:
+                return super()._forward(input_ids, positions)
+            with state_context(self._step_states):
+                return super()._forward(input_ids, positions)

@@ -1,0 +1,429 @@
+"""Hybrid models: full, window and linear-state layers in one pool of equal-byte pages."""
+
+import dataclasses
+import functools
+import math
+import subprocess
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hydra import compose, initialize_config_module
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from kvbench.cost_model import CostModelExecutor
+from kvbench.engine import Engine
+from kvbench.errors import UserError
+from kvbench.hookspecs import hookimpl
+from kvbench.hybrid_executor import HybridModelExecutor
+from kvbench.linear_state import delta_rule
+from kvbench.metrics import Recorder
+from kvbench.model import TinyDecoder
+from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.reference import generate_alone
+from kvbench.registry import default_registry
+from kvbench.run import run_point
+from kvbench.sampling import SamplingParams
+from kvbench.scheduler import Scheduler
+from kvbench.plugins.allocators.hybrid import POLICIES, HybridAllocator
+from kvbench.plugins.allocators.hybrid_attention import AttentionManager
+from kvbench.plugins.allocators.hybrid_pages import unify_pages
+from kvbench.scheduler import Batch
+from kvbench.sequence import Request, Sequence
+from kvbench.spec import Hardware, ModelSpec
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+
+
+def model(name: str, **changes) -> ModelSpec:
+    spec = ModelSpec.from_cfg(OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml")))
+    return dataclasses.replace(spec, **changes)
+
+
+def hybrid(spec: ModelSpec, num_slots: int = 2000, block_size: int = 4, **options) -> HybridAllocator:
+    return HybridAllocator(num_slots=num_slots, max_model_len=spec.max_model_len,
+                           block_size=block_size, model=spec, **options)
+
+
+def new_seq(seq_id: int, prompt_len: int, output_len: int, n: int = 1) -> Sequence:
+    return Sequence(seq_id, Request(seq_id, 0.0, prompt_len, output_len, n=n), prompt_len)
+
+
+def step(allocator, seq: Sequence, num_tokens: int) -> bool:
+    if not allocator.grow(seq, num_tokens):
+        return False
+    seq.num_computed += num_tokens
+    return True
+
+
+# --- page-size unification --------------------------------------------------------------
+@pytest.mark.parametrize("name", ["gpt-oss-like", "gemma-3-like", "qwen3-next-like",
+                                  "tiny-gemma3", "tiny-qwen3-next"])
+@pytest.mark.parametrize("linear_as_full", [False, True])
+def test_page_size_unification_gives_every_kind_pages_of_equal_bytes(name, linear_as_full):
+    spec = model(name)
+    pages = unify_pages(spec, 16, linear_as_full)
+    for kind, block_size in pages.block_sizes.items():
+        used = block_size * pages.token_bytes[kind]
+        assert used + pages.page_padding(kind) == pages.page_bytes
+        assert 0 <= pages.page_padding(kind) < pages.token_bytes[kind]  # the largest block that fits
+    assert min(pages.block_sizes.values()) == 16  # the heaviest kind keeps the configured block
+    if pages.state_bytes:
+        assert pages.pages_per_state == math.ceil(pages.state_bytes / pages.page_bytes)
+
+
+def test_gemma_3_like_pages_hold_16_window_tokens_or_83_full_tokens():
+    pages = unify_pages(model("gemma-3-like"), 16)
+    per_layer = 2 * 16 * 128 * 2  # 8 KiB per token per layer in bf16
+    assert pages.page_bytes == 16 * 52 * per_layer  # 52 window layers, 16 tokens = 6.5 MiB
+    assert pages.block_sizes == {"full": 83, "window": 16}  # 10 full layers: 83.2 tokens fit
+
+
+def test_qwen3_next_like_state_is_36_mib_or_96_pages_of_16_full_tokens():
+    pages = unify_pages(model("qwen3-next-like"), 16)
+    assert pages.state_bytes == 36 * 32 * 128 * 128 * 2  # 36 layers x 1 MiB
+    assert pages.page_bytes == 16 * 12 * 2 * 2 * 256 * 2
+    assert pages.pages_per_state == 96 and pages.page_padding("linear") == 0
+
+
+# --- window layers ----------------------------------------------------------------------
+@pytest.mark.parametrize("window,block_size", [(8, 4), (10, 4), (16, 16), (5, 2), (1, 4)])
+def test_a_window_layer_holds_at_most_ceil_w_over_b_plus_one_blocks(window, block_size):
+    spec = model("tiny-gpt-oss", window=window)
+    allocator = hybrid(spec, block_size=block_size)
+    manager = allocator.managers["window"]
+    bound = math.ceil(window / block_size) + 1
+    seq = new_seq(0, 30, 100)
+    assert allocator.admit(seq) and step(allocator, seq, 30)
+    held = []
+    while seq.num_computed < seq.final_len:
+        seq.num_tokens += 1
+        assert step(allocator, seq, 1)
+        held.append(manager.held_blocks(0))
+    assert max(held) <= bound
+    # A decode at position p reads the W positions p - W + 1 .. p: at most ceil((W - 1) / B) + 1 blocks.
+    assert max(held) == math.ceil((window - 1) / block_size) + 1
+    assert len(allocator.managers["full"].tables[0]) == math.ceil(seq.final_len / block_size)
+    allocator.free(seq)
+    assert all(p.num_free == p.num_pages for p in allocator.pools)
+
+
+def test_as_full_keeps_every_window_block_and_counts_tokens_beyond_the_window_as_internal():
+    spec = model("tiny-gpt-oss")  # window 8
+    allocator = hybrid(spec, policy="as_full")
+    seq = new_seq(0, 40, 10)
+    assert allocator.admit(seq) and step(allocator, seq, 40)
+    assert allocator.managers["window"].held_blocks(0) == 10
+    window = allocator.accounting().by_kind["window"]
+    token_bytes = allocator.pages.token_bytes["window"]
+    assert window.token == 8 * token_bytes and window.internal == 32 * token_bytes
+
+
+# --- linear-state layers ----------------------------------------------------------------
+def test_linear_state_memory_is_constant_in_sequence_length():
+    spec = model("tiny-qwen3-next")
+    shared, as_full = hybrid(spec), hybrid(spec, policy="as_full")
+    per_state = shared.pages.pages_per_state
+    seqs = [new_seq(0, 10, 500), new_seq(0, 10, 500)]
+    for allocator, seq in zip((shared, as_full), seqs):
+        assert allocator.admit(seq) and step(allocator, seq, 10)
+    linear_pages, as_full_pages = [], []
+    while seqs[0].num_computed < 400:
+        for allocator, seq in zip((shared, as_full), seqs):
+            seq.num_tokens += 1
+            assert step(allocator, seq, 1)
+        linear_pages.append(shared.managers["linear"].num_pages)
+        as_full_pages.append(as_full.managers["linear"].num_pages)
+    assert set(linear_pages) == {per_state}  # 3 layers x 4 x 16 x 16 fp32 = 12 pages of 1 KiB
+    assert as_full_pages[-1] == math.ceil(400 / as_full.block_size_of("linear")) > 10 * as_full_pages[0]
+
+
+def test_the_gated_delta_rule_gives_the_same_state_in_one_chunk_in_two_or_token_by_token():
+    gen = torch.Generator().manual_seed(0)
+    b, t, h, dk, dv = 3, 9, 2, 4, 5
+    q, k = (torch.nn.functional.normalize(torch.randn(b, t, h, dk, generator=gen), dim=-1) for _ in "qk")
+    v = torch.randn(b, t, h, dv, generator=gen)
+    write, decay = torch.rand(b, t, h, generator=gen), torch.rand(b, t, h, generator=gen)
+    empty = torch.zeros(b, h, dk, dv)
+    whole_state, whole_out = delta_rule(empty, q, k, v, write, decay, torch.full((b,), t))
+    state, outs = empty, []
+    for lo, hi in ((0, 4), (4, 5), (5, 9)):
+        part = lambda x: x[:, lo:hi]
+        state, out = delta_rule(state, *map(part, (q, k, v, write, decay)), torch.full((b,), hi - lo))
+        outs.append(out)
+    torch.testing.assert_close(state, whole_state)
+    torch.testing.assert_close(torch.cat(outs, dim=1), whole_out)
+    # a ragged batch: sequence 1 runs 4 tokens, its padded steps leave its state alone
+    ragged_state, _ = delta_rule(empty, q, k, v, write, decay, torch.tensor([t, 4, t]))
+    short_state, _ = delta_rule(empty, q[:, :4], k[:, :4], v[:, :4], write[:, :4], decay[:, :4],
+                                torch.full((b,), 4))
+    torch.testing.assert_close(ragged_state[1], short_state[1])
+
+
+def test_forking_a_request_with_linear_layers_copies_its_reserved_spare_state():
+    spec = model("tiny-qwen3-next")
+    allocator = hybrid(spec)
+    allocator.record_copies = True
+    parent = new_seq(0, 9, 5, n=3)
+    assert allocator.admit(parent) and step(allocator, parent, 9)
+    linear = allocator.managers["linear"]
+    assert linear.num_pages == 3 * allocator.pages.pages_per_state  # own state + 2 spares
+    child = Sequence(1, parent.request, parent.num_tokens, parent=parent)
+    allocator.fork(parent, child)
+    copies = allocator.take_copies()
+    assert [src for _, src, _, _ in copies] == linear.states[0]
+    assert [dst for _, _, dst, _ in copies] == linear.states[1]
+    assert linear.num_pages == 3 * allocator.pages.pages_per_state  # a spare became the child's
+    assert allocator.block_table(child) == allocator.block_table(parent)  # attention is shared
+
+
+# --- accounting -------------------------------------------------------------------------
+def recount(allocator) -> None:
+    """Rebuild every manager's counters from its tables and compare; check each view adds up."""
+    pools_used = Counter()
+    for m in allocator.managers.values():
+        if isinstance(m, AttentionManager):
+            live = [p for sid, table in m.tables.items() for p in table[m.first_live[sid]:]]
+            assert -1 not in live
+            for page, holders in Counter(live).items():
+                assert m.pool.ref_count[page] == holders
+            unique = set(live)
+            assert m.num_pages == len(unique)
+            assert m.filled == sum(m.pool.fill[p] for p in unique)
+            assert m.stale == sum(m.pool.stale[p] for p in unique)
+            pages = len(unique)
+        else:
+            pages = sum(len(p) for p in m.states.values()) + sum(len(p) for s in m.spares.values() for p in s)
+            assert m.num_pages == pages
+        pools_used[id(m.pool)] += pages
+    for pool in allocator.pools:
+        assert pool.num_free + pools_used[id(pool)] == pool.num_pages
+    acc = allocator.accounting()
+    for view in [acc, *acc.by_kind.values()]:
+        parts = (view.token, view.reserved, view.internal, view.free)
+        assert all(p >= 0 for p in parts), parts
+        assert sum(parts) == view.num_slots
+        assert abs(sum(view.fractions()) - 1.0) < 1e-12
+    assert acc.token == sum(v.token for v in acc.by_kind.values())
+    assert acc.internal == sum(v.internal for v in acc.by_kind.values())
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["admit", "grow", "grow", "grow", "grow", "fork", "free"]),
+                         st.integers(0, 10_000), st.integers(1, 12)), min_size=1, max_size=70)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["tiny-gpt-oss", "tiny-gemma3", "tiny-qwen3-next"]),
+       policy=st.sampled_from(POLICIES), block_size=st.sampled_from([1, 2, 4]),
+       num_slots=st.integers(40, 400), ops=OPS)
+def test_accounting_sums_to_one_per_kind_and_in_total_under_random_operations(
+        name, policy, block_size, num_slots, ops):
+    allocator = hybrid(model(name), num_slots=num_slots, block_size=block_size, policy=policy)
+    allocator.record_copies = True
+    waiting, running, next_id = [], [], 0
+    for op, pick, size in ops:
+        if op == "admit":
+            seq = new_seq(next_id, 1 + pick % 30, 1 + size, n=1 + pick % 3)
+            next_id += 1
+            if allocator.admit(seq):
+                running.append(seq)
+        elif op == "grow" and running:
+            seq = running[pick % len(running)]
+            if seq.num_computed == seq.num_tokens < seq.final_len:
+                seq.num_tokens += 1  # the previous step sampled a token
+            n = min(size, seq.num_tokens - seq.num_computed)
+            if n:
+                step(allocator, seq, n)
+        elif op == "fork" and running:
+            parent = running[pick % len(running)]
+            spare = allocator.linear is None or allocator.linear.spares[parent.seq_id]
+            if spare and parent.num_computed:
+                child = Sequence(next_id, parent.request, parent.num_tokens, parent=parent)
+                next_id += 1
+                allocator.fork(parent, child)
+                assert child.num_computed == parent.num_computed
+                running.append(child)
+        elif op == "free" and running:
+            allocator.free(running.pop(pick % len(running)))
+        allocator.take_copies()
+        recount(allocator)
+    for seq in running:
+        allocator.free(seq)
+    recount(allocator)
+    assert allocator.accounting().free == allocator.accounting().num_slots
+
+
+# --- the cost model ---------------------------------------------------------------------
+def test_window_layers_read_at_most_their_window_and_linear_layers_their_state():
+    hw = Hardware("h", hbm_bytes_per_s=1e12, peak_flops=1e20, memory_bytes=1e12)
+    gemma, qwen = model("gemma-3-like"), model("qwen3-next-like")
+    per_layer = gemma.kv_bytes_per_token_per_layer
+    seq = new_seq(0, 5000, 10)
+    seq.num_computed = 5000
+    batch = Batch(seqs=[seq], num_new_tokens=[1], num_tokens=1, context_tokens=5000, attention_pairs=5000)
+    kv = 10 * per_layer * 5001 + 52 * per_layer * (1024 + 1)
+    assert CostModelExecutor(gemma, hw).execute(batch).duration_s == pytest.approx((gemma.weight_bytes + kv) / 1e12)
+    kv = 12 * qwen.kv_bytes_per_token_per_layer * 5001 + 2 * 36 * qwen.linear_state_bytes_per_layer
+    assert CostModelExecutor(qwen, hw).execute(batch).duration_s == pytest.approx((qwen.weight_bytes + kv) / 1e12)
+
+
+# --- serving: hybrid generation equals independent generation ---------------------------
+def serve_model(name: str) -> ModelSpec:
+    """The tiny config at test size: its layer pattern and window, narrower layers."""
+    return model(name, hidden_size=32, head_dim=8, intermediate_size=64, vocab_size=128,
+                 max_model_len=96, linear_state_dim=8 if name == "tiny-qwen3-next" else 0)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_decoder(name: str) -> TinyDecoder:
+    torch.set_num_threads(1)
+    return TinyDecoder(serve_model(name), seed=0).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def alone(name: str, request_id: int, prompt: tuple, output_len: int, sample_index: int) -> list:
+    return generate_alone(tiny_decoder(name), prompt, output_len, SAMPLED, request_id, sample_index)
+
+
+def serve(name: str, requests: list, num_slots: int, **options):
+    spec = serve_model(name)
+    allocator = hybrid(spec, num_slots=num_slots, **options)
+    allocator.record_copies = True
+    executor = HybridModelExecutor(tiny_decoder(name), allocator, EagerBackend(), SAMPLED)
+    held = []
+    execute = executor.execute
+
+    def watched(batch):
+        if "window" in allocator.managers:
+            held.extend(allocator.managers["window"].held_blocks(s.seq_id) for s in batch.seqs)
+        recount(allocator)
+        return execute(batch)
+
+    executor.execute = watched
+    engine = Engine(Scheduler(allocator, 16, 12, chunked_prefill=True), executor, Recorder(), progress=False)
+    row = engine.run(requests)
+    assert allocator.accounting().free == allocator.accounting().num_slots
+    return row, engine, held
+
+
+def prompts(count: int, prefix: int = 0, n: int = 1, output_len: int = 8) -> list:
+    rng = np.random.default_rng(1)
+    shared = list(rng.integers(0, 128, prefix))
+    return [Request(i, 0.0, prefix + int(length), output_len,
+                    np.array(shared + list(rng.integers(0, 128, int(length)))), n=n)
+            for i, length in enumerate(rng.integers(12, 30, count))]
+
+
+@pytest.mark.parametrize("name,policy,num_slots,prefix,n,output_len", [
+    ("tiny-gpt-oss", "shared", 44, 0, 1, 30),  # tight: preempts
+    ("tiny-gemma3", "static", 600, 0, 1, 8),
+    ("tiny-gemma3", "shared", 600, 20, 1, 8),  # prefix hits across kinds
+    ("tiny-gpt-oss", "as_full", 600, 0, 1, 8),
+    ("tiny-qwen3-next", "shared", 150, 0, 2, 8),  # forked samples copy their state; preempts
+])
+def test_hybrid_generation_equals_independent_generation(name, policy, num_slots, prefix, n, output_len):
+    requests = prompts(4, prefix, n, output_len)
+    row, engine, held = serve(name, requests, num_slots, policy=policy, prefix_caching=bool(prefix))
+    assert row["completed"] == len(requests)
+    for seq in engine.recorder.finished:
+        r = seq.request
+        want = alone(name, r.request_id, tuple(int(t) for t in r.prompt_tokens), r.output_len, seq.sample_index)
+        assert seq.token_ids[r.prompt_len:] == want, (r.request_id, seq.sample_index)
+    spec = serve_model(name)
+    if policy in ("shared", "static") and held:  # between steps, after decodes: the window bound
+        assert min(held) <= math.ceil(spec.window / 4) + 1 < max(held)
+    if prefix:
+        assert row["prefix_hit_rate"] > 0.3
+    if num_slots < 200:
+        assert row["preemptions"] > 0
+    assert row["copies"] >= len(requests) * (n - 1)  # one state copy per forked sample
+
+
+# --- the simulator: one shared pool admits more than either naive choice ------------------
+def test_in_simulation_hybrid_admits_more_concurrent_requests_than_paged_as_full_or_static():
+    rows = {}
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        for policy in POLICIES:
+            cfg = compose("bench", overrides=[
+                "model=gemma-3-like", "hardware=h200", "engine.kv_cache_bytes=12e9",
+                "+allocator=hybrid", f"allocator.policy={policy}", "workload=fixed",
+                "workload.input_len=8192", "workload.output_len=256", "workload.rate=inf",
+                "workload.num_requests=24", "scheduler.chunked_prefill=true",
+                "scheduler.max_num_batched_tokens=2048", "progress=false"])
+            rows[policy] = run_point(cfg)[0]
+    # 12 GB = 1760 pages of 6.5 MiB. As full, an 8k request is 8.4k x 62 layers x 8 KiB = 4 GiB:
+    # 2 at once; the full layers' static share (10/62 = 1.9 GB) holds 2 x 0.64 GiB. Shared: 102
+    # full pages + 65 window pages each, and a new one is admitted while its prompt's 99 full
+    # pages and the window's 193 (its window plus a 2048-token chunk) are free: 9 at once.
+    assert rows["as_full"]["max_batch_size"] == rows["static"]["max_batch_size"] == 2
+    assert rows["shared"]["max_batch_size"] == 9
+    assert rows["shared"]["kv_token_util"] > 0.8 > 0.4 > rows["as_full"]["kv_token_util"]
+    assert rows["as_full"]["kv_internal_frag_frac_window"] > 0.5  # tokens beyond the window
+    for row in rows.values():
+        assert row["completed"] == 24
+        for kind in ("full", "window"):
+            parts = [row[f"kv_{p}_{kind}"] for p in ("token_util", "reserved_frac", "internal_frag_frac",
+                                                    "external_frag_frac")]
+            assert min(parts) >= 0 and sum(parts) == pytest.approx(1.0)
+
+
+# --- bad input --------------------------------------------------------------------------
+def bench(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args, "progress=false",
+                           "workload.num_requests=3"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model=gemma-3-like", "model.window=0", "+allocator=hybrid"], "model.window=0 must be > 0"),
+    (["model=gemma-3-like", "model.window=-5", "+allocator=hybrid"], "model.window=-5 must be > 0"),
+    (["model=gpt-oss-like", "model.layer_pattern=[full,banded]", "+allocator=hybrid"],
+     "unknown layer kind 'banded'; known: full, window, linear"),
+    (["model=qwen3-next-like", "hardware=h200", "hardware.num_gpus=2", "+allocator=contiguous"],
+     "allocator contiguous cannot hold the linear layers of model qwen3-next-like"),
+    (["model=gemma-3-like", "hardware=h200"], "allocator paged cannot hold the window layers"),
+    (["model=gpt-oss-like", "hardware=h200", "+allocator=hybrid", "allocator.policy=split"],
+     "allocator.policy='split' is not one of shared, static, as_full"),
+    (["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "+graph=piecewise"],
+     "a model with linear layers serves with graph=eager"),
+    (["scenario=serve", "model=tiny-gpt-oss", "+allocator=hybrid", "engine.async_scheduling=true"],
+     "allocator hybrid serves with engine.async_scheduling=false"),
+    (["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "allocator.policy=as_full"],
+     "policy=as_full sizes linear layers as attention"),
+])
+def test_bad_hybrid_input_is_one_line_with_exit_code_2(tmp_path, args, message):
+    result = bench(tmp_path, *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0]
+
+
+class NoWindowBackend(EagerBackend):
+    name = "no_window"
+
+    @classmethod
+    def unsupported_reason(cls, device, dtype, layout, window):
+        return "it has no sliding-window attention" if window else None
+
+
+def test_a_backend_without_window_support_cannot_serve_a_window_model():
+    module = types.ModuleType("no_window_backend")
+    module.kvbench_backends = hookimpl(lambda: [NoWindowBackend])
+    registry = default_registry()
+    registry.register(module)
+    try:
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            cfg = compose("bench", overrides=["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid",
+                                              "+backend=eager", "backend.name=no_window", "progress=false"])
+        with pytest.raises(UserError, match="backend no_window cannot run here: it has no sliding-window"):
+            run_point(cfg)
+    finally:
+        registry.unregister(module)
