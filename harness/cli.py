@@ -94,6 +94,8 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    # argparse takes one run of overrides: `bench a=1 -m b=1,2` must reach Hydra as `-m a=1 b=1,2`.
+    sys.argv[1:] = sorted(sys.argv[1:], key=lambda arg: arg not in ("-m", "--multirun"))
     try:
         validate_argv(sys.argv[1:])
     except UserError as err:

@@ -54,7 +54,11 @@ class Rule:
 class Policy:
     identity: list
     environment: list
-    rules: dict
+    rules: dict  # metric -> Rule
+    scenario_rules: dict  # scenario -> {metric -> Rule}, replacing `rules` for that scenario's rows
+
+    def rules_for(self, scenario: str) -> dict:
+        return {**self.rules, **self.scenario_rules.get(scenario, {})}
 
 
 def _read_yaml(source) -> dict:
@@ -67,16 +71,11 @@ def _read_yaml(source) -> dict:
     return data
 
 
-def load_policy(path: Optional[Path] = None) -> Policy:
-    """The packaged policy, or a user's; a user's may name only metrics kvbench knows."""
-    packaged = _read_yaml(resources.files("kvbench.conf") / DEFAULT_POLICY)
-    if path is not None and not Path(path).is_file():
-        raise UserError(f"policy {path} does not exist")
-    data = _read_yaml(Path(path)) if path is not None else packaged
+def _rules(metrics: dict, known: dict) -> dict:
     rules = {}
-    for metric, spec in data["metrics"].items():
-        if metric not in packaged["metrics"]:
-            raise UserError(f"policy names unknown metric {metric!r}; known: {', '.join(packaged['metrics'])}")
+    for metric, spec in (metrics or {}).items():
+        if metric not in known:
+            raise UserError(f"policy names unknown metric {metric!r}; known: {', '.join(known)}")
         spec = spec or {}
         if spec.get("better") not in ("higher", "lower"):
             raise UserError(f"policy metric {metric!r}: better must be 'higher' or 'lower', not {spec.get('better')!r}")
@@ -85,8 +84,20 @@ def load_policy(path: Optional[Path] = None) -> Policy:
             raise UserError(f"policy metric {metric!r}: tolerance must be a number >= 0 or null, not {tolerance!r}")
         rules[metric] = Rule(spec["better"], None if tolerance is None else float(tolerance),
                              float(spec.get("abs_tolerance", 0.0)))
+    return rules
+
+
+def load_policy(path: Optional[Path] = None) -> Policy:
+    """The packaged policy, or a user's; a user's may name only metrics kvbench knows."""
+    packaged = _read_yaml(resources.files("kvbench.conf") / DEFAULT_POLICY)
+    if path is not None and not Path(path).is_file():
+        raise UserError(f"policy {path} does not exist")
+    data = _read_yaml(Path(path)) if path is not None else packaged
+    known = packaged["metrics"]
+    scenarios = data.get("scenarios") or {}
     return Policy(list(data.get("identity", packaged["identity"])),
-                  list(data.get("environment", packaged["environment"])), rules)
+                  list(data.get("environment", packaged["environment"])), _rules(data["metrics"], known),
+                  {name: _rules(metrics, known) for name, metrics in scenarios.items()})
 
 
 def benchmark_rows(path: Path) -> list[dict]:
@@ -117,6 +128,17 @@ def identity_columns(policy: Policy, baseline: list[dict], current: list[dict]) 
     return [c for c in policy.identity if c in columns] + swept
 
 
+def by_point(rows: list[dict], columns: list[str], side: str) -> dict[tuple, dict]:
+    points = {}
+    for row in rows:
+        key = tuple(str(row.get(c, "")) for c in columns)
+        if key in points:
+            raise UserError(f"the {side} has two rows for the point {_label(key, columns, [])}; "
+                            f"compare one sweep at a time, or sweeps that differ in a recorded parameter")
+        points[key] = row
+    return points
+
+
 def _num(value) -> float:
     try:
         return float(value)
@@ -133,9 +155,7 @@ def compare(baseline: list[dict], current: list[dict], policy: Policy, allow_mis
             out=sys.stdout) -> int:
     """Print the comparison; return the exit code (0 fine, 1 regressed)."""
     columns = identity_columns(policy, baseline, current)
-    key_of = lambda row: tuple(str(row.get(c, "")) for c in columns)
-    base = {key_of(r): r for r in baseline}
-    cur = {key_of(r): r for r in current}
+    base, cur = by_point(baseline, columns, "baseline"), by_point(current, columns, "current")
     matched = [k for k in base if k in cur]
     varying = [c for i, c in enumerate(columns) if len({k[i] for k in list(base) + list(cur)}) > 1]
     if not matched:
@@ -166,7 +186,7 @@ def compare(baseline: list[dict], current: list[dict], policy: Policy, allow_mis
             problems.append(f"{label}: point {c.get('status')}")
             continue
         print(header, file=out)
-        for metric, rule in policy.rules.items():
+        for metric, rule in policy.rules_for(c.get("scenario", "")).items():
             if metric not in b and metric not in c:
                 continue
             bv, cv = _num(b.get(metric)), _num(c.get(metric))

@@ -30,9 +30,12 @@ def _num(row: dict, key: str) -> float:
 
 
 def varying_keys(rows: list[dict]) -> list[str]:
-    candidates = IDENTITY + ["block_size", "rate"] + sorted(
-        k for k in rows[0] if "." in k and k not in IDENTITY)
-    return [k for k in candidates if len({r.get(k, "") for r in rows}) > 1]
+    """The columns that tell points apart. A swept `group.key` whose `key` is already an identity
+    column (workload.rate -> rate, allocator.block_size -> block_size) is not named twice."""
+    named = IDENTITY + ["block_size", "rate"]
+    columns = dict.fromkeys(k for row in rows for k in row)
+    swept = sorted(k for k in columns if "." in k and k.rsplit(".", 1)[-1] not in named)
+    return [k for k in named + swept if len({r.get(k, "") for r in rows}) > 1]
 
 
 def label(row: dict, keys: list[str]) -> str:

@@ -1,7 +1,8 @@
 """`profile=true`: a torch profiler trace of a serve or kernel run, as Chrome trace JSON beside metrics.csv.
 
-Open the trace in chrome://tracing or https://ui.perfetto.dev. Only scenarios that run torch
-operators are profiled: a simulated run has none to show.
+The trace is gzipped (trace.json.gz): a serve run of a few requests records ~10^5-10^6 operator
+events, hundreds of MB of plain JSON. chrome://tracing and https://ui.perfetto.dev open it as it
+is. Only scenarios that run torch operators are profiled: a simulated run has none to show.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from omegaconf import DictConfig
 from kvbench.errors import UserError
 
 PROFILED_SCENARIOS = ("serve", "kernel")
-TRACE_NAME = "trace.json"
+TRACE_NAME = "trace.json.gz"
 
 
 @contextlib.contextmanager
@@ -25,10 +26,10 @@ def chrome_trace(path: Path):
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities, record_shapes=True) as prof:
+    with profile(activities=activities) as prof:
         yield prof
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")  # same suffix: torch gzips on ".gz"
     try:
         prof.export_chrome_trace(str(tmp))
         os.replace(tmp, path)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 from kvbench.errors import UserError
-from kvbench.plots import draw_all, label, varying_keys
 from kvbench.results import ENVIRONMENT, collect, read_csv, write_atomic, write_csv
 
 # The columns a reader looks at first, in this order; the full table is one click away.
@@ -51,6 +50,8 @@ def summarize(sweep_dirs, out_dir: Optional[Path] = None) -> list[Path]:
     for sweep_dir in sweep_dirs:
         for row in load_rows(sweep_dir):
             rows.append({"sweep": sweep_dir.name, **row} if len(sweep_dirs) > 1 else row)
+    from kvbench.plots import draw_all  # matplotlib takes a second to load; bench-compare needs none of it
+
     out_dir = Path(out_dir or sweep_dirs[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.csv"
@@ -86,17 +87,19 @@ def _image(path: Path) -> str:
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#212529}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}
-th,td{border:1px solid #dee2e6;padding:3px 8px;text-align:right}th{background:#f1f3f5}
+th,td{border:1px solid #dee2e6;padding:3px 8px;text-align:right;white-space:nowrap}th{background:#f1f3f5}
 td:first-child,th:first-child{text-align:left}img{max-width:100%}figure{margin:1.5em 0}
 .failed td{background:#fff5f5}"""
 
 
 def render_html(rows: list[dict], plots: list[Path], sources: list[Path]) -> str:
+    from kvbench.plots import label, varying_keys
+
     ok = [r for r in rows if r.get("status", "ok") == "ok"]
     failed = [r for r in rows if r.get("status", "ok") != "ok"]
-    names = varying_keys(rows) if len(rows) > 1 else []
+    names = varying_keys(ok) if len(ok) > 1 else []
     point = ["sweep"] if len(sources) > 1 else []
-    named = [{"point": label(r, names), **r} for r in ok]
+    named = [{**r, "point": label(r, names)} for r in ok]
     metrics = [m for m in KEY_METRICS if any(r.get(m, "") != "" for r in ok)]
     env = [c for c in ENVIRONMENT if any(r.get(c) for r in rows)]
     env_rows = [dict(zip(env, values)) for values in sorted({tuple(r.get(c, "") for c in env) for r in rows})]

@@ -1,0 +1,106 @@
+"""Hot-path benchmarks (pytest-benchmark): what every simulated or served step pays on the host.
+
+CI compares them with results/baseline/benchmarks.json and fails only beyond twice as slow
+(conf/compare_policy.yaml, median_s). Each benchmark also checks the work it timed was done.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from kvbench.cost_model import CostModelExecutor
+from kvbench.plugins.allocators.contiguous import ContiguousAllocator
+from kvbench.plugins.allocators.paged import PagedAllocator
+from kvbench.run import load_specs
+from kvbench.scheduler import Scheduler
+from kvbench.sequence import Request, Sequence
+
+RUNNING = 256
+PROMPT = 100
+ROUNDS = 400  # decode steps timed; every sequence grows by one token each
+
+
+def running_scheduler(allocator) -> Scheduler:
+    """A scheduler whose 256 sequences have all been prefilled and are decoding."""
+    ids = itertools.count()
+    scheduler = Scheduler(allocator, max_num_seqs=RUNNING, max_num_batched_tokens=8192)
+    for i in range(RUNNING):
+        request = Request(i, 0.0, PROMPT, output_len=1000)
+        scheduler.add(Sequence(next(ids), request, PROMPT))
+    while scheduler.waiting:
+        decode_step(scheduler)
+    assert len(scheduler.running) == RUNNING
+    return scheduler
+
+
+def decode_step(scheduler: Scheduler):
+    batch = scheduler.schedule()
+    for seq in batch.seqs:  # the engine appends each sampled token
+        if seq.num_computed == seq.num_tokens:
+            seq.num_tokens += 1
+    return batch
+
+
+ALLOCATORS = {
+    "paged": lambda slots: PagedAllocator(slots, 2048, block_size=16),
+    "contiguous": lambda slots: ContiguousAllocator(slots, 2048, block_size=16),
+}
+
+
+@pytest.mark.parametrize("allocator", sorted(ALLOCATORS))
+def test_scheduler_step_256_running(benchmark, allocator):
+    scheduler = running_scheduler(ALLOCATORS[allocator](RUNNING * 2048))
+    batch = benchmark.pedantic(decode_step, args=(scheduler,), rounds=ROUNDS, warmup_rounds=10)
+    assert len(batch) == RUNNING and batch.num_tokens == RUNNING and not batch.preempted
+
+
+def test_block_table_lookup_256_running(benchmark):
+    """The per-step lookup a paged executor makes: each new token's slot through its block table."""
+    allocator = PagedAllocator(RUNNING * 2048, 2048, block_size=16)
+    scheduler = running_scheduler(allocator)
+    seqs, bs = scheduler.running, allocator.block_size
+
+    def slot_mapping():
+        slots = []
+        for seq in seqs:
+            pos = seq.num_computed - 1
+            slots.append(allocator.block_table(seq)[pos // bs] * bs + pos % bs)
+        return slots
+
+    slots = benchmark(slot_mapping)
+    assert len(set(slots)) == RUNNING  # no two sequences write the same slot
+
+
+def test_prefix_cache_block_hash_lookup_512_token_prompt(benchmark):
+    """Admission with prefix caching: walk the chained block hashes of a cached 512-token prompt."""
+    allocator = PagedAllocator(RUNNING * 2048, 2048, block_size=16, prefix_caching=True)
+    prompt = list(range(512))
+    request = Request(0, 0.0, len(prompt), output_len=100)
+    ids = itertools.count()
+    holder = Sequence(next(ids), request, len(prompt), token_ids=list(prompt))
+    assert allocator.admit(holder) and allocator.grow(holder, len(prompt))  # now its blocks are cached
+
+    def admit_and_free():
+        seq = Sequence(next(ids), request, len(prompt), token_ids=list(prompt))
+        assert allocator.admit(seq)
+        allocator.free(seq)
+        return seq.num_cached
+
+    # 31 of the 32 blocks: a hit never covers the prompt's last token
+    assert benchmark(admit_and_free) == 31 * 16
+
+
+@pytest.fixture(scope="module")
+def opt_13b_on_a100():
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        return load_specs(compose("bench"))
+
+
+def test_cost_model_step_256_running(benchmark, opt_13b_on_a100):
+    executor = CostModelExecutor(*opt_13b_on_a100)
+    batch = decode_step(running_scheduler(PagedAllocator(RUNNING * 2048, 2048, block_size=16)))
+    result = benchmark(executor.execute, batch)
+    assert 0.008 < result.duration_s < 1.0  # overhead + weights / bandwidth: tens of ms
