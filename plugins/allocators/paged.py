@@ -158,13 +158,14 @@ class PagedAllocator(KVAllocator):
             # The decode fast path: room in an unshared last block, which this token fills by one.
             # The slot was counted as reserved (a sequence never stores more than final_len)
             # unless the block was shared at the last count and a sibling has since copied it.
-            block = self.block_tables[seq.seq_id][-1]
-            if self.ref_count[block] == 1 and self._seq_reserved[seq.seq_id]:
-                self.block_fill[block] += 1
+            seq_id, seq_reserved, block_fill = seq.seq_id, self._seq_reserved, self.block_fill
+            block = self.block_tables[seq_id][-1]
+            if self.ref_count[block] == 1 and seq_reserved[seq_id]:
+                block_fill[block] += 1
                 self._token += 1
                 self._reserved -= 1
-                self._seq_reserved[seq.seq_id] -= 1
-                if self.prefix_caching and self.block_fill[block] == self.block_size:
+                seq_reserved[seq_id] -= 1
+                if self.prefix_caching and block_fill[block] == self.block_size:
                     self._cache_full_blocks(seq, before + 1)
                 return True
         after = before + num_tokens
