@@ -13,11 +13,12 @@ machine), where the measured swap time stands beside the model's.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_module
 
+from kvbench.results import write_csv
 from kvbench.run import run_point
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -55,10 +56,7 @@ def main() -> None:
                 print(f"{label:18} {block_size:5d} {mode:>9} {row['preemptions']:8d} "
                       f"{1e3 * model_s / preemptions:17.3f} {shown} {row['normalized_latency_s_per_tok']:20.4f}",
                       flush=True)
-    with open(args.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(Path(args.out), rows)
     print(f"wrote {args.out}", file=sys.stderr)
 
 

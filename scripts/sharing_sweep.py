@@ -15,13 +15,14 @@ each sample or beam on its own, so a preempted request would lose its sharing.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_module
 
 import kvbench.serve
 import kvbench.simulate
+from kvbench.results import write_csv
 from kvbench.run import run_point
 
 SIMULATED = {  # workload -> overrides that keep OPT-13B's KV pool busy
@@ -91,10 +92,7 @@ def main() -> None:
             rows.append({"point": label, "sharing": f"{knob}={value}", **row})
             print(f"{label:28} {knob + '=' + str(value):>14} {row['blocks_saved_pct']:12.1f}% "
                   f"{row['copies']:8d} {row['mean_batch_size']:11.1f} {row['preemptions']:12d}", flush=True)
-    with open(args.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(Path(args.out), rows)
     print(f"wrote {args.out}", file=sys.stderr)
 
 
