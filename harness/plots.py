@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from kvbench.results import IDENTITY, write_bytes_atomic  # noqa: E402
 
+ALLOCATOR_ORDER = ("contiguous", "pow2", "oracle", "paged", "hybrid")
 KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),
     ("kv_reserved_frac", "reserved", "#f08c00"),
@@ -109,7 +110,10 @@ def latency_vs_rate(rows: list[dict], out: Path) -> Path:
 def draw_all(rows: list[dict], out: Path) -> list[Path]:
     """Every plot the rows support; scenarios without serving metrics contribute their own."""
     ok = [r for r in rows if r.get("status", "ok") == "ok"]
-    serving = [r for r in ok if r.get("kv_token_util") not in (None, "")]
+    # the paper's order: the more an allocator reserves, the further left
+    rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
+    serving = sorted((r for r in ok if r.get("kv_token_util") not in (None, "")),
+                     key=lambda r: rank.get(r.get("allocator"), len(rank)))
     written = []
     if serving:
         written += [kv_breakdown(serving, out), throughput_latency(serving, out)]
