@@ -1,8 +1,13 @@
-"""Hydra callback: when a sweep ends, gather every point into summary.csv and draw the plots."""
+"""Hydra callback: when a sweep ends, gather every point into summary.csv and draw the plots.
+
+A sweep whose points all failed ends with exit code 2 and the first reason (bad input, most
+likely); one with some failed points exits 0 and lists them, since their rows are recorded.
+"""
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -15,7 +20,22 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from kvbench.report import summarize
 
+        from kvbench.errors import UserError
+        from kvbench.results import collect
+
         sweep_dir = Path(config.hydra.sweep.dir)
-        written = summarize(sweep_dir)
+        try:
+            written = summarize(sweep_dir)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
         for path in written:
             log.info("wrote %s", path)
+        rows = collect(sweep_dir)
+        failed = [row for row in rows if row.get("status") == "failed"]
+        for row in failed:
+            log.warning("point %s failed: %s", row.get("point"), row.get("reason"))
+        if failed and len(failed) == len(rows):
+            print(f"error: every point of the sweep failed; the first: {failed[0].get('reason')}",
+                  file=sys.stderr)
+            sys.exit(2)

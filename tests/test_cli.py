@@ -57,3 +57,12 @@ def test_bad_input_is_one_line_on_stderr_with_exit_code_2(tmp_path, args, messag
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert message in lines[0]
+
+
+def test_a_sweep_whose_every_point_fails_exits_2_and_keeps_the_failed_rows(tmp_path):
+    result = bench(tmp_path, "-m", "+allocator=paged,contiguous", "workload.rate=-1", "hydra.sweep.dir=sweep")
+    assert result.returncode == 2
+    assert "error: every point of the sweep failed; the first: workload.rate=-1 must be > 0" in result.stderr
+    rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
+    assert sorted(r["allocator"] for r in rows) == ["contiguous", "paged"]
+    assert {r["status"] for r in rows} == {"failed"}
