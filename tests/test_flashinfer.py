@@ -9,6 +9,7 @@ the output, while FlashInfer's masked reads of a last page's unused tail stay ha
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -259,7 +260,11 @@ def test_one_plan_per_step_and_window_shared_by_all_layers():
 
 # ---- what the backend says it cannot run ----
 
-def test_unsupported_reasons():
+def test_unsupported_reasons(monkeypatch):
+    # As if flashinfer were installed (it is an optional extra): the checks after that one.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flashinfer" else real_find_spec(name, *a))
     reason = FlashInferBackend.unsupported_reason
     assert reason(torch.device("cpu"), torch.float16, "paged", 0) == \
         "needs a CUDA GPU (flashinfer kernels are CUDA-only)"

@@ -45,7 +45,9 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path):
     # The third point is long enough to be interrupted (Ctrl-C) while it runs.
     args = ["-m", "+allocator=paged", "workload.num_requests=40,41,1500", *SMALL, "hydra.sweep.dir=sweep"]
     sweep = tmp_path / "sweep"
-    proc = subprocess.Popen([*BENCH, *args], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # A shell that starts jobs in the background makes them ignore SIGINT: give it back.
+    proc = subprocess.Popen([*BENCH, *args], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while len(list(sweep.glob("*/metrics.csv"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
