@@ -138,6 +138,12 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
         raise UserError(f"workload.beam_width={beam} must be >= 1")
     if n > 1 and beam > 1:
         raise UserError("workload.n and workload.beam_width cannot both be > 1")
+    prefix_len = int(cfg.get("prefix_len", 0))
+    num_prefixes = int(cfg.get("num_prefixes", 1))
+    if prefix_len < 0 or num_prefixes < 1:
+        raise UserError(f"workload.prefix_len={prefix_len} must be >= 0 and num_prefixes={num_prefixes} >= 1")
+    if prefix_len >= max_model_len:
+        raise UserError(f"workload.prefix_len={prefix_len} must be shorter than max_model_len={max_model_len}")
     rng = np.random.default_rng(seed)
 
     if cfg["kind"] == "trace":
@@ -152,14 +158,9 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
     else:
         times = arrivals(rng, rate, burstiness, None if count is None else int(count),
                          None if duration is None else float(duration))
-        inputs, outputs = _lengths(cfg, rng, len(times), max_model_len)
+        # the shared prefix counts against the length limit the dataset's pairs are filtered by
+        inputs, outputs = _lengths(cfg, rng, len(times), max_model_len - prefix_len)
 
-    prefix_len = int(cfg.get("prefix_len", 0))
-    num_prefixes = int(cfg.get("num_prefixes", 1))
-    if prefix_len < 0 or num_prefixes < 1:
-        raise UserError(f"workload.prefix_len={prefix_len} must be >= 0 and num_prefixes={num_prefixes} >= 1")
-    if prefix_len >= max_model_len:
-        raise UserError(f"workload.prefix_len={prefix_len} must be shorter than max_model_len={max_model_len}")
     token_rng = np.random.default_rng(seed + 1)
     prefixes = [token_rng.integers(0, vocab_size, prefix_len) for _ in range(num_prefixes)] if prefix_len else []
     requests = []

@@ -73,3 +73,10 @@ def test_a_bad_trace_says_what_is_wrong(tmp_path, text, message):
 def test_bad_workload_settings_are_refused(override, message):
     with pytest.raises(UserError, match=message):
         generate({**SHAREGPT, "num_requests": 5, **override}, seed=0, max_model_len=2048)
+
+
+def test_a_shared_prefix_counts_against_the_length_filter():
+    requests = generate({**SHAREGPT, "num_requests": 500, "prefix_len": 64, "num_prefixes": 2},
+                        seed=0, max_model_len=512)
+    assert all(r.prompt_len + r.output_len <= 512 for r in requests)
+    assert {tuple(r.prompt_tokens[:64]) for r in requests}.__len__() == 2
