@@ -79,4 +79,4 @@ def test_a_shared_prefix_counts_against_the_length_filter():
     requests = generate({**SHAREGPT, "num_requests": 500, "prefix_len": 64, "num_prefixes": 2},
                         seed=0, max_model_len=512)
     assert all(r.prompt_len + r.output_len <= 512 for r in requests)
-    assert {tuple(r.prompt_tokens[:64]) for r in requests}.__len__() == 2
+    assert len({tuple(r.prompt_tokens[:64]) for r in requests}) == 2
