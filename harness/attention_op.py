@@ -8,6 +8,7 @@ come from the forward context the executor sets around each step.
 from __future__ import annotations
 
 import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,23 +28,28 @@ class ForwardContext:
                                        # block tables (the hybrid allocator); None = `meta` for all
 
 
-_current: Optional[ForwardContext] = None
+_current: ContextVar[Optional[ForwardContext]] = ContextVar("kvbench_forward_context", default=None)
 
 
 @contextlib.contextmanager
-def forward_context(ctx: ForwardContext):
-    global _current
-    previous, _current = _current, ctx
+def scoped(var: ContextVar, value):
+    """`var` holds `value` for the duration of the block; nesting restores the outer value."""
+    token = var.set(value)
     try:
-        yield ctx
+        yield value
     finally:
-        _current = previous
+        var.reset(token)
+
+
+def forward_context(ctx: ForwardContext):
+    return scoped(_current, ctx)
 
 
 def current_context() -> ForwardContext:
-    if _current is None:
+    ctx = _current.get()
+    if ctx is None:
         raise RuntimeError("kvbench::attention called outside forward_context()")
-    return _current
+    return ctx
 
 
 @torch.library.custom_op("kvbench::attention", mutates_args=("output",))

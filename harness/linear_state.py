@@ -18,6 +18,7 @@ the custom op `kvbench::linear_state`, so graph modes see it as an opaque op lik
 from __future__ import annotations
 
 import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvbench.attention_op import scoped
 from kvbench.model import LAYER_CLASSES, MLP, RMSNorm, _linear
 from kvbench.spec import ModelSpec
 
@@ -39,17 +41,11 @@ class StateContext:
     fresh: torch.Tensor  # [B] bool, True where the sequence starts from an empty state
 
 
-_current: Optional[StateContext] = None
+_current: ContextVar[Optional[StateContext]] = ContextVar("kvbench_state_context", default=None)
 
 
-@contextlib.contextmanager
 def state_context(ctx: StateContext):
-    global _current
-    previous, _current = _current, ctx
-    try:
-        yield ctx
-    finally:
-        _current = previous
+    return scoped(_current, ctx)
 
 
 def new_states(spec: ModelSpec, num_slots: int, device=None, dtype=torch.float32) -> list:
@@ -96,7 +92,7 @@ def delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 def linear_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: torch.Tensor,
                  decay: torch.Tensor, output: torch.Tensor, layer: int) -> None:
     """Run linear layer `layer` on the packed tokens ([T, H, ...]) and update the states in place."""
-    ctx = _current
+    ctx = _current.get()
     if ctx is None:
         raise RuntimeError("kvbench::linear_state called outside state_context()")
     storage = ctx.states[layer]

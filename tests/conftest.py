@@ -1,6 +1,14 @@
 """Shared fixtures: small sequences and requests for allocator and scheduler scenarios."""
 
 import itertools
+import os
+
+import torch
+
+# Triton picks interpreter or compiler when a kernel module is first imported, whichever test
+# file does that first: without a GPU every test runs the kernels under the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
