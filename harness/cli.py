@@ -91,6 +91,11 @@ def _main(cfg: DictConfig) -> None:
     write_csv(out_dir / "metrics.csv", rows)
     if status == "ok":
         log.info("wrote %s", out_dir / "metrics.csv")
+    if not multirun:  # a sweep draws its comparison plots once, at its end
+        from kvbench.plots import draw_all
+
+        for path in draw_all(rows, out_dir):
+            log.info("wrote %s", path)
 
 
 def main() -> None:
