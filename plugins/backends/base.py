@@ -65,6 +65,15 @@ class AttentionBackend:
         """None when the backend can run this combination, else why not (one line)."""
         return None
 
+    @staticmethod
+    def layout_reason(layout: str, window: int) -> Optional[str]:
+        """The checks every backend shares: a known cache layout, a window that is not negative."""
+        if layout not in ("paged", "contiguous"):
+            return f"unknown cache layout {layout!r}; expected 'paged' or 'contiguous'"
+        if window < 0:
+            return f"window must be >= 0 (0 = full attention), got {window}"
+        return None
+
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store the new tokens' K/V ([T, kv_heads, head_dim]) at their slots; skip slot -1."""

@@ -121,10 +121,9 @@ class FlashInferBackend(AttentionBackend):
             return "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
         if dtype not in SUPPORTED_DTYPES:
             return f"dtype {dtype} not supported by flashinfer; use float16 or bfloat16"
-        if layout not in ("paged", "contiguous"):
-            return f"unknown cache layout {layout!r}; expected 'paged' or 'contiguous'"
-        if window < 0:
-            return f"window must be >= 0 (0 = full attention), got {window}"
+        layout_reason = cls.layout_reason(layout, window)
+        if layout_reason:
+            return layout_reason
         try:
             import flashinfer  # noqa: F401
         except Exception as exc:  # a broken install raises more than ImportError

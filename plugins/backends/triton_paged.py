@@ -53,10 +53,9 @@ class TritonPagedBackend(AttentionBackend):
             return f"Triton runs on cuda, or on cpu under TRITON_INTERPRET=1; not on {device.type}"
         if dtype not in SUPPORTED_DTYPES:
             return f"dtype {dtype} not supported; use float16, bfloat16 or float32"
-        if layout not in ("paged", "contiguous"):
-            return f"unknown cache layout {layout!r}; expected 'paged' or 'contiguous'"
-        if window < 0:
-            return f"window must be >= 0 (0 = full attention), got {window}"
+        layout_reason = cls.layout_reason(layout, window)
+        if layout_reason:
+            return layout_reason
         return None
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
