@@ -4,7 +4,3 @@
 class UserError(Exception):
     """Something the person at the terminal asked for is wrong; the message says what is allowed."""
 
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise UserError(message)

@@ -22,7 +22,7 @@ from kvbench import batch_spec, kernel_case
 from kvbench.errors import UserError
 from kvbench.plugins.backends.eager import EagerBackend
 from kvbench.registry import default_registry
-from kvbench.run import load_specs, plugin_cfg
+from kvbench.run import load_specs, plugin_cfg, resolve_device
 from kvbench.spec import Hardware, ModelSpec
 
 QUANTILES = (0.1, 0.5, 0.9)
@@ -33,16 +33,6 @@ GPU_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100-SXM4-80GB", "a100
 
 def interpreting(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
-
-
-def resolve_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice not in ("cpu", "cuda"):
-        raise UserError(f"scenario.device={choice!r}; use auto, cpu or cuda")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise UserError("scenario.device=cuda but torch sees no CUDA device; use auto or cpu")
-    return torch.device(choice)
 
 
 def roofline_hardware(cfg: DictConfig, device: torch.device) -> Hardware:

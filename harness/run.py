@@ -52,6 +52,19 @@ def kv_slots(cfg: DictConfig, model: ModelSpec, hardware: Hardware) -> int:
     return int(kv_bytes // model.kv_bytes_per_token)
 
 
+def resolve_device(choice: str):
+    """The torch device a real run uses: `auto` is cuda when torch sees one, else cpu."""
+    import torch  # here, not at the top: simulate never needs torch
+
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice not in ("cpu", "cuda"):
+        raise UserError(f"scenario.device={choice!r} is not one of auto, cpu, cuda")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UserError("scenario.device=cuda but torch sees no CUDA device; use auto or cpu")
+    return torch.device(choice)
+
+
 def load_specs(cfg: DictConfig) -> tuple[ModelSpec, Hardware]:
     return (ModelSpec.from_cfg(OmegaConf.to_container(cfg.model, resolve=True)),
             Hardware.from_cfg(OmegaConf.to_container(cfg.hardware, resolve=True)))

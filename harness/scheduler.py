@@ -36,7 +36,6 @@ class Batch:
     num_new_tokens: list = field(default_factory=list)
     preempted: list = field(default_factory=list)
     num_tokens: int = 0  # tokens fed to the model
-    num_prefill_seqs: int = 0
     context_tokens: int = 0  # sum of context lengths after the step (KV read by attention)
     attention_pairs: int = 0  # sum of new tokens x context length (attention FLOPs / 4 / dims)
     swapped_blocks: int = 0  # blocks copied to or from the CPU swap pool before this step
@@ -81,7 +80,10 @@ class Scheduler:
 
     def preempt(self, seq: Sequence, batch: Batch) -> None:
         """Preempt the request of running entry `seq`: swap its blocks out, or drop them to recompute."""
-        self.running.remove(seq) if seq is not self.running[-1] else self.running.pop()
+        if seq is self.running[-1]:
+            self.running.pop()
+        else:
+            self.running.remove(seq)
         self.num_running_seqs -= seq.request.width
         members = seq.group or (seq,)
         swapped = self.preemption == "swap" and self.allocator.swap_out(members)
@@ -104,7 +106,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         allocator, running = self.allocator, self.running
         seqs, counts = batch.seqs, batch.num_new_tokens
-        num_tokens = context_tokens = attention_pairs = prefills = 0
+        num_tokens = context_tokens = attention_pairs = 0
         swapped_before = allocator.swapped_blocks
         i = 0
         while i < len(running) and budget > 0:
@@ -139,14 +141,12 @@ class Scheduler:
                 num_tokens += n
                 context_tokens += context
                 attention_pairs += n * context
-                if n > 1 or seq.num_tokens == seq.request.prompt_len:
-                    prefills += 1
                 budget -= n
                 i += 1
                 continue
             break
         batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
-        batch.attention_pairs, batch.num_prefill_seqs = attention_pairs, prefills
+        batch.attention_pairs = attention_pairs
         swapped = self.swapped
         while swapped and budget > 0 and not batch.preempted:
             seq = swapped[0]
@@ -246,8 +246,6 @@ class Scheduler:
         batch.num_tokens += n
         batch.context_tokens += context
         batch.attention_pairs += n * context
-        if n > 1 or seq.num_generated == 0:
-            batch.num_prefill_seqs += 1
 
     def finish(self, seq: Sequence) -> None:
         """Retire running entry `seq` and every sequence of its group."""

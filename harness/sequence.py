@@ -72,7 +72,3 @@ class Sequence:
 
     def __post_init__(self):
         self.final_len = self.request.final_len  # read on every step: a plain attribute
-
-    @property
-    def is_prefill(self) -> bool:
-        return self.num_tokens - self.num_computed > 1 or self.num_generated == 0

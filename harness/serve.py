@@ -22,28 +22,16 @@ from kvbench.model import TinyDecoder
 from kvbench.model_executor import ModelExecutor
 from kvbench.radix import radix_hit_rate
 from kvbench.registry import default_registry
-from kvbench.run import load_specs, plugin_cfg
+from kvbench.kernel_case import TORCH_DTYPES
+from kvbench.run import load_specs, plugin_cfg, resolve_device
 from kvbench.sampling import SamplingParams
 from kvbench.simulate import build_engine, preemption_report
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda"):
-        raise UserError(f"scenario.device={name!r} is not one of auto, cpu, cuda")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("scenario.device=cuda but torch sees no CUDA device; use device=cpu or auto")
-    return torch.device(name)
-
 
 def resolve_dtype(name: str, device: torch.device) -> str:
     if name == "auto":
         return "fp32" if device.type == "cpu" else "bf16"
-    if name not in DTYPES:
-        raise UserError(f"scenario.dtype={name!r} is not one of auto, {', '.join(DTYPES)}")
+    if name not in TORCH_DTYPES:
+        raise UserError(f"scenario.dtype={name!r} is not one of auto, {', '.join(TORCH_DTYPES)}")
     return name
 
 
@@ -66,7 +54,7 @@ def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     device = resolve_device(str(scenario.device))
     model_spec = replace(model_spec, dtype=resolve_dtype(str(scenario.dtype), device))
-    dtype = DTYPES[model_spec.dtype]
+    dtype = TORCH_DTYPES[model_spec.dtype]
     sampling = SamplingParams(float(scenario.sampling.temperature), float(scenario.sampling.top_p), int(cfg.seed))
     async_scheduling = bool(cfg.engine.get("async_scheduling", False))
 

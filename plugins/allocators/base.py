@@ -57,7 +57,6 @@ class KVAllocator(ABC):
 
     name: ClassVar[str]
     layout: ClassVar[str]
-    description: ClassVar[str] = ""
     min_block_size: ClassVar[int] = 1
     max_block_size: ClassVar[int] = 256
     layer_kinds: ClassVar[tuple] = ("full",)  # layer kinds (spec.LAYER_KINDS) whose KV it can hold

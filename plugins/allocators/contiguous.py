@@ -161,8 +161,9 @@ class ReservingAllocator(KVAllocator):
 
 
 class ContiguousAllocator(ReservingAllocator):
+    """Orca(Max): reserve max_model_len slots per request, first-fit."""
+
     name = "contiguous"
-    description = "Orca(Max): reserve max_model_len slots per request, first-fit"
 
     def reservation(self, seq: Sequence) -> int:
         return self.max_model_len
@@ -172,8 +173,9 @@ class ContiguousAllocator(ReservingAllocator):
 
 
 class OracleAllocator(ReservingAllocator):
+    """Orca(Oracle): reserve exactly prompt + true output length, first-fit."""
+
     name = "oracle"
-    description = "Orca(Oracle): reserve exactly prompt + true output length, first-fit"
 
     def reservation(self, seq: Sequence) -> int:
         # The paper's Oracle reserves prompt + output; the last sampled token's slot stays empty.

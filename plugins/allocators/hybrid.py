@@ -40,10 +40,11 @@ class HybridAccounting(KVAccounting):
 
 
 class HybridAllocator(KVAllocator):
+    """Hybrid models: one pool of equal-byte pages, a KV manager per layer kind."""
+
     name = "hybrid"
     layout = "paged"
     layer_kinds = LAYER_KINDS
-    description = "hybrid models: one pool of equal-byte pages, a KV manager per layer kind"
 
     def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None,
                  policy: str = "shared", watermark: float = 0.01, prefix_caching: bool = False,

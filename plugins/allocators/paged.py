@@ -26,9 +26,10 @@ from kvbench.sequence import Sequence
 
 
 class PagedAllocator(KVAllocator):
+    """PagedAttention: blocks on demand, block tables, ref counts, copy-on-write."""
+
     name = "paged"
     layout = "paged"
-    description = "PagedAttention: blocks on demand, block tables, ref counts, copy-on-write"
     supports_swap = True
 
     def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16,

@@ -63,8 +63,9 @@ class BuddySpace:
 
 
 class Pow2Allocator(ReservingAllocator):
+    """Orca(Pow2): buddy allocator, prompt + output rounded up to 2^k blocks."""
+
     name = "pow2"
-    description = "Orca(Pow2): buddy allocator, prompt + output rounded up to 2^k blocks"
 
     def _make_space(self):
         return BuddySpace(self.num_slots // self.block_size, self.block_size)

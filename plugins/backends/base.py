@@ -54,7 +54,6 @@ class AttentionBackend:
     """
 
     name: ClassVar[str]
-    description: ClassVar[str] = ""
     # True when a decode step's forward can be captured in a CUDA graph and replayed: no host
     # reads of the metadata, launch shapes fixed by the metadata's sizes and `max_seq_len`.
     cuda_graph_capturable: ClassVar[bool] = False

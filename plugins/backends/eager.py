@@ -22,8 +22,9 @@ def context_slots(meta: AttentionMetadata, seq: int, seq_len: int) -> torch.Tens
 
 
 class EagerBackend(AttentionBackend):
+    """PyTorch reference: per-sequence gather and fp32 softmax attention."""
+
     name = "eager"
-    description = "PyTorch reference: per-sequence gather and fp32 softmax attention"
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -102,8 +102,9 @@ class _PlannedStep:
 
 
 class FlashInferBackend(AttentionBackend):
+    """FlashInfer batch decode / prefill kernels over the CSR page table (CUDA only)."""
+
     name = "flashinfer"
-    description = "FlashInfer batch decode / prefill kernels over the CSR page table (CUDA only)"
 
     def __init__(self, make_wrapper: Optional[WrapperFactory] = None):
         self._make_wrapper = make_wrapper or self._flashinfer_wrapper

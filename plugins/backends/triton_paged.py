@@ -32,8 +32,9 @@ def _kernels_compiled_for_gpu() -> bool:
 
 
 class TritonPagedBackend(AttentionBackend):
+    """Triton split-KV decode and varlen prefill kernels over the block table."""
+
     name = "triton_paged"
-    description = "Triton split-KV decode and varlen prefill kernels over the block table"
     cuda_graph_capturable = True
 
     @classmethod

@@ -91,7 +91,6 @@ class GraphMode:
     """
 
     name: ClassVar[str]
-    description: ClassVar[str] = ""
 
     def __init__(self, forward: Callable, device: torch.device, max_seq_len: int,
                  capture_sizes=None, **options):

@@ -9,8 +9,9 @@ from kvbench.plugins.graphs.base import GraphMode
 
 
 class EagerGraph(GraphMode):
+    """No capture: every operator is launched from Python each step."""
+
     name = "eager"
-    description = "no capture: every operator is launched from Python each step"
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  ctx: ForwardContext) -> torch.Tensor:

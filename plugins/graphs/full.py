@@ -70,8 +70,9 @@ class StaticInputs:
 
 
 class FullGraph(GraphMode):
+    """Whole decode step captured per capture size; batches padded up; prefills eager."""
+
     name = "full"
-    description = "whole decode step captured per capture size; batches padded up; prefills eager"
 
     def __init__(self, forward, device, max_seq_len: int, capture_sizes=None, **options):
         super().__init__(forward, device, max_seq_len, capture_sizes, **options)

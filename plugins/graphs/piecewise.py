@@ -63,8 +63,9 @@ class Piece(torch.nn.Module):
 
 
 class PiecewiseGraph(GraphMode):
+    """Torch.compile split at attention; pieces captured per size, attention eager."""
+
     name = "piecewise"
-    description = "torch.compile split at attention; pieces captured per size, attention eager"
 
     def __init__(self, forward, device, max_seq_len: int, capture_sizes=None, **options):
         super().__init__(forward, device, max_seq_len, capture_sizes, **options)
