@@ -9,7 +9,6 @@ GPU the Triton kernels run under the interpreter, so shapes stay tiny.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,9 +18,11 @@ if DEVICE.type == "cpu":
     # Triton picks interpreter or compiler when a kernel is defined, so before kernels import.
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kvbench.plugins.backends.base import AttentionMetadata  # noqa: E402
 from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
 from kvbench.plugins.backends.triton_paged import TritonPagedBackend  # noqa: E402
+
+import kv_batches  # noqa: E402
+from kv_batches import Batch  # noqa: E402
 
 NUM_HEADS, HEAD_DIM = 4, 16
 SCALE = HEAD_DIM ** -0.5
@@ -35,75 +36,10 @@ SCENARIOS = {
 }
 
 
-@dataclass
-class Batch:
-    query: torch.Tensor  # [T, NUM_HEADS, HEAD_DIM], the last row padding when pad_tokens
-    key: torch.Tensor  # [T, kv_heads, HEAD_DIM], this step's tokens
-    value: torch.Tensor
-    k_cache: torch.Tensor  # cached prefixes written, this step's tokens not yet
-    v_cache: torch.Tensor
-    meta: AttentionMetadata
-    context_keys: list  # per sequence [seq_len, kv_heads, HEAD_DIM], the whole context
-    context_values: list
-
-
-def make_batch(scenario: str, block_size: int, layout: str, num_kv_heads: int = 2,
-               pad_tokens: int = 0, seed: int = 0, dtype: torch.dtype = torch.float32) -> Batch:
+def make_batch(scenario: str, block_size: int, layout: str, **options) -> Batch:
     seq_lens, query_lens = SCENARIOS[scenario]
-    gen = torch.Generator().manual_seed(seed)
-    block_tables = seq_starts = None
-    if layout == "paged":
-        blocks_needed = [-(-n // block_size) for n in seq_lens]
-        num_blocks = sum(blocks_needed) + 3
-        physical = torch.randperm(num_blocks, generator=gen).tolist()
-        block_tables = torch.zeros(len(seq_lens), max(blocks_needed), dtype=torch.int32)
-        slots = []
-        for seq, (seq_len, needed) in enumerate(zip(seq_lens, blocks_needed)):
-            ids, physical = physical[:needed], physical[needed:]
-            block_tables[seq, :needed] = torch.tensor(ids)
-            slots.append([ids[i // block_size] * block_size + i % block_size
-                          for i in range(seq_len)])
-    else:
-        starts = [0] * len(seq_lens)
-        end = 0
-        for seq in torch.randperm(len(seq_lens), generator=gen).tolist():
-            starts[seq] = end + int(torch.randint(0, 4, (1,), generator=gen))
-            end = starts[seq] + seq_lens[seq]
-        num_blocks = -(-(end + 3) // block_size)
-        seq_starts = torch.tensor(starts, dtype=torch.int64)
-        slots = [[start + i for i in range(n)] for start, n in zip(starts, seq_lens)]
-
-    shape = (num_blocks, block_size, num_kv_heads, HEAD_DIM)
-    k_cache = torch.full(shape, float("nan"))
-    v_cache = torch.full(shape, float("nan"))
-    context_keys = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
-    context_values = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
-    slot_mapping, new_keys, new_values = [], [], []
-    for seq, (seq_len, q_len) in enumerate(zip(seq_lens, query_lens)):
-        for i in range(seq_len - q_len):
-            k_cache.view(-1, num_kv_heads, HEAD_DIM)[slots[seq][i]] = context_keys[seq][i]
-            v_cache.view(-1, num_kv_heads, HEAD_DIM)[slots[seq][i]] = context_values[seq][i]
-        slot_mapping += slots[seq][seq_len - q_len:]
-        new_keys.append(context_keys[seq][seq_len - q_len:])
-        new_values.append(context_values[seq][seq_len - q_len:])
-    padding = torch.zeros(pad_tokens, num_kv_heads, HEAD_DIM)
-    num_tokens = sum(query_lens) + pad_tokens
-
-    to = dict(device=DEVICE)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0] + query_lens, **to).cumsum(0, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, **to),
-        slot_mapping=torch.tensor(slot_mapping + [-1] * pad_tokens, dtype=torch.int64, **to),
-        block_size=block_size, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        block_tables=None if block_tables is None else block_tables.to(**to),
-        seq_starts=None if seq_starts is None else seq_starts.to(**to))
-    return Batch(
-        query=torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, generator=gen).to(DEVICE, dtype),
-        key=torch.cat(new_keys + [padding]).to(DEVICE, dtype),
-        value=torch.cat(new_values + [padding]).to(DEVICE, dtype),
-        k_cache=k_cache.to(DEVICE, dtype), v_cache=v_cache.to(DEVICE, dtype), meta=meta,
-        context_keys=[k.to(DEVICE) for k in context_keys],
-        context_values=[v.to(DEVICE) for v in context_values])
+    return kv_batches.make_batch(seq_lens, query_lens, block_size, layout, num_heads=NUM_HEADS,
+                                 head_dim=HEAD_DIM, device=DEVICE, **options)
 
 
 def contiguous_attention(batch: Batch, window: int) -> torch.Tensor:

@@ -16,8 +16,9 @@ import sys
 import pytest
 import torch
 
+from kv_batches import make_batch
+
 from kvbench.errors import UserError
-from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.backends.flashinfer import (
     INSTALL_HINT, FlashInferBackend, paged_kv, paged_kv_from_block_tables,
     paged_kv_from_seq_starts, window_left)
@@ -31,56 +32,10 @@ SCENARIOS = {
 }
 
 
-def make_step(scenario, block_size, layout, *, num_heads=4, num_kv_heads=2, head_dim=16,
-              dtype=torch.float32, device="cpu", pad_tokens=0, seed=0):
-    """A step whose cached prefixes are written; returns (query, key, value, k_cache, v_cache, meta)."""
-    seq_lens, query_lens = SCENARIOS[scenario]
-    gen = torch.Generator().manual_seed(seed)
-    block_tables = seq_starts = None
-    if layout == "paged":
-        needed = [-(-n // block_size) for n in seq_lens]
-        num_blocks = sum(needed) + 2
-        physical = torch.randperm(num_blocks, generator=gen).tolist()
-        spare = physical.pop()  # holds only sentinels; unused block-table entries point at it
-        block_tables = torch.full((len(seq_lens), max(needed) + 1), spare, dtype=torch.int32)
-        slots = []
-        for seq, (n, count) in enumerate(zip(seq_lens, needed)):
-            ids, physical = physical[:count], physical[count:]
-            block_tables[seq, :count] = torch.tensor(ids)
-            slots.append([ids[i // block_size] * block_size + i % block_size for i in range(n)])
-    else:
-        starts, end = [], 2
-        for n in seq_lens:
-            starts.append(end)
-            end += n + 3  # gaps of sentinel slots between ranges
-        num_blocks = -(-end // block_size)
-        seq_starts = torch.tensor(starts, dtype=torch.int64)
-        slots = [list(range(s, s + n)) for s, n in zip(starts, seq_lens)]
-
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.full(shape, SENTINEL), torch.full(shape, SENTINEL)
-    flat_k, flat_v = k_cache.view(-1, num_kv_heads, head_dim), v_cache.view(-1, num_kv_heads, head_dim)
-    keys, values, slot_mapping = [], [], []
-    for seq_slots, n, q_len in zip(slots, seq_lens, query_lens):
-        k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
-        v = torch.randn(n, num_kv_heads, head_dim, generator=gen)
-        flat_k[seq_slots[:n - q_len]], flat_v[seq_slots[:n - q_len]] = k[:n - q_len], v[:n - q_len]
-        keys.append(k[n - q_len:])
-        values.append(v[n - q_len:])
-        slot_mapping += seq_slots[n - q_len:]
-    padding = torch.zeros(pad_tokens, num_kv_heads, head_dim)
-    num_tokens = sum(query_lens) + pad_tokens
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0] + query_lens).cumsum(0).to(device, torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        slot_mapping=torch.tensor(slot_mapping + [-1] * pad_tokens, dtype=torch.int64,
-                                  device=device),
-        block_size=block_size, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        block_tables=None if block_tables is None else block_tables.to(device),
-        seq_starts=None if seq_starts is None else seq_starts.to(device))
-    query = torch.randn(num_tokens, num_heads, head_dim, generator=gen)
-    return tuple(t.to(device, dtype) for t in (query, torch.cat(keys + [padding]),
-                                                torch.cat(values + [padding]), k_cache, v_cache)) + (meta,)
+def make_step(scenario, block_size, layout, **options):
+    """(query, key, value, k_cache, v_cache, meta) of a step whose cached prefixes are written."""
+    batch = make_batch(*SCENARIOS[scenario], block_size, layout, fill=SENTINEL, **options)
+    return batch.query, batch.key, batch.value, batch.k_cache, batch.v_cache, batch.meta
 
 
 def token_slots(kv, seq):
