@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from kvbench.errors import UserError
 from kvbench.profiling import profiled
-from kvbench.results import environment, read_csv, write_csv
+from kvbench.reporting.results import environment, read_csv, write_csv
 from kvbench.validate import validate_argv
 
 log = logging.getLogger("kvbench")
@@ -49,7 +49,7 @@ def point_complete(metrics: Path) -> bool:
 
 
 def failed_point(cfg: DictConfig, out_dir: Path, reason: str) -> tuple[list[dict], str, str]:
-    from kvbench.run import identity
+    from kvbench.scenarios.run import identity
 
     reason = reason.strip().splitlines()[0] if reason.strip() else "no message"
     print(f"error in point {out_dir.name}: {reason}", file=sys.stderr)
@@ -62,7 +62,7 @@ def failed_point(cfg: DictConfig, out_dir: Path, reason: str) -> tuple[list[dict
 
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")
 def _main(cfg: DictConfig) -> None:
-    from kvbench.run import run_point
+    from kvbench.scenarios.run import run_point
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -92,7 +92,7 @@ def _main(cfg: DictConfig) -> None:
     if status == "ok":
         log.info("wrote %s", out_dir / "metrics.csv")
     if not multirun:  # a sweep draws its comparison plots once, at its end
-        from kvbench.plots import draw_all
+        from kvbench.reporting.plots import draw_all
 
         for path in draw_all(rows, out_dir):
             log.info("wrote %s", path)

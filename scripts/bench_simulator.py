@@ -11,7 +11,7 @@ import time
 
 from hydra import compose, initialize_config_module
 
-from kvbench.run import run_point
+from kvbench.scenarios.run import run_point
 
 
 def main() -> None:

@@ -78,7 +78,7 @@ sweep() {  # name, time limit, overrides...
   stage "sweep $name"
   timeout "$limit" "${BENCH[@]}" -m "$@" progress=false "hydra.sweep.dir=$WORK/$name" \
     >"$WORK/$name.log" 2>&1 || echo "sweep $name stopped early (exit $?): $WORK/$name.log"
-  "$PY" -c "import sys; from kvbench.report import summarize; summarize(sys.argv[1])" "$WORK/$name" \
+  "$PY" -c "import sys; from kvbench.reporting.report import summarize; summarize(sys.argv[1])" "$WORK/$name" \
     >/dev/null 2>&1 || echo "sweep $name: no points finished"
 }
 SPECS=$(specs)

@@ -13,7 +13,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from kvbench.results import read_csv, write_csv
+from kvbench.reporting.results import read_csv, write_csv
 
 MEASURED_HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy measured here (FACTS.md)
 GOAL_BANDWIDTH_FRAC, GOAL_PAGING_OVERHEAD = 0.80, 1.10

@@ -24,8 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
 
-from kvbench.results import write_atomic, write_bytes_atomic, write_csv  # noqa: E402
-from kvbench.run import run_point  # noqa: E402
+from kvbench.reporting.results import write_atomic, write_bytes_atomic, write_csv  # noqa: E402
+from kvbench.scenarios.run import run_point  # noqa: E402
 
 MODELS = {  # model -> hardware overrides (qwen3-next-like's 160 GB of bf16 weights need two GPUs)
     "gpt-oss-like": ["hardware=h200"],

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_module
 
-from kvbench.results import write_csv
-from kvbench.run import run_point
+from kvbench.reporting.results import write_csv
+from kvbench.scenarios.run import run_point
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SIMULATED = ["workload=sharegpt", "workload.rate=4", "workload.duration_s=200"]

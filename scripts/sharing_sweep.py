@@ -20,10 +20,10 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_module
 
-import kvbench.serve
-import kvbench.simulate
-from kvbench.results import write_csv
-from kvbench.run import run_point
+import kvbench.scenarios.serve
+import kvbench.scenarios.simulate
+from kvbench.reporting.results import write_csv
+from kvbench.scenarios.run import run_point
 
 SIMULATED = {  # workload -> overrides that keep OPT-13B's KV pool busy
     "alpaca": ["workload=alpaca", "workload.rate=20", "workload.duration_s=40"],
@@ -60,14 +60,14 @@ def measured(overrides: list[str]) -> dict:
         watchers.append(BlockSharing(engine))
         return engine
 
-    build_engine = kvbench.simulate.build_engine
-    kvbench.simulate.build_engine = kvbench.serve.build_engine = build
+    build_engine = kvbench.scenarios.simulate.build_engine
+    kvbench.scenarios.simulate.build_engine = kvbench.scenarios.serve.build_engine = build
     try:
         with initialize_config_module("kvbench.conf", version_base="1.3"):
             overrides = [*overrides, "+allocator=paged", "engine.preemption=swap", "progress=false"]
             row = run_point(compose("bench", overrides=overrides))[0]
     finally:
-        kvbench.simulate.build_engine = kvbench.serve.build_engine = build_engine
+        kvbench.scenarios.simulate.build_engine = kvbench.scenarios.serve.build_engine = build_engine
     watch = watchers[0]
     row["blocks_saved_pct"] = 100 * (1 - watch.held / watch.named) if watch.named else 0.0
     return row

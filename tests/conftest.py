@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 
 import pytest
 
-from kvbench.sequence import Request, Sequence
+from kvbench.core.sequence import Request, Sequence
 
 _ids = itertools.count()
 

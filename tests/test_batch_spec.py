@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvbench.batch_spec import parse
+from kvbench.scenarios.batch_spec import parse
 from kvbench.errors import UserError
 
 

@@ -11,13 +11,14 @@ import sys
 import pytest
 from hydra import compose, initialize_config_module
 
-import kvbench.run
-from kvbench.compare import Rule, compare, load_policy
+import kvbench.scenarios.build
+import kvbench.scenarios.run
+from kvbench.reporting.compare import Rule, compare, load_policy
 from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.registry import Registry
-from kvbench.results import write_csv
+from kvbench.reporting.results import write_csv
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]
 
@@ -40,7 +41,7 @@ def sweep_rows(allocators: list[str]) -> list[dict]:
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         for name in allocators:
             cfg = compose("bench", overrides=[f"+allocator={name}", *SMALL])
-            rows += [{**row, "status": "ok", "reason": ""} for row in kvbench.run.run_point(cfg)]
+            rows += [{**row, "status": "ok", "reason": ""} for row in kvbench.scenarios.run.run_point(cfg)]
     return rows
 
 
@@ -54,11 +55,11 @@ def degraded_registry(monkeypatch):
     """Runs see a registry whose `paged` is the wasteful one, as if the code had regressed."""
     registry = Registry(load_entry_points=False)
     registry.register(DegradedPlugins())
-    monkeypatch.setattr(kvbench.run, "default_registry", lambda: registry)
+    monkeypatch.setattr(kvbench.scenarios.build, "default_registry", lambda: registry)
 
 
 def run_compare(*args):
-    return subprocess.run([sys.executable, "-m", "kvbench.compare", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "kvbench.reporting.compare", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 

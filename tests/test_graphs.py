@@ -23,15 +23,15 @@ if DEVICE.type == "cpu":
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from kvbench.attention_op import ForwardContext  # noqa: E402
+from kvbench.model.attention_op import ForwardContext  # noqa: E402
 from kvbench.errors import UserError  # noqa: E402
-from kvbench.model import TinyDecoder  # noqa: E402
+from kvbench.model.decoder import TinyDecoder  # noqa: E402
 from kvbench.plugins.backends.base import AttentionMetadata  # noqa: E402
 from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
 from kvbench.plugins.backends.triton_paged import TritonPagedBackend  # noqa: E402
 from kvbench.plugins.graphs.base import DEFAULT_CAPTURE_SIZES, Capture, check_capture_sizes  # noqa: E402
 from kvbench.registry import default_registry  # noqa: E402
-from kvbench.spec import ModelSpec  # noqa: E402
+from kvbench.core.spec import ModelSpec  # noqa: E402
 
 BLOCK_SIZE = 4
 TINY = OmegaConf.to_container(OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf",

@@ -15,21 +15,21 @@ if not torch.cuda.is_available():
 from hydra import compose, initialize_config_module  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from kvbench.async_scheduling import PLACEHOLDER, AsyncScheduling, check_async_supported  # noqa: E402
-from kvbench.engine import Engine  # noqa: E402
+from kvbench.executors.async_scheduling import PLACEHOLDER, AsyncScheduling, check_async_supported  # noqa: E402
+from kvbench.core.engine import Engine  # noqa: E402
 from kvbench.errors import UserError  # noqa: E402
-from kvbench.host_timing import (DeviceClock, async_speedup, overhead_columns, overhead_share,  # noqa: E402
+from kvbench.executors.host_timing import (DeviceClock, async_speedup, overhead_columns, overhead_share,  # noqa: E402
                                  step_time_s)
-from kvbench.metrics import Recorder  # noqa: E402
-from kvbench.model import TinyDecoder  # noqa: E402
-from kvbench.model_executor import ModelExecutor  # noqa: E402
+from kvbench.core.recorder import Recorder  # noqa: E402
+from kvbench.model.decoder import TinyDecoder  # noqa: E402
+from kvbench.executors.model_executor import ModelExecutor  # noqa: E402
 from kvbench.plugins.allocators.paged import PagedAllocator  # noqa: E402
 from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
-from kvbench.run import run_point  # noqa: E402
-from kvbench.sampling import SamplingParams  # noqa: E402
-from kvbench.scheduler import Scheduler  # noqa: E402
-from kvbench.sequence import Request  # noqa: E402
-from kvbench.spec import ModelSpec  # noqa: E402
+from kvbench.scenarios.run import run_point  # noqa: E402
+from kvbench.model.sampling import SamplingParams  # noqa: E402
+from kvbench.core.scheduler import Scheduler  # noqa: E402
+from kvbench.core.sequence import Request  # noqa: E402
+from kvbench.core.spec import ModelSpec  # noqa: E402
 
 
 # ---- the lecture's model ----

@@ -17,26 +17,26 @@ from hydra import compose, initialize_config_module
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from kvbench.cost_model import CostModelExecutor
-from kvbench.engine import Engine
+from kvbench.executors.cost_model import CostModelExecutor
+from kvbench.core.engine import Engine
 from kvbench.errors import UserError
 from kvbench.hookspecs import hookimpl
-from kvbench.hybrid_executor import HybridModelExecutor
-from kvbench.linear_state import delta_rule
-from kvbench.metrics import Recorder
-from kvbench.model import TinyDecoder
+from kvbench.executors.hybrid_executor import HybridModelExecutor
+from kvbench.model.linear_state import delta_rule
+from kvbench.core.recorder import Recorder
+from kvbench.model.decoder import TinyDecoder
 from kvbench.plugins.backends.eager import EagerBackend
-from kvbench.reference import generate_alone
+from kvbench.model.reference import generate_alone
 from kvbench.registry import default_registry
-from kvbench.run import run_point
-from kvbench.sampling import SamplingParams
-from kvbench.scheduler import Scheduler
+from kvbench.scenarios.run import run_point
+from kvbench.model.sampling import SamplingParams
+from kvbench.core.scheduler import Scheduler
 from kvbench.plugins.allocators.hybrid import POLICIES, HybridAllocator
 from kvbench.plugins.allocators.hybrid_attention import AttentionManager
 from kvbench.plugins.allocators.hybrid_pages import unify_pages
-from kvbench.scheduler import Batch
-from kvbench.sequence import Request, Sequence
-from kvbench.spec import Hardware, ModelSpec
+from kvbench.core.scheduler import Batch
+from kvbench.core.sequence import Request, Sequence
+from kvbench.core.spec import Hardware, ModelSpec
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)

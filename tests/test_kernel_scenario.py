@@ -19,11 +19,12 @@ if not torch.cuda.is_available():
 
 from hydra import compose, initialize_config_module  # noqa: E402
 
-from kvbench import kernel_bench, kernel_case  # noqa: E402
-from kvbench.batch_spec import parse  # noqa: E402
+from kvbench.scenarios import kernel as kernel_bench
+from kvbench.scenarios import kernel_case# noqa: E402
+from kvbench.scenarios.batch_spec import parse  # noqa: E402
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator  # noqa: E402
 from kvbench.plugins.allocators.paged import PagedAllocator  # noqa: E402
-from kvbench.spec import ModelSpec  # noqa: E402
+from kvbench.core.spec import ModelSpec  # noqa: E402
 
 BENCH = [sys.executable, "-m", "kvbench.cli"]
 TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,

@@ -12,12 +12,12 @@ import pytest
 import torch
 from test_serve_engine import SPEC, tiny_model
 
-from kvbench.attention_op import ForwardContext, forward_context
+from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.errors import UserError
-from kvbench.model import TinyDecoder, layer_class
+from kvbench.model.decoder import TinyDecoder, layer_class
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.backends.eager import EagerBackend
-from kvbench.sampling import SamplingParams, beam_select, sample, top_p_filter
+from kvbench.model.sampling import SamplingParams, beam_select, sample, top_p_filter
 
 # per step: tokens of sequence A and of sequence B fed (their contexts are 16 and 12 tokens)
 STEPS = [(7, 3), (1, 5), (6, 1), (1, 3), (1, 0)]

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
-from kvbench.cost_model import CostModelExecutor
+from kvbench.executors.cost_model import CostModelExecutor
 from kvbench.plugins.allocators.paged import PagedAllocator
-from kvbench.radix import RadixTree, radix_hit_rate
-from kvbench.run import load_specs, run_point
-from kvbench.sequence import Request, Sequence
-from kvbench.simulate import build_engine
-from kvbench.workload import generate
+from kvbench.core.radix import RadixTree, radix_hit_rate
+from kvbench.scenarios.build import load_specs
+from kvbench.scenarios.run import run_point
+from kvbench.core.sequence import Request, Sequence
+from kvbench.scenarios.build import build_engine
+from kvbench.core.workload import generate
 
 
 def test_radix_tree_matches_token_by_token_across_split_edges():

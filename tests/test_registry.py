@@ -10,7 +10,7 @@ from kvbench.errors import UserError
 from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.registry import Registry, default_registry
-from kvbench.run import run_point
+from kvbench.scenarios.run import run_point
 
 
 class HalfOracleAllocator(OracleAllocator):

@@ -22,7 +22,7 @@ def bench(cwd, *args):
 
 
 def bench_report(*args):
-    return subprocess.run([sys.executable, "-m", "kvbench.report", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "kvbench.reporting.report", *map(str, args)],
                           capture_output=True, text=True, timeout=300)
 
 

@@ -1,6 +1,6 @@
 """The real engine produces, token for token, what each request produces on its own.
 
-Every request is also generated independently (kvbench.reference: the whole sequence recomputed
+Every request is also generated independently (kvbench.model.reference: the whole sequence recomputed
 for each token, no allocator, no batch); the engine must match it under every allocator, with
 preemption by recompute and by swap, chunked prefill, prefix caching, parallel sampling and beam
 search. The helpers here are shared by the other serve test files.
@@ -15,18 +15,18 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from kvbench.engine import Engine
-from kvbench.metrics import Recorder
-from kvbench.model import TinyDecoder
-from kvbench.model_executor import ModelExecutor
+from kvbench.core.engine import Engine
+from kvbench.core.recorder import Recorder
+from kvbench.model.decoder import TinyDecoder
+from kvbench.executors.model_executor import ModelExecutor
 from kvbench.plugins.backends.eager import EagerBackend
-from kvbench.reference import beam_search_alone, generate_alone
+from kvbench.model.reference import beam_search_alone, generate_alone
 from kvbench.registry import default_registry
-from kvbench.run import run_point
-from kvbench.sampling import SamplingParams
-from kvbench.scheduler import Scheduler
-from kvbench.sequence import Request
-from kvbench.spec import ModelSpec
+from kvbench.scenarios.run import run_point
+from kvbench.model.sampling import SamplingParams
+from kvbench.core.scheduler import Scheduler
+from kvbench.core.sequence import Request
+from kvbench.core.spec import ModelSpec
 
 # GQA, and a sliding-window layer beside a full one, so generation exercises both.
 SPEC = ModelSpec(name="test-tiny", num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2,

@@ -13,11 +13,11 @@ import pytest
 from hydra import compose, initialize_config_module
 from test_serve_engine import SAMPLED, make_requests, run_engine
 
-from kvbench.cost_model import CostModelExecutor
-from kvbench.run import load_specs
-from kvbench.sequence import Request
-from kvbench.simulate import build_engine
-from kvbench.workload import generate
+from kvbench.executors.cost_model import CostModelExecutor
+from kvbench.scenarios.build import load_specs
+from kvbench.core.sequence import Request
+from kvbench.scenarios.build import build_engine
+from kvbench.core.workload import generate
 
 
 @pytest.mark.parametrize("prompt_len, copies", [(10, 3), (12, 0), (13, 3), (16, 0)])

@@ -3,7 +3,7 @@
 import pytest
 from hydra import compose, initialize_config_module
 
-from kvbench.run import run_point
+from kvbench.scenarios.run import run_point
 
 ALLOCATORS = ("contiguous", "oracle", "pow2", "paged")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kvbench.errors import UserError
-from kvbench.workload import generate
+from kvbench.core.workload import generate
 
 SHAREGPT = {"kind": "sharegpt", "rate": 4.0, "duration_s": None, "num_requests": 20_000, "burstiness": 1.0}
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvbench.errors import UserError
-from kvbench.sequence import Sequence
+from kvbench.core.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,9 @@ class KVAllocator(ABC):
     min_block_size: ClassVar[int] = 1
     max_block_size: ClassVar[int] = 256
     layer_kinds: ClassVar[tuple] = ("full",)  # layer kinds (spec.LAYER_KINDS) whose KV it can hold
+    # True when each layer kind gets its own block tables / state slots: the serve engine then
+    # runs the executor that reads that layout (kvbench.executors.hybrid_executor)
+    per_layer_kind_layout: ClassVar[bool] = False
 
     def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None,
                  **options):

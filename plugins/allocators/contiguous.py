@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.sequence import Sequence
+from kvbench.core.sequence import Sequence
 
 
 class FirstFitSpace:

@@ -26,8 +26,8 @@ from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAccounting, KVAllocator
 from kvbench.plugins.allocators.hybrid_attention import AttentionManager
 from kvbench.plugins.allocators.hybrid_pages import LinearStateManager, PagePool, unify_pages
-from kvbench.sequence import Sequence
-from kvbench.spec import LAYER_KINDS
+from kvbench.core.sequence import Sequence
+from kvbench.core.spec import LAYER_KINDS
 
 POLICIES = ("shared", "static", "as_full")
 
@@ -45,6 +45,7 @@ class HybridAllocator(KVAllocator):
     name = "hybrid"
     layout = "paged"
     layer_kinds = LAYER_KINDS
+    per_layer_kind_layout = True
 
     def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None,
                  policy: str = "shared", watermark: float = 0.01, prefix_caching: bool = False,

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvbench.errors import UserError
-from kvbench.spec import LAYER_KINDS, ModelSpec
+from kvbench.core.spec import LAYER_KINDS, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.sequence import Sequence
+from kvbench.core.sequence import Sequence
 
 
 class PagedAllocator(KVAllocator):

@@ -8,7 +8,7 @@ allocation, merging with the buddy on free, so the external fragmentation it sho
 from __future__ import annotations
 
 from kvbench.plugins.allocators.contiguous import ReservingAllocator
-from kvbench.sequence import Sequence
+from kvbench.core.sequence import Sequence
 
 
 class BuddySpace:

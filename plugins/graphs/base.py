@@ -21,7 +21,7 @@ from typing import Callable, ClassVar, Optional
 
 import torch
 
-from kvbench.attention_op import ForwardContext
+from kvbench.model.attention_op import ForwardContext
 from kvbench.errors import UserError
 from kvbench.plugins.backends.base import AttentionMetadata
 
@@ -130,14 +130,10 @@ class GraphMode:
                 "graph_eager_reason": "; ".join(f"{n} x {why}" for why, n in sorted(self.eager_steps.items()))}
 
 
-def build(options: dict, forward: Callable, backend_cls: type, device: torch.device,
+def build(cls: type, options: dict, forward: Callable, backend_cls: type, device: torch.device,
           max_seq_len: int) -> GraphMode:
-    """The configured graph mode (`{"name": ..., **options}`) around `forward`; a mode that
-    cannot run the attention backend is a UserError naming the reason."""
-    from kvbench.registry import default_registry
-
-    options = dict(options)
-    cls = default_registry().get("graph", options.pop("name"))
+    """Graph mode `cls` with `options` around `forward`; a mode that cannot run the attention
+    backend is a UserError naming the reason."""
     reason = cls.unsupported_reason(backend_cls, torch.device(device))
     if reason:
         raise UserError(f"graph={cls.name} cannot run backend {backend_cls.name}: {reason}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.attention_op import ForwardContext, forward_context
+from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.plugins.graphs.base import GraphMode
 
 

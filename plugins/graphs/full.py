@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from kvbench.attention_op import ForwardContext, forward_context
+from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.graphs.base import Capture, GraphMode, padding_metadata
 

@@ -17,8 +17,8 @@ import torch
 from torch import fx
 from torch.fx.passes.split_module import split_module
 
-import kvbench.attention_op  # noqa: F401  (registers torch.ops.kvbench.attention)
-from kvbench.attention_op import ForwardContext, forward_context
+import kvbench.model.attention_op  # noqa: F401  (registers torch.ops.kvbench.attention)
+from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.plugins.graphs.base import Capture, GraphMode, padding_metadata
 
 ATTENTION_OPS = (torch.ops.kvbench.attention, torch.ops.kvbench.attention.default)

@@ -11,12 +11,12 @@ from typing import Sequence
 
 import torch
 
-from kvbench.attention_op import ForwardContext, forward_context
-from kvbench.linear_state import from_scratch
-from kvbench.model import TinyDecoder
+from kvbench.model.attention_op import ForwardContext, forward_context
+from kvbench.model.linear_state import from_scratch
+from kvbench.model.decoder import TinyDecoder
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.backends.eager import EagerBackend
-from kvbench.sampling import SamplingParams, beam_select, sample
+from kvbench.model.sampling import SamplingParams, beam_select, sample
 
 
 @torch.inference_mode()

@@ -14,11 +14,11 @@ from typing import Optional
 
 import torch
 
-from kvbench.batch_spec import BatchSpec
+from kvbench.scenarios.batch_spec import BatchSpec
 from kvbench.plugins.allocators.base import KVAllocator
 from kvbench.plugins.backends.base import AttentionMetadata
-from kvbench.sequence import Request, Sequence
-from kvbench.spec import ModelSpec
+from kvbench.core.sequence import Request, Sequence
+from kvbench.core.spec import ModelSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

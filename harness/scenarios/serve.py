@@ -14,18 +14,17 @@ from dataclasses import replace
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench import workload
-from kvbench.async_scheduling import AsyncScheduling, check_async_supported
+from kvbench.core import workload
+from kvbench.core.radix import radix_hit_rate
 from kvbench.errors import UserError
-from kvbench.hybrid_executor import HybridModelExecutor
-from kvbench.model import TinyDecoder
-from kvbench.model_executor import ModelExecutor
-from kvbench.radix import radix_hit_rate
-from kvbench.registry import default_registry
-from kvbench.kernel_case import TORCH_DTYPES
-from kvbench.run import load_specs, plugin_cfg, resolve_device
-from kvbench.sampling import SamplingParams
-from kvbench.simulate import build_engine, preemption_report
+from kvbench.executors.async_scheduling import AsyncScheduling, check_async_supported
+from kvbench.executors.hybrid_executor import HybridModelExecutor
+from kvbench.executors.model_executor import ModelExecutor
+from kvbench.model.decoder import TinyDecoder
+from kvbench.model.sampling import SamplingParams
+from kvbench.scenarios.build import allocator_class, backend_class, build_engine, graph_mode, load_specs, resolve_device
+from kvbench.scenarios.kernel_case import TORCH_DTYPES
+from kvbench.scenarios.simulate import preemption_report
 
 def resolve_dtype(name: str, device: torch.device) -> str:
     if name == "auto":
@@ -58,13 +57,10 @@ def run(cfg: DictConfig) -> list[dict]:
     sampling = SamplingParams(float(scenario.sampling.temperature), float(scenario.sampling.top_p), int(cfg.seed))
     async_scheduling = bool(cfg.engine.get("async_scheduling", False))
 
-    backend_name = plugin_cfg(cfg, "backend")["name"]
-    backend_cls = default_registry().get("backend", backend_name)
-    layout = default_registry().get("allocator", plugin_cfg(cfg, "allocator")["name"]).layout
-    for window in dict.fromkeys([model_spec.window if k == "window" else 0 for k in model_spec.layer_kinds]):
-        reason = backend_cls.unsupported_reason(device, dtype, layout, window)
-        if reason:
-            raise UserError(f"backend {backend_name} cannot run here: {reason}")
+    allocator_cls, _ = allocator_class(cfg, model_spec)
+    windows = [model_spec.window if k == "window" else 0 for k in model_spec.layer_kinds]
+    backend_cls = backend_class(cfg, device, dtype, allocator_cls.layout, windows)
+    graph_cls, graph_options = graph_mode(cfg)
 
     served = serve_workload(cfg)
     requests = workload.generate(served, int(cfg.seed), model_spec.max_model_len,
@@ -84,9 +80,10 @@ def run(cfg: DictConfig) -> list[dict]:
     def make_executor(allocator):
         swap = allocator.num_cpu_blocks * allocator.block_size if allocator.supports_swap else 0
         allocator.record_copies = True
-        executor_cls = HybridModelExecutor if allocator.name == "hybrid" else ModelExecutor
+        # an allocator that lays out each layer kind apart needs the executor that reads that layout
+        executor_cls = HybridModelExecutor if allocator.per_layer_kind_layout else ModelExecutor
         return executor_cls(model, allocator, backend_cls(), sampling, swap_slots=swap,
-                            graph=plugin_cfg(cfg, "graph"), async_scheduling=async_scheduling)
+                            graph=(graph_cls, graph_options), async_scheduling=async_scheduling)
 
     engine = build_engine(cfg, model_spec, num_slots, make_executor, swap_slots=swap_slots)
     if device.type == "cuda":  # capture before the first step, so no step's time includes it

@@ -12,19 +12,9 @@ over PCIe); recomputation costs the re-prefill's FLOPs, which the steps already 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
-from kvbench.scheduler import Batch
-from kvbench.spec import Hardware, ModelSpec
-
-
-@dataclass
-class StepResult:
-    duration_s: float
-    # serve only, per scheduled sequence: its sampled token id; for a request that forks or
-    # steps its beams, at the root's row, the list the engine applies; None for a prefill chunk
-    tokens: Optional[list] = None
+from kvbench.core.scheduler import Batch
+from kvbench.core.spec import Hardware, ModelSpec
+from kvbench.executors.base import StepResult
 
 
 def swap_time_s(hardware: Hardware, num_copies: int, num_bytes: float) -> float:

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvbench.attention_op import scoped
-from kvbench.model import LAYER_CLASSES, MLP, RMSNorm, _linear
-from kvbench.spec import ModelSpec
+from kvbench.model.attention_op import scoped
+from kvbench.model.layers import MLP, RMSNorm, seeded_linear
+from kvbench.core.spec import ModelSpec
 
 
 @dataclass
@@ -131,8 +131,8 @@ class LinearStateLayer(nn.Module):
         qk, v, h = spec.num_heads * spec.head_dim, spec.num_heads * spec.linear_state_dim, spec.num_heads
         self.split = (qk, qk, v, h, h)
         self.input_norm = RMSNorm(spec.hidden_size)
-        self.proj = _linear(spec.hidden_size, 2 * qk + v + 2 * h, generator)
-        self.o_proj = _linear(v, spec.hidden_size, generator)
+        self.proj = seeded_linear(spec.hidden_size, 2 * qk + v + 2 * h, generator)
+        self.o_proj = seeded_linear(v, spec.hidden_size, generator)
         self.post_norm = RMSNorm(spec.hidden_size)
         self.mlp = MLP(spec, generator)
 
@@ -149,5 +149,3 @@ class LinearStateLayer(nn.Module):
         hidden = hidden + self.o_proj(out.view(tokens, -1))
         return hidden + self.mlp(self.post_norm(hidden))
 
-
-LAYER_CLASSES["linear"] = LinearStateLayer

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.sequence import Sequence, SeqStatus
+from kvbench.core.sequence import Sequence, SeqStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
 

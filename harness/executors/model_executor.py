@@ -6,7 +6,7 @@ ranges (contiguous). Before each forward the executor replays, in order, the cop
 allocator logged while scheduling (copy-on-write, contiguous forks, swap out to and in from a
 CPU pool of the same layout). Each step's host time is split into copy, prepare, forward and
 sample, so a run can say where the time went; the forward's launch and device time are
-measured apart (kvbench.host_timing). The forward runs under the configured graph mode, and a
+measured apart (kvbench.executors.host_timing). The forward runs under the configured graph mode, and a
 step splits into prepare -> launch -> collect so async scheduling can interleave two steps.
 """
 
@@ -19,14 +19,15 @@ from typing import Any
 
 import torch
 
-from kvbench.attention_op import ForwardContext, current_context, forward_context
-from kvbench.cost_model import StepResult
-from kvbench.host_timing import DeviceClock, overhead_columns
-from kvbench.model import TinyDecoder
+from kvbench.model.attention_op import ForwardContext, current_context, forward_context
+from kvbench.executors.base import StepResult
+from kvbench.executors.host_timing import DeviceClock, overhead_columns
+from kvbench.model.decoder import TinyDecoder
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.graphs.base import build as build_graph, padding_metadata
-from kvbench.sampling import SamplingParams, beam_select, sample
-from kvbench.scheduler import Batch
+from kvbench.plugins.graphs.eager import EagerGraph
+from kvbench.model.sampling import SamplingParams, beam_select, sample
+from kvbench.core.scheduler import Batch
 
 PHASES = ("copy", "prepare", "forward", "sample")
 
@@ -54,7 +55,7 @@ class ModelExecutor:
     simulated = False
 
     def __init__(self, model: TinyDecoder, allocator, backend, sampling: SamplingParams,
-                 swap_slots: int = 0, graph: dict | None = None, async_scheduling: bool = False):
+                 swap_slots: int = 0, graph: tuple[type, dict] | None = None, async_scheduling: bool = False):
         self.model, self.allocator, self.backend, self.sampling = model, allocator, backend, sampling
         self.device, self.dtype = model.embed.weight.device, model.embed.weight.dtype
         self.block_size = bs = allocator.block_size
@@ -75,7 +76,8 @@ class ModelExecutor:
         self.paged = allocator.layout == "paged"
         self.times = {phase: [] for phase in PHASES}
         self.swap_s = 0.0  # measured time of swap copies (part of "copy")
-        self.graph = build_graph(graph or {"name": "eager"}, model.forward, type(backend), self.device,
+        graph_cls, graph_options = graph or (EagerGraph, {})
+        self.graph = build_graph(graph_cls, graph_options, model.forward, type(backend), self.device,
                                  spec.max_model_len)
         # On cpu an async step can only overlap the host's next step on another thread.
         self.clock = DeviceClock(self.device, threaded=async_scheduling)

@@ -3,7 +3,6 @@ normalized latency per point, and normalized latency against request rate (Fig. 
 
 from __future__ import annotations
 
-import io
 from collections import defaultdict
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kvbench.results import IDENTITY, write_bytes_atomic  # noqa: E402
+from kvbench.reporting.figures import number, save_figure  # noqa: E402
+from kvbench.reporting.results import IDENTITY  # noqa: E402
 
 ALLOCATOR_ORDER = ("contiguous", "pow2", "oracle", "paged", "hybrid")
 KV_PARTS = [
@@ -21,13 +21,6 @@ KV_PARTS = [
     ("kv_internal_frag_frac", "internal fragmentation", "#c92a2a"),
     ("kv_external_frag_frac", "external fragmentation & free", "#868e96"),
 ]
-
-
-def _num(row: dict, key: str) -> float:
-    try:
-        return float(row.get(key, "nan"))
-    except (TypeError, ValueError):
-        return float("nan")
 
 
 def varying_keys(rows: list[dict]) -> list[str]:
@@ -46,13 +39,6 @@ def label(row: dict, keys: list[str]) -> str:
                      for k in keys)
 
 
-def _save(fig, path: Path) -> Path:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    write_bytes_atomic(path, buffer.getvalue())
-    return path
-
 
 def kv_breakdown(rows: list[dict], out: Path) -> Path:
     keys = varying_keys(rows)
@@ -60,7 +46,7 @@ def kv_breakdown(rows: list[dict], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(rows) + 2), 4))
     bottom = [0.0] * len(rows)
     for key, text, color in KV_PARTS:
-        values = [100 * _num(r, key) for r in rows]
+        values = [100 * number(r, key) for r in rows]
         ax.bar(names, values, bottom=bottom, label=text, color=color)
         for i, v in enumerate(values):
             if v >= 4:
@@ -71,30 +57,30 @@ def kv_breakdown(rows: list[dict], out: Path) -> Path:
     ax.set_title("Where KV memory goes (internal = reservation beyond use, incl. rounding)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    return _save(fig, out / "kv_breakdown.png")
+    return save_figure(fig, out / "kv_breakdown.png")
 
 
 def throughput_latency(rows: list[dict], out: Path) -> Path:
     keys = varying_keys(rows)
     names = [label(r, keys) for r in rows]
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(max(10, 1.6 * len(rows) + 6), 3.8))
-    a.bar(names, [_num(r, "throughput_req_s") for r in rows], color="#1971c2")
+    a.bar(names, [number(r, "throughput_req_s") for r in rows], color="#1971c2")
     a.set_ylabel("throughput (req/s)")
-    b.bar(names, [_num(r, "mean_batch_size") for r in rows], color="#5f3dc4")
+    b.bar(names, [number(r, "mean_batch_size") for r in rows], color="#5f3dc4")
     b.set_ylabel("mean batch size (sequences)")
-    c.bar(names, [_num(r, "normalized_latency_s_per_tok") for r in rows], color="#e8590c")
+    c.bar(names, [number(r, "normalized_latency_s_per_tok") for r in rows], color="#e8590c")
     c.set_ylabel("normalized latency (s/token)")
     for ax in (a, b, c):
         plt.setp(ax.get_xticklabels(), rotation=25, ha="right")
     fig.tight_layout()
-    return _save(fig, out / "throughput_latency.png")
+    return save_figure(fig, out / "throughput_latency.png")
 
 
 def latency_vs_rate(rows: list[dict], out: Path) -> Path:
     series = defaultdict(list)
     others = [k for k in varying_keys(rows) if k not in ("rate", "workload.rate")]
     for r in rows:
-        series[label(r, others)].append((_num(r, "rate"), _num(r, "normalized_latency_s_per_tok")))
+        series[label(r, others)].append((number(r, "rate"), number(r, "normalized_latency_s_per_tok")))
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, points in sorted(series.items()):
         points.sort()
@@ -104,7 +90,7 @@ def latency_vs_rate(rows: list[dict], out: Path) -> Path:
     ax.set_yscale("log")
     ax.set_title("Normalized latency against request rate")
     ax.legend(fontsize=8)
-    return _save(fig, out / "latency_vs_rate.png")
+    return save_figure(fig, out / "latency_vs_rate.png")
 
 
 def draw_all(rows: list[dict], out: Path) -> list[Path]:
@@ -121,7 +107,7 @@ def draw_all(rows: list[dict], out: Path) -> list[Path]:
             written.append(latency_vs_rate(serving, out))
     kernel = [r for r in ok if r.get("latency_us_p50") not in (None, "")]
     if kernel:
-        from kvbench.kernel_plots import latency_vs_context
+        from kvbench.reporting.kernel_plots import latency_vs_context
 
         written.append(latency_vs_context(kernel, out))
     return written

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench import batch_spec, kernel_case
+from kvbench.scenarios import batch_spec
+from kvbench.scenarios import kernel_case
 from kvbench.errors import UserError
 from kvbench.plugins.backends.eager import EagerBackend
-from kvbench.registry import default_registry
-from kvbench.run import load_specs, plugin_cfg, resolve_device
-from kvbench.spec import Hardware, ModelSpec
+from kvbench.scenarios.build import allocator_class, backend_class, load_specs, resolve_device
+from kvbench.core.spec import Hardware, ModelSpec
 
 QUANTILES = (0.1, 0.5, 0.9)
 # torch.cuda.get_device_name() fragment -> hardware profile (first match wins).
@@ -98,15 +98,9 @@ def run(cfg: DictConfig) -> list[dict]:
     if dtype is None:
         raise UserError(f"model.dtype={model.dtype} has no kernel; use one of "
                         f"{', '.join(kernel_case.TORCH_DTYPES)}")
-    registry = default_registry()
-    backend_name = plugin_cfg(cfg, "backend")["name"]
-    backend_cls = registry.get("backend", backend_name)
-    alloc_options = plugin_cfg(cfg, "allocator")
-    allocator_cls = registry.get("allocator", alloc_options.pop("name"))
-    reason = backend_cls.unsupported_reason(device, dtype, allocator_cls.layout, spec.window)
-    if reason:
-        raise UserError(f"backend {backend_name} cannot run batch={spec.text} on {device.type} "
-                        f"{model.dtype} ({allocator_cls.layout} layout): {reason}")
+    allocator_cls, alloc_options = allocator_class(cfg, model)
+    backend_cls = backend_class(cfg, device, dtype, allocator_cls.layout, [spec.window],
+                                f"batch={spec.text} on {device.type} {model.dtype} ({allocator_cls.layout} layout)")
 
     longest = max(spec.seq_lens)
     max_model_len = max(model.max_model_len, longest)
@@ -145,7 +139,7 @@ def run(cfg: DictConfig) -> list[dict]:
 
     if sc.check_error:
         out = attend(case.meta)()
-        reference = out if backend_name == "eager" else EagerBackend().forward(
+        reference = out if backend_cls.name == "eager" else EagerBackend().forward(
             case.query, case.k_cache, case.v_cache, case.meta, case.scale, spec.window)
         row["max_abs_err_vs_eager"] = float((out.float() - reference.float()).abs().max())
     if case.contiguous_meta is not None and sc.paging_overhead:

@@ -16,16 +16,16 @@ from dataclasses import replace
 
 import torch
 
-from kvbench.attention_op import current_context, forward_context
+from kvbench.model.attention_op import current_context, forward_context
 from kvbench.errors import UserError
-from kvbench.linear_state import StateContext, new_states, state_context
-from kvbench.model_executor import ModelExecutor
-from kvbench.scheduler import Batch
+from kvbench.model.linear_state import StateContext, new_states, state_context
+from kvbench.executors.model_executor import ModelExecutor
+from kvbench.core.scheduler import Batch
 
 
 class HybridModelExecutor(ModelExecutor):
     def __init__(self, model, allocator, backend, sampling, swap_slots: int = 0,
-                 graph: dict | None = None, async_scheduling: bool = False):
+                 graph: tuple[type, dict] | None = None, async_scheduling: bool = False):
         if allocator.policy == "as_full" and model.spec.num_layers_of("linear"):
             raise UserError("allocator.policy=as_full sizes linear layers as attention (a memory "
                             "baseline for scenario=simulate) and has no state slots to serve them; "
@@ -34,7 +34,7 @@ class HybridModelExecutor(ModelExecutor):
         # at a time. Graph modes take per-layer metadata, but not the linear layers' state slots.
         if async_scheduling:
             raise UserError("allocator hybrid serves with engine.async_scheduling=false")
-        if (graph or {"name": "eager"})["name"] != "eager" and model.spec.num_layers_of("linear"):
+        if graph is not None and graph[0].name != "eager" and model.spec.num_layers_of("linear"):
             raise UserError("a model with linear layers serves with graph=eager: captured graphs "
                             "do not carry the layers' per-step state slots")
         super().__init__(model, allocator, backend, sampling, swap_slots, graph, async_scheduling)

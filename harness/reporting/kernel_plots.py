@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kvbench.plots import _num, _save  # noqa: E402
+from kvbench.reporting.figures import number, save_figure  # noqa: E402
 
 SERIES_KEYS = ("backend", "allocator", "layout", "graph", "dtype", "model", "window")
 
@@ -25,7 +25,7 @@ def _flag(value) -> bool:
 
 def series_label(row: dict, keys: list[str]) -> str:
     parts = [f"{k}={row.get(k, '')}" if k == "window" else str(row.get(k, "")) for k in keys]
-    parts.append(f"B={int(_num(row, 'num_seqs'))}")
+    parts.append(f"B={int(number(row, 'num_seqs'))}")
     return " ".join(parts) + (" (interpreted)" if _flag(row.get("interpreted")) else "")
 
 
@@ -36,11 +36,11 @@ def latency_vs_context(rows: list[dict], out_dir: Path) -> Path:
         series[series_label(row, keys)].append(row)
     fig, (lat, bw) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, points in sorted(series.items()):
-        points.sort(key=lambda r: _num(r, "context_len"))
-        x = [_num(r, "context_len") for r in points]
+        points.sort(key=lambda r: number(r, "context_len"))
+        x = [number(r, "context_len") for r in points]
         style = "--" if _flag(points[0].get("interpreted")) else "-"
-        lat.plot(x, [_num(r, "latency_us_p50") for r in points], style, marker="o", label=name)
-        bw.plot(x, [_num(r, "achieved_gbps") for r in points], style, marker="o", label=name)
+        lat.plot(x, [number(r, "latency_us_p50") for r in points], style, marker="o", label=name)
+        bw.plot(x, [number(r, "achieved_gbps") for r in points], style, marker="o", label=name)
     for ax in (lat, bw):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length per sequence (tokens)")
@@ -49,7 +49,7 @@ def latency_vs_context(rows: list[dict], out_dir: Path) -> Path:
     bw.set_ylabel("achieved bandwidth (GB/s)")
     profiles = {str(r.get("roofline_hardware", "")) for r in rows} - {""}
     if len(profiles) == 1:
-        peak = _num(rows[0], "achieved_gbps") / _num(rows[0], "roofline_frac")
+        peak = number(rows[0], "achieved_gbps") / number(rows[0], "roofline_frac")
         if peak == peak:
             bw.axhline(peak, color="grey", linestyle=":", label=f"{profiles.pop()} peak")
     title = "Attention latency against context"
@@ -58,4 +58,4 @@ def latency_vs_context(rows: list[dict], out_dir: Path) -> Path:
     fig.suptitle(title)
     bw.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
     fig.tight_layout()
-    return _save(fig, Path(out_dir) / "latency_vs_context.png")
+    return save_figure(fig, Path(out_dir) / "latency_vs_context.png")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from kvbench.errors import UserError
-from kvbench.results import ENVIRONMENT, collect, read_csv, write_atomic, write_csv
+from kvbench.reporting.results import ENVIRONMENT, collect, read_csv, write_atomic, write_csv
 
 # The columns a reader looks at first, in this order; the full table is one click away.
 KEY_METRICS = [
@@ -50,7 +50,7 @@ def summarize(sweep_dirs, out_dir: Optional[Path] = None) -> list[Path]:
     for sweep_dir in sweep_dirs:
         for row in load_rows(sweep_dir):
             rows.append({"sweep": sweep_dir.name, **row} if len(sweep_dirs) > 1 else row)
-    from kvbench.plots import draw_all  # matplotlib takes a second to load; bench-compare needs none of it
+    from kvbench.reporting.plots import draw_all  # matplotlib takes a second to load; bench-compare needs none of it
 
     out_dir = Path(out_dir or sweep_dirs[0])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ td:first-child,th:first-child{text-align:left}img{max-width:100%}figure{margin:1
 
 
 def render_html(rows: list[dict], plots: list[Path], sources: list[Path]) -> str:
-    from kvbench.plots import label, varying_keys
+    from kvbench.reporting.plots import label, varying_keys
 
     ok = [r for r in rows if r.get("status", "ok") == "ok"]
     failed = [r for r in rows if r.get("status", "ok") != "ok"]

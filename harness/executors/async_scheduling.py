@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from kvbench.cost_model import StepResult
+from kvbench.executors.base import StepResult
 from kvbench.errors import UserError
 
 PLACEHOLDER = -1  # token id of a token the step in flight has not sampled yet

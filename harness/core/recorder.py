@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvbench.sequence import Sequence
+from kvbench.core.sequence import Sequence
 
 
 class Recorder:

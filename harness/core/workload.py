@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from kvbench.errors import UserError
-from kvbench.sequence import Request
+from kvbench.core.sequence import Request
 
 SHAREGPT_INPUT_KNOTS = ((0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0), (1, 12, 36, 140, 585, 1600, 2047))
 SHAREGPT_OUTPUT_KNOTS = ((0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0), (1, 112, 276, 488, 762, 1290, 2047))

@@ -20,9 +20,9 @@ import numpy as np
 from tqdm import tqdm
 
 from kvbench.errors import UserError
-from kvbench.metrics import Recorder
-from kvbench.scheduler import Batch, Scheduler
-from kvbench.sequence import Request, Sequence, SeqStatus
+from kvbench.core.recorder import Recorder
+from kvbench.core.scheduler import Batch, Scheduler
+from kvbench.core.sequence import Request, Sequence, SeqStatus
 
 
 class Engine:

@@ -20,7 +20,7 @@ from typing import Optional
 import yaml
 
 from kvbench.errors import UserError
-from kvbench.report import load_rows
+from kvbench.reporting.report import load_rows
 
 DEFAULT_POLICY = "compare_policy.yaml"
 

@@ -1,0 +1,28 @@
+"""The executor contract: run one scheduled batch and say how long it took.
+
+The engine is the same for every scenario; only its executor differs. A simulated executor
+(`simulated = True`) returns the step's modelled duration and the engine advances its clock by
+it; a real one runs the model, returns the sampled tokens, and the engine times the step itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Protocol
+
+if TYPE_CHECKING:
+    from kvbench.core.scheduler import Batch
+
+
+@dataclass
+class StepResult:
+    duration_s: float
+    # serve only, per scheduled sequence: its sampled token id; for a request that forks or
+    # steps its beams, at the root's row, the list the engine applies; None for a prefill chunk
+    tokens: Optional[list] = None
+
+
+class Executor(Protocol):
+    simulated: bool
+
+    def execute(self, batch: Batch) -> StepResult: ...

@@ -1,0 +1,110 @@
+"""The one place a composed config becomes plugins and an engine, for every scenario.
+
+Each builder checks what the plugin itself declares before constructing it: an allocator must
+hold every layer kind of the model, a backend must support the device / dtype / layout / window,
+a graph mode must be able to run the backend. The scenarios (simulate, serve, kernel) call
+these; nothing else looks plugins up in the registry.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.core.engine import Engine
+from kvbench.core.recorder import Recorder
+from kvbench.core.scheduler import Scheduler
+from kvbench.core.spec import Hardware, ModelSpec, kv_capacity_bytes
+from kvbench.errors import UserError
+from kvbench.registry import default_registry
+
+# A run that names no plugin uses these; the row records what was used.
+DEFAULT_PLUGINS = {
+    "allocator": {"name": "paged", "block_size": 16},
+    "backend": {"name": "eager"},
+    "graph": {"name": "eager"},
+}
+
+
+def plugin_cfg(cfg: DictConfig, kind: str) -> dict:
+    chosen = cfg.get(kind)
+    if chosen is None:
+        return dict(DEFAULT_PLUGINS[kind])
+    return OmegaConf.to_container(chosen, resolve=True)
+
+
+def load_specs(cfg: DictConfig) -> tuple[ModelSpec, Hardware]:
+    return (ModelSpec.from_cfg(OmegaConf.to_container(cfg.model, resolve=True)),
+            Hardware.from_cfg(OmegaConf.to_container(cfg.hardware, resolve=True)))
+
+
+def resolve_device(choice: str):
+    """The torch device a real run uses: `auto` is cuda when torch sees one, else cpu."""
+    import torch  # here, not at the top: simulate never needs torch
+
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice not in ("cpu", "cuda"):
+        raise UserError(f"scenario.device={choice!r} is not one of auto, cpu, cuda")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UserError("scenario.device=cuda but torch sees no CUDA device; use auto or cpu")
+    return torch.device(choice)
+
+
+def allocator_class(cfg: DictConfig, model: ModelSpec) -> tuple[type, dict]:
+    """The configured allocator class and its options; it must hold every layer kind of `model`."""
+    options = plugin_cfg(cfg, "allocator")
+    cls = default_registry().get("allocator", options.pop("name"))
+    unserved = [k for k in dict.fromkeys(model.layer_kinds) if k not in cls.layer_kinds]
+    if unserved:
+        raise UserError(f"allocator {cls.name} cannot hold the {' and '.join(unserved)} layers of model "
+                        f"{model.name} (it holds: {', '.join(cls.layer_kinds)}); use +allocator=hybrid "
+                        f"(allocator.policy=as_full keeps every layer as full attention)")
+    return cls, options
+
+
+def build_allocator(cfg: DictConfig, model: ModelSpec, num_slots: int, max_model_len: int | None = None):
+    cls, options = allocator_class(cfg, model)
+    return cls(num_slots=num_slots, max_model_len=max_model_len or model.max_model_len, model=model, **options)
+
+
+def backend_class(cfg: DictConfig, device, dtype, layout: str, windows, where: str = "here") -> type:
+    """The configured attention backend class; it must support every window the run needs."""
+    name = plugin_cfg(cfg, "backend")["name"]
+    cls = default_registry().get("backend", name)
+    for window in dict.fromkeys(windows):
+        reason = cls.unsupported_reason(device, dtype, layout, window)
+        if reason:
+            raise UserError(f"backend {name} cannot run {where}: {reason}")
+    return cls
+
+
+def graph_mode(cfg: DictConfig) -> tuple[type, dict]:
+    """The configured graph mode class and its options (checked against the backend when built)."""
+    options = plugin_cfg(cfg, "graph")
+    return default_registry().get("graph", options.pop("name")), options
+
+
+def kv_slots(cfg: DictConfig, model: ModelSpec, hardware: Hardware) -> int:
+    kv_bytes = kv_capacity_bytes(model, hardware, cfg.engine.get("kv_cache_bytes"))
+    if kv_bytes <= 0:
+        raise UserError(
+            f"{model.name} weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV memory on "
+            f"{hardware.num_gpus} x {hardware.name} at utilization {hardware.gpu_memory_utilization}; "
+            f"raise hardware.num_gpus or set engine.kv_cache_bytes")
+    return int(kv_bytes // model.kv_bytes_per_token)
+
+
+def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slots: int | None = None) -> Engine:
+    """The engine of one point; `make_executor(allocator)` builds its executor. The swap pool
+    holds `swap_slots` tokens (default: engine.swap_space_bytes of the model's KV)."""
+    allocator = build_allocator(cfg, model, num_slots)
+    preemption = str(cfg.engine.preemption)
+    if preemption == "swap" and allocator.supports_swap:
+        if swap_slots is None:
+            swap_slots = int(float(cfg.engine.swap_space_bytes) // model.kv_bytes_per_token)
+        allocator.enable_swap(swap_slots)
+    sched = cfg.scheduler
+    scheduler = Scheduler(allocator, int(sched.max_num_seqs), int(sched.max_num_batched_tokens),
+                          bool(sched.chunked_prefill), preemption)
+    return Engine(scheduler, make_executor(allocator), Recorder(float(cfg.measure.warmup_frac)),
+                  bool(cfg.progress), int(cfg.seed))

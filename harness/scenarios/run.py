@@ -1,0 +1,42 @@
+"""One measured point: turn a composed config into plugins, run its scenario, return result rows."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+from omegaconf import DictConfig
+
+from kvbench.errors import UserError
+from kvbench.scenarios.build import plugin_cfg
+
+SCENARIOS = {
+    "simulate": "kvbench.scenarios.simulate",
+    "serve": "kvbench.scenarios.serve",
+    "kernel": "kvbench.scenarios.kernel",
+}
+
+
+def identity(cfg: DictConfig) -> dict:
+    rate = float(cfg.workload.rate)
+    return {
+        "scenario": cfg.scenario.name,
+        "allocator": plugin_cfg(cfg, "allocator")["name"],
+        "backend": plugin_cfg(cfg, "backend")["name"],
+        "graph": plugin_cfg(cfg, "graph")["name"],
+        "model": cfg.model.name,
+        "hardware": cfg.hardware.name,
+        "workload": cfg.workload.kind,
+        "seed": cfg.seed,
+        "block_size": plugin_cfg(cfg, "allocator").get("block_size", ""),
+        "rate": "inf" if math.isinf(rate) else rate,
+    }
+
+
+def run_point(cfg: DictConfig) -> list[dict]:
+    name = cfg.scenario.name
+    if name not in SCENARIOS:
+        raise UserError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    rows = importlib.import_module(SCENARIOS[name]).run(cfg)
+    head = identity(cfg)
+    return [{**head, **row} for row in rows]
