@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
+from kvbench.plugins.allocators.block_pool import BlockPool
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
 
@@ -23,7 +24,7 @@ def occupancy(allocator) -> Counter:
     if isinstance(allocator, PagedAllocator):
         bs = allocator.block_size
         used = {b for table in allocator.block_tables.values() for b in table}
-        for block in list(allocator.free_blocks) + sorted(used):
+        for block in list(allocator.pool.free) + list(allocator.pool.evictable) + sorted(used):
             owners.update(range(block * bs, (block + 1) * bs))
         return owners
     for start, length in allocator._range.values():
@@ -97,3 +98,80 @@ def test_random_operations_keep_every_invariant(cls, ops, block_size):
         allocator.free(seq)
     acc = allocator.accounting()
     assert (acc.token, acc.reserved, acc.internal) == (0, 0, 0)
+
+
+# --- the block pool under the paged allocator and every hybrid manager ------------------
+POOL_OPS = st.lists(st.tuples(st.sampled_from(["take", "take", "hold", "drop", "drop", "name", "cow"]),
+                              st.integers(0, 10_000), st.integers(0, 5)), min_size=1, max_size=120)
+
+
+def check_pool(pool: BlockPool, holders: Counter, content: dict) -> None:
+    """Every block is free, evictable or held, exactly once; the cache finds named content."""
+    free, evictable = list(pool.free), list(pool.evictable)
+    held = [b for b in range(pool.num_blocks) if pool.ref_count[b]]
+    assert sorted(free + evictable + held) == list(range(pool.num_blocks))
+    assert all(pool.ref_count[b] == holders[b] for b in range(pool.num_blocks))
+    assert all(pool.block_hash[b] is None for b in free)
+    assert all(pool.block_hash[b] is not None for b in evictable)
+    registered = [pool.cached[h] for h in pool.cached] + [b for c in pool.copies.values() for b in c]
+    assert sorted(registered) == sorted(b for b in range(pool.num_blocks) if pool.block_hash[b] is not None)
+    for block_hash, block in pool.cached.items():
+        assert pool.block_hash[block] == block_hash
+    # content some block still holds is findable, in the block that holds it
+    for block_hash in {pool.block_hash[b] for b in range(pool.num_blocks)} - {None}:
+        assert content[pool.lookup(block_hash)] == block_hash
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=POOL_OPS, num_blocks=st.integers(1, 12), watermark=st.sampled_from([0.0, 0.25]))
+def test_block_pool_keeps_its_queues_counts_and_cache_consistent(ops, num_blocks, watermark):
+    pool = BlockPool(num_blocks, watermark=watermark)
+    holders, content = Counter(), {}  # block -> the content hash it was named with
+    for op, pick, value in ops:
+        held = sorted(b for b in holders if holders[b])
+        if op == "take" or not held:
+            if pool.fits(1, reserve=False):
+                block = pool.take()
+                assert pool.fill[block] == 0 and pool.block_hash[block] is None
+                holders[block] += 1
+                content.pop(block, None)
+            else:
+                assert pool.num_free == 0
+        elif op == "hold":
+            block = pick % num_blocks
+            if holders[block] or pool.block_hash[block] is not None:
+                assert pool.hold(block) == (holders[block] == 0)
+                holders[block] += 1
+        elif op == "drop":
+            block = held[pick % len(held)]
+            holders[block] -= 1
+            assert pool.drop(block) == (holders[block] == 0)
+        elif op == "name":
+            block = held[pick % len(held)]
+            if pool.block_hash[block] is None:
+                pool.name(block, value)  # few distinct values: the same content often twice
+                content[block] = value
+        elif op == "cow":
+            shared = [b for b in held if holders[b] > 1]
+            if shared and pool.fits(1, reserve=False):
+                src = shared[pick % len(shared)]
+                pool.fill[src] = value
+                copy = pool.copy_on_write(src)
+                assert pool.fill[copy] == value and copy != src
+                holders[src] -= 1
+                holders[copy] += 1
+                content.pop(copy, None)
+        check_pool(pool, holders, content)
+    assert pool.fits(pool.num_free - pool.watermark_blocks, reserve=True)
+    assert not pool.fits(pool.num_free - pool.watermark_blocks + 1, reserve=True)
+
+
+def test_the_pool_evicts_never_named_blocks_first_then_the_least_recently_freed():
+    pool = BlockPool(4)
+    blocks = [pool.take() for _ in range(4)]
+    pool.name(blocks[0], 10)
+    pool.name(blocks[1], 11)
+    for block in (blocks[1], blocks[0], blocks[3], blocks[2]):
+        pool.drop(block)
+    assert [pool.take() for _ in range(4)] == [blocks[3], blocks[2], blocks[1], blocks[0]]
+    assert not pool.cached

@@ -112,7 +112,7 @@ def test_a_window_layer_holds_at_most_ceil_w_over_b_plus_one_blocks(window, bloc
     assert max(held) == math.ceil((window - 1) / block_size) + 1
     assert len(allocator.managers["full"].tables[0]) == math.ceil(seq.final_len / block_size)
     allocator.free(seq)
-    assert all(p.num_free == p.num_pages for p in allocator.pools)
+    assert all(p.num_free == p.num_blocks for p in allocator.pools)
 
 
 def test_as_full_keeps_every_window_block_and_counts_tokens_beyond_the_window_as_internal():
@@ -197,14 +197,14 @@ def recount(allocator) -> None:
             unique = set(live)
             assert m.num_pages == len(unique)
             assert m.filled == sum(m.pool.fill[p] for p in unique)
-            assert m.stale == sum(m.pool.stale[p] for p in unique)
+            assert m.stale == sum(m.page_stale[p] for p in unique)
             pages = len(unique)
         else:
             pages = sum(len(p) for p in m.states.values()) + sum(len(p) for s in m.spares.values() for p in s)
             assert m.num_pages == pages
         pools_used[id(m.pool)] += pages
     for pool in allocator.pools:
-        assert pool.num_free + pools_used[id(pool)] == pool.num_pages
+        assert pool.num_free + pools_used[id(pool)] == pool.num_blocks
     acc = allocator.accounting()
     for view in [acc, *acc.by_kind.values()]:
         parts = (view.token, view.reserved, view.internal, view.free)
@@ -427,3 +427,33 @@ def test_a_backend_without_window_support_cannot_serve_a_window_model():
             run_point(cfg)
     finally:
         registry.unregister(module)
+
+
+# --- one block pool: admission counts prefix hits as the paged allocator does ---------------
+@pytest.mark.parametrize("first_still_running", [True, False])
+def test_hybrid_admits_a_cached_prompt_exactly_when_paged_does(first_still_running):
+    """A 40-token prompt is cached (its holder running, or finished); then prompts that start
+    with it ask for room in a 16-block pool. A hit on a held block costs nothing, one on a freed
+    block revives it: both allocators admit the same prompts."""
+    from kvbench.plugins.allocators.paged import PagedAllocator
+
+    spec = model("tiny")
+    outcomes = []
+    for extra in range(0, 40):
+        paged = PagedAllocator(64, spec.max_model_len, block_size=4, watermark=0.0, prefix_caching=True)
+        pool = hybrid(spec, num_slots=64, block_size=4, watermark=0.0, prefix_caching=True)
+        assert pool.num_pages == paged.num_blocks == 16
+        admitted = []
+        for allocator in (paged, pool):
+            first = Sequence(0, Request(0, 0.0, 40, 4), 40, token_ids=list(range(40)))
+            assert step(allocator, first, 40) if allocator.admit(first) else False
+            if not first_still_running:
+                allocator.free(first)
+            prompt = list(range(40)) + [1000 + i for i in range(extra)]
+            admitted.append(allocator.admit(Sequence(1, Request(1, 0.0, len(prompt), 4), len(prompt),
+                                                     token_ids=prompt)))
+        assert admitted[0] == admitted[1], f"a {40 + extra}-token prompt: paged {admitted[0]}, hybrid {admitted[1]}"
+        outcomes.append(admitted[0])
+    # held hits cost no free block, revived ones do: either way prompts of up to the pool's
+    # 64 tokens fit (counting every prompt block would refuse all of them beside a running holder)
+    assert outcomes == [extra <= 24 for extra in range(40)]

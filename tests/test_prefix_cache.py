@@ -8,6 +8,10 @@ before its head, and only once no never-cached block is free.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
@@ -85,7 +89,7 @@ def test_freed_blocks_stay_cached_and_the_tail_is_evicted_first():
     pool = PagedAllocator(num_slots=32, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
     pool.free(admitted(pool, range(12)))  # 3 full blocks, freed tail first
     pool.free(admitted(pool, np.arange(100, 120)))  # the 5 never-cached blocks went first
-    assert len(pool.cached) == 8 and not pool.free_blocks
+    assert len(pool.pool.cached) == 8 and not pool.pool.free
     admitted(pool, np.arange(200, 204))  # evicts the least recently freed: the first's tail
     assert admitted(pool, list(range(12)) + [7]).num_cached == 8
 
@@ -96,3 +100,45 @@ def test_cached_blocks_count_as_free_until_hit():
     assert pool.accounting().free == 32
     admitted(pool, range(13))
     assert pool.accounting().token == 13  # three revived blocks and one new token
+
+
+HASHES_OF_A_PROMPT = """
+import numpy as np
+from kvbench.plugins.allocators.block_pool import BlockPool
+from kvbench.plugins.allocators.hybrid_attention import AttentionManager
+from kvbench.plugins.allocators.paged import PagedAllocator
+from kvbench.core.sequence import Request, Sequence
+tokens = list(np.arange(64) * 7919 % 50_000)
+pool = PagedAllocator(256, 256, block_size=16, prefix_caching=True)
+seq = Sequence(0, Request(0, 0.0, 64, 4), 64, token_ids=tokens)
+assert pool.admit(seq) and pool.grow(seq, 64)
+window = AttentionManager("window", BlockPool(8), 16, 1)
+print(pool._hashes[0], window.chain(tokens, 4))
+"""
+
+
+def test_block_hashes_are_equal_in_processes_with_different_hash_seeds():
+    outputs = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run([sys.executable, "-c", HASHES_OF_A_PROMPT], env=env, capture_output=True,
+                             text=True, check=True)
+        outputs.add(run.stdout)
+    assert len(outputs) == 1
+    paged, window = eval(outputs.pop().replace("] [", "], ["))
+    assert len(paged) == len(window) == 4 and not set(paged) & set(window)  # kinds never collide
+
+
+def test_evicting_one_of_two_blocks_with_the_same_content_keeps_it_findable():
+    """The second prompt recomputes the first's last block (a hit never covers the last token),
+    so two blocks hold tokens 4..7; when the first copy is evicted the second still serves it."""
+    pool = PagedAllocator(num_slots=16, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    first = admitted(pool, range(8))
+    second = admitted(pool, range(8))
+    assert second.num_cached == 4
+    last_of_first = pool.block_tables[first.seq_id][1]
+    pool.free(first)  # its last block is free but named; its first is still held by `second`
+    other = admitted(pool, np.arange(100, 108))  # the one never-named free block, then it
+    assert pool.block_tables[other.seq_id][1] == last_of_first
+    pool.free(other)
+    assert admitted(pool, list(range(8)) + [9]).num_cached == 8

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAccounting, KVAllocator
 from kvbench.plugins.allocators.hybrid_attention import AttentionManager
-from kvbench.plugins.allocators.hybrid_pages import LinearStateManager, PagePool, unify_pages
+from kvbench.plugins.allocators.block_pool import BlockPool
+from kvbench.plugins.allocators.hybrid_pages import LinearStateManager, unify_pages
 from kvbench.core.sequence import Sequence
 from kvbench.core.spec import LAYER_KINDS
 
@@ -65,12 +66,11 @@ class HybridAllocator(KVAllocator):
         if policy == "static":  # partitions in proportion to layer counts, disjoint page ids
             sizes = [num_pages * model.num_layers_of(k) // model.num_layers for k in kinds]
             firsts = [sum(sizes[:i]) for i in range(len(kinds))]
-            pools = {k: PagePool(n, first) for k, n, first in zip(kinds, sizes, firsts)}
+            pools = {k: BlockPool(n, first, watermark) for k, n, first in zip(kinds, sizes, firsts)}
         else:
-            pools = dict.fromkeys(kinds, PagePool(num_pages))
+            pools = dict.fromkeys(kinds, BlockPool(num_pages, watermark=watermark))
         self.pools = list({id(p): p for p in pools.values()}.values())
         self.num_pages = num_pages
-        self.watermark_pages = {id(p): int(watermark * p.num_pages) for p in self.pools}
         self.managers: dict = {}
         for kind in kinds:
             if kind == "linear" and policy != "as_full":
@@ -94,26 +94,27 @@ class HybridAllocator(KVAllocator):
 
     # --- the contract --------------------------------------------------------------------
     def _fits(self, need: dict, reserve: bool) -> bool:
-        for pool in self.pools:
-            spare = self.watermark_pages[id(pool)] if reserve else 0
-            if pool.num_free - need.get(id(pool), 0) < spare:
-                return False
-        return True
+        return all(pool.fits(need.get(id(pool), 0), reserve) for pool in self.pools)
 
     def _num_states(self, seq: Sequence) -> int:
         """States a sequence takes at admission: its own and those of the samples it will fork."""
         return seq.request.n if seq.parent is None and seq.first_token_s is None else 1
 
     def admit(self, seq: Sequence) -> bool:
-        # As paged: admit while the whole prompt's blocks fit. A window layer holds, while a
-        # step runs, its window plus every token the step writes; counting only its steady
-        # state admits sequences whose later prefill chunks preempt (and recompute) one another.
+        # As paged: admit while the whole prompt's blocks fit, less the cached blocks it starts
+        # with that a live sequence already holds. A window layer holds, while a step runs, its
+        # window plus every token the step writes; counting only its steady state admits
+        # sequences whose later prefill chunks preempt (and recompute) one another.
         step = min(seq.num_tokens, self.max_step_tokens or seq.num_tokens)
+        cached = self.prefix_caching and bool(seq.token_ids)
+        hit, hashes = self._prefix_hit(seq) if cached else (0, {})
         need: dict = {}
         for m in self.attention:
             blocks = -(-seq.num_tokens // m.block_size)
             if m.release:
                 blocks = min(blocks, -(-(m.keep - 1 + step) // m.block_size) + 1)
+            if hit:
+                blocks = m.pool.admission_need(blocks, m.hit_pages(hashes[m], hit))
             need[id(m.pool)] = need.get(id(m.pool), 0) + blocks
         states = self._num_states(seq)
         if self.linear:
@@ -121,8 +122,8 @@ class HybridAllocator(KVAllocator):
             need[pool] = need.get(pool, 0) + states * self.pages.pages_per_state
         if not self._fits(need, reserve=True):
             return False
-        if self.prefix_caching and seq.token_ids:
-            self._admit_cached(seq)
+        if cached:
+            self._adopt(seq, hit, hashes)
         else:
             for m in self.attention:
                 m.add(seq.seq_id)
@@ -130,8 +131,9 @@ class HybridAllocator(KVAllocator):
             self.linear.add(seq.seq_id, states)
         return True
 
-    def _admit_cached(self, seq: Sequence) -> None:
-        """Reuse the longest cached prefix every kind agrees on; never the last prompt token."""
+    def _prefix_hit(self, seq: Sequence) -> tuple[int, dict]:
+        """The longest cached prefix every kind agrees on, never the last prompt token; and
+        each kind's block hashes of the prompt."""
         tokens, limit = seq.token_ids, seq.num_tokens - 1
         hashes = {m: m.chain(tokens, limit // m.block_size) for m in self.attention}
         hit = min([m.cached_prefix_blocks(hashes[m]) * m.block_size for m in self.attention
@@ -139,6 +141,9 @@ class HybridAllocator(KVAllocator):
         hit -= hit % self.hit_step
         while hit and not all(m.window_cached(hashes[m], hit) for m in self.attention if m.release):
             hit -= self.hit_step
+        return hit, hashes
+
+    def _adopt(self, seq: Sequence, hit: int, hashes: dict) -> None:
         for m in self.attention:
             m.adopt(seq.seq_id, hashes[m], hit)
         seq.num_computed = seq.num_cached = hit
@@ -194,7 +199,7 @@ class HybridAllocator(KVAllocator):
 
     def can_ever_admit(self, final_len: int) -> bool:
         need = self._pages_at_end(final_len)
-        return all(need.get(id(p), 0) <= p.num_pages - self.watermark_pages[id(p)] for p in self.pools)
+        return all(need.get(id(p), 0) <= p.num_blocks - p.watermark_blocks for p in self.pools)
 
     # --- accounting ----------------------------------------------------------------------
     def accounting(self) -> HybridAccounting:
@@ -205,7 +210,7 @@ class HybridAllocator(KVAllocator):
             by_kind[kind] = KVAccounting((pages + m.pool.num_free) * page_bytes, kind_token,
                                          kind_reserved, pages * page_bytes - kind_token - kind_reserved)
             token, reserved, held = token + kind_token, reserved + kind_reserved, held + pages
-        total = sum(p.num_pages for p in self.pools) * page_bytes
+        total = sum(p.num_blocks for p in self.pools) * page_bytes
         return HybridAccounting(total, token, reserved, held * page_bytes - token - reserved, by_kind)
 
     @property

@@ -1,15 +1,16 @@
 """The hybrid allocator's manager of one attention kind: block tables over the shared page pool.
 
 Prefix caching (vLLM's scheme, per kind): a full block is named by the chained hash of its
-parent block's hash and its own token ids; a page keeps its name while it is free, until it is
-handed out again. Across kinds a hit must suit every kind: full attention needs every block of
+parent block's hash and its own token ids (block_pool), chained from a root of its own per layer
+kind, so kinds that share a pool never find each other's pages. Across kinds a hit must suit every kind: full attention needs every block of
 the prefix, a window layer only the blocks its next query reads (the last W tokens), and the
 hit length is a multiple of every kind's block size.
 """
 
 from __future__ import annotations
 
-from kvbench.plugins.allocators.hybrid_pages import PagePool
+from kvbench.core.spec import LAYER_KINDS
+from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes
 
 
 class AttentionManager:
@@ -23,7 +24,7 @@ class AttentionManager:
     is counted once.
     """
 
-    def __init__(self, kind: str, pool: PagePool, block_size: int, token_bytes: int,
+    def __init__(self, kind: str, pool: BlockPool, block_size: int, token_bytes: int,
                  keep: int = 0, release: bool = False, log_copy=lambda src, dst: None):
         self.kind, self.pool, self.block_size, self.token_bytes = kind, pool, block_size, token_bytes
         self.keep, self.release, self.log_copy = keep, release, log_copy
@@ -32,19 +33,23 @@ class AttentionManager:
         self.stale_end: dict[int, int] = {}  # seq -> positions below this are counted stale
         self.seq_reserved: dict[int, int] = {}
         self.hashes: dict[int, list] = {}  # seq -> chained hashes of its cached full blocks
+        self.root_hash = ROOT_HASH + LAYER_KINDS.index(kind)
+        self.page_stale = [0] * len(pool.ref_count)  # per page: tokens no layer will read again
         self.num_pages = self.filled = self.stale = self.reserved = self.num_copies = 0
 
     # --- pages ---------------------------------------------------------------------------
     def _take(self) -> int:
         self.num_pages += 1
-        return self.pool.take()
+        page = self.pool.take()
+        self.page_stale[page] = 0
+        return page
 
     def _drop(self, page: int) -> None:
         pool = self.pool
         if pool.drop(page):
             self.num_pages -= 1
             self.filled -= pool.fill[page]
-            self.stale -= pool.stale[page]
+            self.stale -= self.page_stale[page]
 
     def _fill(self, page: int, tokens: int) -> None:
         self.filled += tokens - self.pool.fill[page]
@@ -82,11 +87,12 @@ class AttentionManager:
         """Room for positions [before, after), filled; with `token_ids`, full blocks get cached."""
         table, bs, pool = self.tables[seq_id], self.block_size, self.pool
         if before % bs and pool.ref_count[table[-1]] > 1:
-            src, dst = table[-1], self._take()  # its fill is set with the new tokens' below
-            pool.stale[dst] = pool.stale[src]
-            self.stale += pool.stale[src]
-            self._drop(src)
-            table[-1] = dst
+            src = table[-1]
+            dst = table[-1] = pool.copy_on_write(src)
+            self.num_pages += 1
+            self.filled += pool.fill[dst]
+            self.page_stale[dst] = self.page_stale[src]
+            self.stale += self.page_stale[src]
             self.log_copy(src, dst)
             self.num_copies += 1
         while len(table) * bs < after:
@@ -104,13 +110,13 @@ class AttentionManager:
         start = self.stale_end[seq_id]
         if frontier <= start:
             return
-        table, bs, pool = self.tables[seq_id], self.block_size, self.pool
+        table, bs, page_stale = self.tables[seq_id], self.block_size, self.page_stale
         for index in range(max(start // bs, self.first_live[seq_id]), (frontier - 1) // bs + 1):
             page = table[index]
             stale = min(bs, frontier - index * bs)
-            if stale > pool.stale[page]:  # shared: stale once the furthest holder passed it
-                self.stale += stale - pool.stale[page]
-                pool.stale[page] = stale
+            if stale > page_stale[page]:  # shared: stale once the furthest holder passed it
+                self.stale += stale - page_stale[page]
+                page_stale[page] = stale
         self.stale_end[seq_id] = frontier
 
     def _update_reserved(self, seq_id: int, num_tokens: int, final_len: int) -> None:
@@ -125,7 +131,7 @@ class AttentionManager:
         table = list(self.tables[parent])
         first = self.first_live[parent]
         for page in table[first:]:
-            self.pool.share(page)
+            self.pool.hold(page)
         self.add(child, table)
         self.first_live[child] = first
         if parent in self.hashes:
@@ -160,31 +166,24 @@ class AttentionManager:
     # --- prefix caching --------------------------------------------------------------------
     def chain(self, token_ids: list, num_blocks: int, hashes: list | None = None) -> list:
         """Chained hashes of the first `num_blocks` blocks of `token_ids`, extending `hashes`."""
-        hashes = list(hashes or [])
-        bs = self.block_size
-        for index in range(len(hashes), num_blocks):
-            parent = hashes[-1] if hashes else None
-            hashes.append(hash((parent, tuple(token_ids[index * bs:(index + 1) * bs]))))
-        return hashes
+        return extend_hashes(list(hashes or []), token_ids, self.block_size, num_blocks, self.root_hash)
 
     def _cache_full_blocks(self, seq_id: int, token_ids: list, num_full: int) -> None:
         hashes = self.hashes.setdefault(seq_id, [])
         known = len(hashes)
         if num_full <= known:
             return
-        hashes[:] = self.chain(token_ids, num_full, hashes)
+        extend_hashes(hashes, token_ids, self.block_size, num_full, self.root_hash)
         table, pool = self.tables[seq_id], self.pool
         for index in range(known, num_full):
-            page, key = table[index], (self.kind, hashes[index])
-            if page >= 0 and key not in pool.cached and pool.page_hash[page] is None:
-                pool.cached[key] = page
-                pool.page_hash[page] = key
+            if table[index] >= 0:
+                pool.name(table[index], hashes[index])
 
     def cached_prefix_blocks(self, hashes: list) -> int:
         """How many blocks from the start are cached (what full attention can reuse)."""
         cached = self.pool.cached
         count = 0
-        while count < len(hashes) and (self.kind, hashes[count]) in cached:
+        while count < len(hashes) and hashes[count] in cached:
             count += 1
         return count
 
@@ -192,21 +191,25 @@ class AttentionManager:
         """Whether the blocks a query at position `length` reads are all cached (window layers)."""
         cached, bs = self.pool.cached, self.block_size
         first = max(0, self.first_needed(length)) // bs
-        return all((self.kind, hashes[i]) in cached for i in range(first, length // bs))
+        return all(hashes[i] in cached for i in range(first, length // bs))
+
+    def hit_pages(self, hashes: list, length: int) -> list[int]:
+        """The cached pages a sequence starting with `length` cached tokens holds: the blocks its
+        next query reads (a window layer releases the older ones at once)."""
+        first = max(0, self.first_needed(length)) // self.block_size
+        return [self.pool.cached[h] for h in hashes[first:length // self.block_size]]
 
     def adopt(self, seq_id: int, hashes: list, length: int) -> None:
         """Start `seq_id` with its first `length` tokens from cached pages (a prefix hit)."""
-        pool, bs = self.pool, self.block_size
-        first = max(0, self.first_needed(length)) // bs
-        table = [-1] * first + [pool.cached[(self.kind, h)] for h in hashes[first:length // bs]]
-        for page in table[first:]:
-            if pool.ref_count[page] == 0:  # revived from the free pages: held again, stale for nobody
+        pages = self.hit_pages(hashes, length)
+        table = [-1] * (length // self.block_size - len(pages)) + pages
+        for page in pages:
+            if self.pool.hold(page):  # revived from the free pages: held again, stale for nobody
                 self.num_pages += 1
-                self.filled += pool.fill[page]
-                pool.stale[page] = 0
-            pool.share(page)
+                self.filled += self.pool.fill[page]
+                self.page_stale[page] = 0
         self.add(seq_id, table)
-        self.first_live[seq_id] = first
-        self.hashes[seq_id] = hashes[:length // bs]
+        self.first_live[seq_id] = len(table) - len(pages)
+        self.hashes[seq_id] = hashes[:length // self.block_size]
         if self.keep:
             self._mark_stale(seq_id, length - self.keep)

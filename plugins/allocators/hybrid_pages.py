@@ -6,16 +6,16 @@ gets `block_size` tokens per block and the others proportionally more (the block
 the page is not); a linear-state kind's fixed-size state per sequence takes a whole number of
 pages. Every page has `page_bytes`, so any kind can take any free page.
 
-Free pages wait in LRU order; a freed page keeps its prefix hash until it is handed out again,
-so a later request can still hit it (FACTS.md: vLLM's eviction order).
+The pages themselves (ref counts, free queues, eviction order, the prefix cache) are a
+block_pool.BlockPool, the same pool the paged allocator uses.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvbench.errors import UserError
+from kvbench.plugins.allocators.block_pool import BlockPool
 from kvbench.core.spec import LAYER_KINDS, ModelSpec
 
 
@@ -54,49 +54,6 @@ def unify_pages(model: ModelSpec, block_size: int, linear_as_full: bool = False)
     return PageLayout(page_bytes, block_sizes, token_bytes, state_bytes, pages_per_state)
 
 
-class PagePool:
-    """Pages `first_page .. first_page + num_pages - 1` with reference counts; per page the
-    tokens filled and the stale ones. Pools of a static partition take disjoint id ranges, so a
-    page id names one page of the whole KV cache whatever the policy."""
-
-    def __init__(self, num_pages: int, first_page: int = 0):
-        self.num_pages = num_pages
-        end = first_page + num_pages
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(first_page, end))  # LRU first
-        self.ref_count = [0] * end
-        self.fill = [0] * end  # tokens of the page holding K/V
-        self.stale = [0] * end  # of those, tokens no layer will read again
-        self.page_hash: list = [None] * end
-        self.cached: dict = {}  # (kind, prefix hash) -> page, for free and used pages alike
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free)
-
-    def take(self) -> int:
-        page, _ = self.free.popitem(last=False)
-        if self.page_hash[page] is not None:  # evict its prefix-cache entry
-            del self.cached[self.page_hash[page]]
-            self.page_hash[page] = None
-        self.ref_count[page] = 1
-        self.fill[page] = 0
-        self.stale[page] = 0
-        return page
-
-    def share(self, page: int) -> None:
-        if self.ref_count[page] == 0:  # a prefix-cache hit on a free page revives it
-            del self.free[page]
-        self.ref_count[page] += 1
-
-    def drop(self, page: int) -> bool:
-        """One holder fewer; True when the page became free."""
-        self.ref_count[page] -= 1
-        if self.ref_count[page]:
-            return False
-        self.free[page] = None
-        return True
-
-
 class LinearStateManager:
     """One fixed-size recurrent state per sequence, `pages_per_state` pages each.
 
@@ -106,7 +63,7 @@ class LinearStateManager:
 
     kind = "linear"
 
-    def __init__(self, pool: PagePool, pages_per_state: int, state_bytes: int,
+    def __init__(self, pool: BlockPool, pages_per_state: int, state_bytes: int,
                  log_copy=lambda src, dst: None):
         self.pool, self.pages_per_state, self.state_bytes = pool, pages_per_state, state_bytes
         self.log_copy = log_copy

@@ -6,11 +6,9 @@ block is appended to, and returned when their count drops to zero. Every operati
 the blocks it hands out or takes back.
 
 Prefix caching (`prefix_caching`, vLLM's scheme): a full block is named by the chained hash of
-its parent block's hash and its own token ids. Admission reuses the longest run of cached blocks
-that starts the sequence, never covering its last token (whose logits are needed). A freed
-block keeps its hash and waits, least recently freed first, in a queue of evictable blocks; a
-sequence frees its tail first, so its tail is evicted first. Never-cached free blocks are handed
-out before any cached one is evicted.
+its parent block's hash and its own token ids (block_pool). Admission reuses the longest run of
+cached blocks that starts the sequence, never covering its last token (whose logits are
+needed). Freed blocks keep their content until the pool evicts them (block_pool states the order).
 
 Swapping (`enable_swap`): a preempted request's computed blocks are copied to a CPU pool of the
 same block size, a block shared within the request once, and copied back when it resumes.
@@ -18,10 +16,9 @@ same block size, a block shared within the request once, and copied back when it
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
+from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes, hash_block
 from kvbench.core.sequence import Sequence
 
 
@@ -39,16 +36,13 @@ class PagedAllocator(KVAllocator):
             raise UserError(f"allocator.watermark={watermark} must be in [0, 1)")
         self.num_blocks = num_slots // block_size
         self.num_slots = self.num_blocks * block_size  # a partial block at the end is unusable
-        self.watermark_blocks = int(watermark * self.num_blocks)
-        self.free_blocks: deque[int] = deque(range(self.num_blocks))
-        self.ref_count = [0] * self.num_blocks
-        self.block_fill = [0] * self.num_blocks  # slots of the block holding token state
+        self.pool = BlockPool(self.num_blocks, watermark=watermark)
+        self.watermark_blocks = self.pool.watermark_blocks
+        # the pool's per-block lists, read on every decode step
+        self.ref_count, self.block_fill = self.pool.ref_count, self.pool.fill
         self.block_tables: dict[int, list[int]] = {}
         self._seq_reserved: dict[int, int] = {}
         self.prefix_caching = bool(prefix_caching)
-        self.block_hash: list = [None] * self.num_blocks  # set while `cached` maps the hash to it
-        self.cached: dict[int, int] = {}  # block hash -> block holding those tokens
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # free blocks that keep a hash
         self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
         self.enable_swap(0)
@@ -56,29 +50,16 @@ class PagedAllocator(KVAllocator):
     # --- blocks --------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks) + len(self.evictable)
+        return self.pool.num_free
 
     def _take_block(self) -> int:
-        if self.free_blocks:
-            block = self.free_blocks.popleft()
-        else:  # evict the least recently freed cached block
-            block, _ = self.evictable.popitem(last=False)
-            del self.cached[self.block_hash[block]]
-            self.block_hash[block] = None
-        self.ref_count[block] = 1
-        self.block_fill[block] = 0
         self._allocated += self.block_size
-        return block
+        return self.pool.take()
 
     def _drop_block(self, block: int) -> None:
-        self.ref_count[block] -= 1
-        if self.ref_count[block] == 0:
+        if self.pool.drop(block):
             self._token -= self.block_fill[block]
             self._allocated -= self.block_size
-            if self.block_hash[block] is None:
-                self.free_blocks.append(block)
-            else:
-                self.evictable[block] = None
 
     def _blocks_needed(self, seq: Sequence, after: int) -> int:
         table = self.block_tables[seq.seq_id]
@@ -99,10 +80,10 @@ class PagedAllocator(KVAllocator):
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks (and their hashes) that hold the sequence's first tokens, in order."""
         tokens, bs = seq.token_ids, self.block_size
-        blocks, hashes, parent = [], [], -1
+        blocks, hashes, parent, cached = [], [], ROOT_HASH, self.pool.cached
         for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
-            parent = hash((parent, tuple(tokens[index * bs:(index + 1) * bs])))
-            block = self.cached.get(parent)
+            parent = hash_block(parent, tokens[index * bs:(index + 1) * bs])
+            block = cached.get(parent)
             if block is None:
                 break
             blocks.append(block)
@@ -112,27 +93,20 @@ class PagedAllocator(KVAllocator):
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Name the sequence's blocks that are full once `num_tokens` tokens are stored."""
         hashes, tokens, bs = self._hashes[seq.seq_id], seq.token_ids, self.block_size
-        table = self.block_tables[seq.seq_id]
-        for index in range(len(hashes), min(num_tokens, len(tokens)) // bs):
-            block_hash = hash((hashes[-1] if hashes else -1, tuple(tokens[index * bs:(index + 1) * bs])))
-            hashes.append(block_hash)
-            block = table[index]
-            if block_hash not in self.cached and self.block_hash[block] is None:
-                self.cached[block_hash] = block
-                self.block_hash[block] = block_hash
+        table, known = self.block_tables[seq.seq_id], len(hashes)
+        extend_hashes(hashes, tokens, bs, min(num_tokens, len(tokens)) // bs)
+        for index in range(known, len(hashes)):
+            self.pool.name(table[index], hashes[index])
 
     def _admit_cached(self, seq: Sequence) -> bool:
         hits, hashes = self._cached_prefix(seq)
-        revived = sum(1 for block in hits if self.ref_count[block] == 0)
-        need = -(-seq.num_tokens // self.block_size) - len(hits) + revived
-        if self.num_free_blocks - need < self.watermark_blocks:
+        pool = self.pool
+        if not pool.fits(pool.admission_need(-(-seq.num_tokens // self.block_size), hits), reserve=True):
             return False
         for block in hits:
-            if self.ref_count[block] == 0:
-                del self.evictable[block]
+            if pool.hold(block):
                 self._allocated += self.block_size
                 self._token += self.block_fill[block]
-            self.ref_count[block] += 1
         self.block_tables[seq.seq_id] = hits
         self._hashes[seq.seq_id] = hashes
         self._seq_reserved[seq.seq_id] = 0
@@ -146,8 +120,7 @@ class PagedAllocator(KVAllocator):
     def admit(self, seq: Sequence) -> bool:
         if self.prefix_caching:
             return self._admit_cached(seq)
-        need = -(-seq.num_tokens // self.block_size)
-        if len(self.free_blocks) - need < self.watermark_blocks:
+        if not self.pool.fits(-(-seq.num_tokens // self.block_size), reserve=True):
             return False
         self.block_tables[seq.seq_id] = []
         self._seq_reserved[seq.seq_id] = 0
@@ -170,17 +143,15 @@ class PagedAllocator(KVAllocator):
                     self._cache_full_blocks(seq, before + 1)
                 return True
         after = before + num_tokens
-        if self._blocks_needed(seq, after) > len(self.free_blocks) + len(self.evictable):
+        if not self.pool.fits(self._blocks_needed(seq, after), reserve=False):
             return False
         table = self.block_tables[seq.seq_id]
         bs = self.block_size
         if before % bs and self.ref_count[table[-1]] > 1:
             src = table[-1]
-            dst = self._take_block()
-            self.block_fill[dst] = self.block_fill[src]
-            self._token += self.block_fill[src]
-            self._drop_block(src)
-            table[-1] = dst
+            dst = table[-1] = self.pool.copy_on_write(src)
+            self._allocated += bs
+            self._token += self.block_fill[dst]
             self._log_copy("device", src * bs, dst * bs, bs)
             self.num_copies += 1
         while len(table) * bs < after:
@@ -262,7 +233,7 @@ class PagedAllocator(KVAllocator):
     def swap_in(self, seqs) -> bool:
         """Copy a swapped request back, keeping a free block per sequence for its next token."""
         needed = {cpu for seq in seqs for cpu in self.cpu_tables[seq.seq_id]}
-        if self.num_free_blocks - len(needed) - len(seqs) < self.watermark_blocks:
+        if not self.pool.fits(len(needed) + len(seqs), reserve=True):
             return False
         bs = self.block_size
         to_device: dict[int, int] = {}

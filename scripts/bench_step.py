@@ -1,0 +1,181 @@
+"""The scheduler's bookkeeping, this tree against a reference commit, side by side in one run.
+
+    python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,admit,sim]
+
+The reference is checked out as a git worktree (detached, in the system's temp folder) and
+both trees are imported the same way, each in its own worker process, with this environment's
+packages. Repeats are interleaved (reference, this tree, reference, ...), so both see the same
+machine load; each line prints the medians, the min-max over repeats and the ratio new / ref.
+
+Cases:
+    decode   Scheduler.schedule() + the engine's token append, per step, N sequences decoding
+             with staggered block boundaries (block 16), prefix caching off and on
+    admit    admission + free of a 1000-token prompt whose blocks are cached, 4k and 64k blocks
+    sim      the whole `bench` process: 10,000 ShareGPT requests (paged, defaults) and 10 requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"kvbench": "harness", "kvbench.plugins": "plugins", "kvbench.kernels": "kernels",
+            "kvbench.conf": "conf"}
+DECODE_STEPS = 60
+PROMPT = 100
+
+
+def use_tree(tree: Path) -> None:
+    """Import `kvbench` from `tree` (setuptools' package-dir mapping, rebuilt by hand)."""
+    for name, folder in PACKAGES.items():
+        path = tree / folder
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+
+
+def find(*names):
+    """The first of `names` that imports (the package tree was reorganised since the reference)."""
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError(names)
+
+
+# --- the worker: runs one case in one tree ----------------------------------------------
+def decode_case(num_seqs: int, prefix_caching: bool) -> list[float]:
+    scheduler_mod = find("kvbench.core.scheduler", "kvbench.scheduler")
+    engine_mod = find("kvbench.core.engine", "kvbench.engine")
+    seq_mod = find("kvbench.core.sequence", "kvbench.sequence")
+    paged = importlib.import_module("kvbench.plugins.allocators.paged")
+    steps = DECODE_STEPS
+    slots = num_seqs * (PROMPT + 16 + 2 * steps + 32)
+    allocator = paged.PagedAllocator(slots, 4096, block_size=16, prefix_caching=prefix_caching)
+    scheduler = scheduler_mod.Scheduler(allocator, max_num_seqs=num_seqs,
+                                        max_num_batched_tokens=max(8192, num_seqs * (PROMPT + 16)))
+    engine = engine_mod.Engine(scheduler, executor=None, progress=False)
+    for i in range(num_seqs):  # prompts of 100..115 tokens: sequences cross block boundaries on different steps
+        prompt = PROMPT + i % 16
+        request = seq_mod.Request(i, 0.0, prompt, output_len=10 * steps)
+        tokens = [(i * 7919 + t) % 50_000 for t in range(prompt)]
+        scheduler.add(seq_mod.Sequence(i, request, prompt, token_ids=tokens))
+    batch = scheduler.schedule(0.0)
+    engine._advance(batch, [1] * len(batch.seqs), 0.0)
+    assert len(scheduler.running) == num_seqs
+    times = []
+    for step in range(steps):
+        start = time.perf_counter()
+        batch = scheduler.schedule(float(step))
+        engine._advance(batch, [step % 50_000] * len(batch.seqs), float(step))
+        times.append(time.perf_counter() - start)
+        assert len(batch.seqs) == num_seqs and not batch.preempted
+    return times
+
+
+def admit_case(num_blocks: int) -> list[float]:
+    seq_mod = find("kvbench.core.sequence", "kvbench.sequence")
+    paged = importlib.import_module("kvbench.plugins.allocators.paged")
+    allocator = paged.PagedAllocator(num_blocks * 16, 4096, block_size=16, prefix_caching=True)
+    prompt = list(range(1000))
+    request = seq_mod.Request(0, 0.0, len(prompt), output_len=100)
+    holder = seq_mod.Sequence(0, request, len(prompt), token_ids=list(prompt))
+    assert allocator.admit(holder) and allocator.grow(holder, len(prompt))
+    times = []
+    for seq_id in range(1, 201):
+        seq = seq_mod.Sequence(seq_id, request, len(prompt), token_ids=list(prompt))
+        start = time.perf_counter()
+        assert allocator.admit(seq)
+        allocator.free(seq)
+        times.append(time.perf_counter() - start)
+        assert seq.num_cached == 992
+    return times
+
+
+def worker(tree: Path, case: str) -> None:
+    use_tree(tree)
+    kind, *args = case.split(":")
+    if kind == "decode":
+        times = decode_case(int(args[0]), args[1] == "on")
+    else:
+        times = admit_case(int(args[0]))
+    print(json.dumps(statistics.median(times)))
+
+
+SIM_ARGS = ["+allocator=paged", "progress=false", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+RUN_CLI = ("import sys; sys.path.insert(0, {here!r}); import bench_step; bench_step.use_tree(__import__('pathlib')"
+           ".Path({tree!r})); sys.argv = ['bench'] + {args!r}; from kvbench.cli import main; main()")
+
+
+# --- the driver ---------------------------------------------------------------------------
+def run_case(tree: Path, case: str) -> float:
+    if case.startswith("sim:"):
+        with tempfile.TemporaryDirectory() as out:
+            args = [f"workload.num_requests={case[4:]}", f"hydra.run.dir={out}", *SIM_ARGS]
+            code = RUN_CLI.format(here=str(Path(__file__).parent), tree=str(tree), args=args)
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=out)
+            return time.perf_counter() - start
+    run = subprocess.run([sys.executable, __file__, "--worker", str(tree), case], check=True,
+                         capture_output=True, text=True)
+    return json.loads(run.stdout)
+
+
+def reference_tree(rev: str) -> Path:
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = Path(tempfile.gettempdir()) / f"kvbench-ref-{sha}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
+                       check=True, capture_output=True)
+    return tree
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ref", default="45506d6")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default="decode,admit,sim")
+    parser.add_argument("--worker", nargs=2, metavar=("TREE", "CASE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(Path(args.worker[0]), args.worker[1])
+    groups = args.cases.split(",")
+    cases = []
+    if "decode" in groups:
+        cases += [f"decode:{n}:{p}" for p in ("off", "on") for n in (64, 256, 1024)]
+    if "admit" in groups:
+        cases += ["admit:4096", "admit:65536"]
+    if "sim" in groups:
+        cases += ["sim:10000", "sim:10"]
+    trees = {"ref": reference_tree(args.ref), "new": ROOT}
+    print(f"ref = {args.ref} ({trees['ref']}), new = {ROOT}; {args.repeats} interleaved repeats")
+    print(f"{'case':<18} {'ref median':>11} {'(min-max)':>19} {'new median':>11} {'(min-max)':>19} {'new/ref':>8}")
+    for case in cases:
+        seen = {"ref": [], "new": []}
+        for _ in range(args.repeats):
+            for side, tree in trees.items():
+                seen[side].append(run_case(tree, case))
+        unit, scale = ("s", 1.0) if case.startswith("sim") else ("us", 1e6)
+        cells = []
+        for side in ("ref", "new"):
+            values = [v * scale for v in seen[side]]
+            cells.append(f"{statistics.median(values):>9.1f}{unit:<2} ({min(values):>8.1f}-{max(values):<8.1f})")
+        ratio = statistics.median(seen["new"]) / statistics.median(seen["ref"])
+        print(f"{case:<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
