@@ -10,7 +10,7 @@ from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAll
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
 
-from conftest import make_seq
+from helpers.sequences import make_seq
 
 ALLOCATORS = [ContiguousAllocator, OracleAllocator, Pow2Allocator, PagedAllocator]
 OPS = st.lists(st.tuples(st.sampled_from(["admit", "grow", "grow", "grow", "fork", "free"]),
