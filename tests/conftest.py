@@ -1,4 +1,4 @@
-"""Test-session set-up: kernels under the Triton interpreter without a GPU, and the `gpu` marker.
+"""pytest set-up: kernels under the Triton interpreter without a GPU, and the `gpu` marker.
 
 Helpers that test files share live in tests/helpers, imported by name (`from helpers.sequences
 import make_seq`); this file holds only what pytest itself must see.

@@ -7,7 +7,7 @@ the page is not); a linear-state kind's fixed-size state per sequence takes a wh
 pages. Every page has `page_bytes`, so any kind can take any free page.
 
 Free pages wait in LRU order; a freed page keeps its prefix hash until it is handed out again,
-so a later request can still hit it (FACTS.md: vLLM's eviction order).
+so a later request can still hit it (docs/facts.md: vLLM's eviction order).
 """
 
 from __future__ import annotations
