@@ -1,4 +1,4 @@
-"""gpu_check.sh's last stage: gather its sweeps into CSVs and print the figures the issue asks for.
+"""gpu_check.sh's last stage: gather its sweeps into CSVs and print the figures it checks against goals.
 
     python scripts/gpu_figures.py WORK_DIR OUT_DIR
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvbench.reporting.results import read_csv, write_csv
 
-MEASURED_HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy measured here (FACTS.md)
+MEASURED_HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy measured here (docs/facts.md)
 GOAL_BANDWIDTH_FRAC, GOAL_PAGING_OVERHEAD = 0.80, 1.10
 LONG_CONTEXT = 4096
 

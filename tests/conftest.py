@@ -1,25 +1,31 @@
-"""Shared fixtures: small sequences and requests for allocator and scheduler scenarios."""
+"""pytest set-up: kernels under the Triton interpreter without a GPU, and the `gpu` marker.
 
-import itertools
+Helpers that test files share live in tests/helpers, imported by name (`from helpers.sequences
+import make_seq`); this file holds only what pytest itself must see.
+"""
+
 import os
 
+import pytest
 import torch
 
-# Triton picks interpreter or compiler when a kernel module is first imported, whichever test
-# file does that first: without a GPU every test runs the kernels under the interpreter.
+# Triton picks interpreter or compiler when a kernel module is first imported, and conftest is
+# imported before any test file: without a GPU every test runs the kernels under the interpreter
+# (unless TRITON_INTERPRET is already set, e.g. to 0 to see the refusal).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest
-
-from kvbench.core.sequence import Request, Sequence
-
-_ids = itertools.count()
+from helpers.sequences import make_seq  # noqa: E402  (after the interpreter choice, like every kvbench import)
 
 
-def make_seq(prompt_len: int, output_len: int, generated: int = 0) -> Sequence:
-    request = Request(next(_ids), 0.0, prompt_len, output_len)
-    return Sequence(next(_ids), request, prompt_len + generated)
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need a CUDA device: without one they are skipped, saying so."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from kvbench.plugins.allocators.block_pool import BlockPool
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
 
-from conftest import make_seq
+from helpers.sequences import make_seq
 
 ALLOCATORS = [ContiguousAllocator, OracleAllocator, Pow2Allocator, PagedAllocator]
 OPS = st.lists(st.tuples(st.sampled_from(["admit", "grow", "grow", "grow", "fork", "free"]),

@@ -37,7 +37,7 @@ def grown(allocator, seq):
     (ContiguousAllocator, 2048), (Pow2Allocator, 512), (OracleAllocator, 400), (PagedAllocator, 256),
 ])
 def test_lecture_footprint_after_150_of_300_output_tokens(cls, expected, seq_factory):
-    """100-token prompt, 300 output tokens, observed with 250 real tokens (FACTS.md)."""
+    """100-token prompt, 300 output tokens, observed with 250 real tokens (docs/facts.md)."""
     allocator = cls(num_slots=16 * 1024, max_model_len=2048, block_size=16)
     seq = seq_factory(100, 300, generated=150)
     grown(allocator, seq)

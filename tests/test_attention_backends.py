@@ -8,21 +8,17 @@ GPU the Triton kernels run under the interpreter, so shapes stay tiny.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.plugins.backends.triton_paged import TritonPagedBackend
+
+from helpers import batches
+from helpers.batches import Batch
+
+# without a GPU, conftest has put the Triton kernels under the interpreter
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEVICE.type == "cpu":
-    # Triton picks interpreter or compiler when a kernel is defined, so before kernels import.
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
-from kvbench.plugins.backends.triton_paged import TritonPagedBackend  # noqa: E402
-
-import kv_batches  # noqa: E402
-from kv_batches import Batch  # noqa: E402
 
 NUM_HEADS, HEAD_DIM = 4, 16
 SCALE = HEAD_DIM ** -0.5
@@ -38,8 +34,8 @@ SCENARIOS = {
 
 def make_batch(scenario: str, block_size: int, layout: str, **options) -> Batch:
     seq_lens, query_lens = SCENARIOS[scenario]
-    return kv_batches.make_batch(seq_lens, query_lens, block_size, layout, num_heads=NUM_HEADS,
-                                 head_dim=HEAD_DIM, device=DEVICE, **options)
+    return batches.make_batch(seq_lens, query_lens, block_size, layout, num_heads=NUM_HEADS,
+                              head_dim=HEAD_DIM, device=DEVICE, **options)
 
 
 def contiguous_attention(batch: Batch, window: int) -> torch.Tensor:

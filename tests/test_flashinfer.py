@@ -16,12 +16,17 @@ import sys
 import pytest
 import torch
 
-from kv_batches import make_batch
-
 from kvbench.errors import UserError
 from kvbench.plugins.backends.flashinfer import (
-    INSTALL_HINT, FlashInferBackend, paged_kv, paged_kv_from_block_tables,
-    paged_kv_from_seq_starts, window_left)
+    INSTALL_HINT,
+    FlashInferBackend,
+    paged_kv,
+    paged_kv_from_block_tables,
+    paged_kv_from_seq_starts,
+    window_left,
+)
+
+from helpers.batches import make_batch
 
 SENTINEL = 1e4
 # name -> (context length of each sequence, how many of its last tokens are this step's queries)
@@ -240,11 +245,10 @@ def test_module_imports_and_explains_without_flashinfer():
     assert result.stdout.strip() == INSTALL_HINT
 
 
-# ---- the real kernels ----
+# ---- the real kernels (marked gpu: skipped without a CUDA device) ----
 
 def gpu_skip_reason(dtype):
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
+    """Why FlashInfer cannot run on this GPU (not installed, dtype), or None."""
     return FlashInferBackend.unsupported_reason(torch.device("cuda"), dtype, "paged", 0)
 
 
@@ -255,6 +259,7 @@ GPU_CASES = [(scenario, layout, block_size, window, torch.float16)
 GPU_CASES.append(("chunked_mixed", "paged", 16, 0, torch.bfloat16))
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("scenario,layout,block_size,window,dtype", GPU_CASES)
 def test_flashinfer_kernels_equal_eager(scenario, layout, block_size, window, dtype):
     reason = gpu_skip_reason(dtype)
@@ -279,6 +284,7 @@ def test_flashinfer_kernels_equal_eager(scenario, layout, block_size, window, dt
                                rtol=tolerance)
 
 
+@pytest.mark.gpu
 def test_full_cuda_graph_capture_is_refused():
     reason = gpu_skip_reason(torch.float16)
     if reason:

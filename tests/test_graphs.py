@@ -16,23 +16,20 @@ from dataclasses import replace
 import pytest
 import torch
 
+from omegaconf import OmegaConf
+
+from kvbench.model.attention_op import ForwardContext
+from kvbench.errors import UserError
+from kvbench.model.decoder import TinyDecoder
+from kvbench.plugins.backends.base import AttentionMetadata
+from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.plugins.backends.triton_paged import TritonPagedBackend
+from kvbench.plugins.graphs.base import DEFAULT_CAPTURE_SIZES, Capture, check_capture_sizes
+from kvbench.registry import default_registry
+from kvbench.core.spec import ModelSpec
+
+# without a GPU, conftest has put the Triton kernels under the interpreter
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEVICE.type == "cpu":
-    # Triton picks interpreter or compiler when a kernel is defined, so before kernels import.
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from omegaconf import OmegaConf  # noqa: E402
-
-from kvbench.model.attention_op import ForwardContext  # noqa: E402
-from kvbench.errors import UserError  # noqa: E402
-from kvbench.model.decoder import TinyDecoder  # noqa: E402
-from kvbench.plugins.backends.base import AttentionMetadata  # noqa: E402
-from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
-from kvbench.plugins.backends.triton_paged import TritonPagedBackend  # noqa: E402
-from kvbench.plugins.graphs.base import DEFAULT_CAPTURE_SIZES, Capture, check_capture_sizes  # noqa: E402
-from kvbench.registry import default_registry  # noqa: E402
-from kvbench.core.spec import ModelSpec  # noqa: E402
-
 BLOCK_SIZE = 4
 TINY = OmegaConf.to_container(OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf",
                                                           "model", "tiny.yaml")))

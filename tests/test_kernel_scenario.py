@@ -14,17 +14,14 @@ import sys
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
-
-from hydra import compose, initialize_config_module  # noqa: E402
+from hydra import compose, initialize_config_module
 
 from kvbench.scenarios import kernel as kernel_bench
-from kvbench.scenarios import kernel_case# noqa: E402
-from kvbench.scenarios.batch_spec import parse  # noqa: E402
-from kvbench.plugins.allocators.contiguous import ContiguousAllocator  # noqa: E402
-from kvbench.plugins.allocators.paged import PagedAllocator  # noqa: E402
-from kvbench.core.spec import ModelSpec  # noqa: E402
+from kvbench.scenarios import kernel_case
+from kvbench.scenarios.batch_spec import parse
+from kvbench.plugins.allocators.contiguous import ContiguousAllocator
+from kvbench.plugins.allocators.paged import PagedAllocator
+from kvbench.core.spec import ModelSpec
 
 BENCH = [sys.executable, "-m", "kvbench.cli"]
 TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_serve_engine import SPEC, tiny_model
 
 from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.errors import UserError
@@ -18,6 +17,8 @@ from kvbench.model.decoder import TinyDecoder, layer_class
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.backends.eager import EagerBackend
 from kvbench.model.sampling import SamplingParams, beam_select, sample, top_p_filter
+
+from helpers.engine import SPEC, tiny_model
 
 # per step: tokens of sequence A and of sequence B fed (their contexts are 16 and 12 tokens)
 STEPS = [(7, 3), (1, 5), (6, 1), (1, 3), (1, 0)]

@@ -12,12 +12,13 @@ import subprocess
 
 import pytest
 from hydra import compose, initialize_config_module
-from test_serve_engine import GREEDY, SPEC, alone, make_requests, outputs, run_engine
 
 from kvbench.executors.cost_model import copies_per_block, swap_time_s
 from kvbench.errors import UserError
 from kvbench.scenarios.run import run_point
 from kvbench.core.spec import Hardware
+
+from helpers.engine import GREEDY, SPEC, alone, make_requests, outputs, run_engine
 
 
 def test_lecture_swap_out_of_1000_tokens_takes_about_6_ms():

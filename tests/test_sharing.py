@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
-from test_serve_engine import SAMPLED, make_requests, run_engine
 
 from kvbench.executors.cost_model import CostModelExecutor
 from kvbench.scenarios.build import load_specs
 from kvbench.core.sequence import Request
 from kvbench.scenarios.build import build_engine
 from kvbench.core.workload import generate
+
+from helpers.engine import SAMPLED, make_requests, run_engine
 
 
 @pytest.mark.parametrize("prompt_len, copies", [(10, 3), (12, 0), (13, 3), (16, 0)])

@@ -1,4 +1,4 @@
-"""The recorder: watches steps and requests, and turns them into DESIGN.md's serving metrics.
+"""The recorder: watches steps and requests, and turns them into the serving metrics (docs/metrics.md).
 
 It only watches. Per step it appends a few numbers (O(1)); time-averaged metrics are taken over
 the measurement window at the end: from `warmup_frac` of the run to the last admission (after

@@ -2,7 +2,7 @@
 
 Length distributions:
 - `sharegpt`: a monotone quantile function interpolated in log space through knots fitted to
-  the published ShareGPT statistics (FACTS.md: input median 35, p90 507, p99 1464, mean 161.31;
+  the published ShareGPT statistics (docs/facts.md: input median 35, p90 507, p99 1464, mean 161.31;
   output median 271, p90 754, p99 1280, mean 337.99). Those are statistics of the pairs that
   fit in 2048 tokens, so pairs longer than max_model_len are redrawn and the knots are set so
   that the statistics after that filter match (100k draws: input mean 162.6, median 35, p90

@@ -2,7 +2,7 @@
 
 No scheduler and no model weights: the batch spec (`batch=32d1k`) gives the shape, `model` the
 heads, head dim and dtype, `allocator` the block size and the KV layout. A decode's floor is
-its bytes / HBM bandwidth (FACTS.md), so every latency is reported next to the bandwidth it
+its bytes / HBM bandwidth (docs/facts.md), so every latency is reported next to the bandwidth it
 achieved and its fraction of the hardware profile's peak; on a GPU the profile is the detected
 device's. Timings taken under the Triton interpreter are flagged `interpreted` and are not
 performance.

@@ -14,7 +14,7 @@ blocks to a CPU pool (False = the pool is full: recompute instead), swap_in(seqs
 back (False = not yet). Data movement the executor must replay before the next forward (copy-on-
 write, contiguous forks, swaps) is logged in order in `copy_log` when `record_copies` is set.
 
-Accounting (DESIGN.md): every slot of the pool is exactly one of token state, reserved (set
+Accounting (docs/paper.md): every slot of the pool is exactly one of token state, reserved (set
 aside for a token this request will really produce), internal fragmentation (set aside, never
 used), or free / external fragmentation. The counters are kept incrementally, so `accounting()`
 is O(1) and the four parts always add up to `num_slots`.

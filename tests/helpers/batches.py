@@ -1,4 +1,4 @@
-"""Attention test batches: ragged sequences whose K/V sit at scattered slots of the cache.
+"""Attention batches: ragged sequences whose K/V sit at scattered slots of the cache.
 
 Paged sequences get physical blocks from a random permutation (a spare block, never owned,
 fills the unused block-table entries); contiguous sequences sit in shuffled order with gaps.
