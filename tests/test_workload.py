@@ -107,6 +107,8 @@ def test_an_over_long_trace_row_is_dropped_and_counted(tmp_path):
     requests = generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
     assert [r.prompt_len for r in requests] == [10, 20, 30]
     assert requests.dropped == 1
+    first = generate({"kind": "trace", "path": path, "rate": 1.0, "num_requests": 1}, seed=0, max_model_len=2048)
+    assert first.dropped == 0  # the over-long row lies beyond the one row this run reads
 
 
 def test_a_strict_trace_names_its_over_long_row(tmp_path):

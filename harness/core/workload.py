@@ -159,12 +159,13 @@ def trace_requests(cfg: dict, rng: np.random.Generator, rate: float, burstiness:
         raise UserError(f"trace {path}: every row is longer than max_model_len={max_len}")
     if all(r[2] is not None for r in kept):
         kept.sort(key=lambda r: r[2])
-        if duration is not None:
-            kept = [r for r in kept if r[2] <= duration]
-        kept = kept[:count] if count is not None else kept
-        times = np.array([r[2] for r in kept], dtype=float)
-        last = kept[-1][2] if kept else -1.0
-        dropped = sum(1 for r in too_long if r[2] is not None and r[2] <= last)
+        cutoff = math.inf if duration is None else duration
+        kept = [r for r in kept if r[2] <= cutoff]
+        taken = kept[:count] if count is not None else kept
+        if len(taken) < len(kept):
+            cutoff = taken[-1][2]
+        times = np.array([r[2] for r in taken], dtype=float)
+        dropped = sum(1 for r in too_long if r[2] is not None and r[2] <= cutoff)
     else:
         if count is not None and count > len(kept):
             raise UserError(f"workload.num_requests={count} but trace {path} has only {len(kept)} rows "
@@ -172,13 +173,13 @@ def trace_requests(cfg: dict, rng: np.random.Generator, rate: float, burstiness:
         if count is None and (duration is None or math.isinf(rate)):
             count = len(kept)
         times = arrivals(rng, rate, burstiness, count, duration)[: len(kept)]
-        kept = kept[: len(times)]
-        last = kept[-1][3] if kept else 0
+        taken = kept[: len(times)]
+        last = taken[-1][3] if len(taken) < len(kept) else math.inf  # the file was read to its end
         dropped = sum(1 for r in too_long if r[3] < last)
     if cfg.get("shuffle"):
-        kept = [kept[i] for i in rng.permutation(len(kept))]
-    inputs = np.array([r[0] for r in kept], dtype=np.int64)
-    outputs = np.array([r[1] for r in kept], dtype=np.int64)
+        taken = [taken[i] for i in rng.permutation(len(taken))]
+    inputs = np.array([r[0] for r in taken], dtype=np.int64)
+    outputs = np.array([r[1] for r in taken], dtype=np.int64)
     return times, inputs, outputs, dropped
 
 
