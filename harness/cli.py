@@ -7,14 +7,16 @@ directory (hydra.sweep.dir=...) skips the points an earlier run completed.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import UserError
 from kvbench.profiling import profiled
@@ -22,6 +24,21 @@ from kvbench.reporting.results import environment, read_csv, write_csv
 from kvbench.validate import validate_argv
 
 log = logging.getLogger("kvbench")
+
+
+def point_dirname(overrides: str) -> str:
+    """A sweep point's directory name: its overrides, with every character a file name cannot
+    safely hold (a path's slashes) replaced, and a short hash of the original when anything was
+    replaced or cut, so two points never share a directory."""
+    safe = re.sub(r"[^A-Za-z0-9._=,+-]", "_", overrides)[:150]
+    if safe == overrides:
+        return safe
+    return f"{safe}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
+
+
+# hydra.sweep.subdir (conf/bench.yaml) names each point's directory through this resolver; a
+# joblib worker registers it too, when it imports this module to run the task function.
+OmegaConf.register_new_resolver("point_dirname", point_dirname, replace=True)
 
 
 def point_overrides() -> dict:

@@ -4,6 +4,7 @@ import pytest
 
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
+from kvbench.plugins.allocators.hybrid import HybridAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
 from kvbench.core.spec import ModelSpec
@@ -33,37 +34,58 @@ def grown(allocator, seq):
     return seq
 
 
-@pytest.mark.parametrize("cls, expected", [
-    (ContiguousAllocator, 2048), (Pow2Allocator, 512), (OracleAllocator, 400), (PagedAllocator, 256),
-])
-def test_lecture_footprint_after_150_of_300_output_tokens(cls, expected, seq_factory):
-    """100-token prompt, 300 output tokens, observed with 250 real tokens (docs/facts.md)."""
-    allocator = cls(num_slots=16 * 1024, max_model_len=2048, block_size=16)
-    seq = seq_factory(100, 300, generated=150)
-    grown(allocator, seq)
-    assert allocator.capacity(seq) == expected
+# The lecture's example (100-token prompt, 300-token output, max 2048, block 16) under each
+# estimate and placement: Pow2 reserves min(100 + 512, 2048) = 612 -> 39 blocks, which the
+# buddy system holds as a 64-block chunk; Oracle reserves 400 -> 25 blocks -> a 32-block chunk.
+LECTURE_HELD = [
+    (ContiguousAllocator, "buddy", 2048), (Pow2Allocator, "buddy", 1024), (OracleAllocator, "buddy", 512),
+    (ContiguousAllocator, "first_fit", 2048), (Pow2Allocator, "first_fit", 624),
+    (OracleAllocator, "first_fit", 400),
+]
+
+
+@pytest.mark.parametrize("cls, placement, held", LECTURE_HELD)
+def test_lecture_reservation_times_placement_after_150_of_300_output_tokens(cls, placement, held, seq_factory):
+    allocator = cls(num_slots=16 * 1024, max_model_len=2048, block_size=16, placement=placement)
+    seq = grown(allocator, seq_factory(100, 300, generated=150))
+    assert allocator.capacity(seq) == held
     acc = allocator.accounting()
-    assert acc.token == 250
-    assert acc.token + acc.reserved + acc.internal == expected
+    assert (acc.token, acc.reserved) == (250, 150)  # its last sampled token included
+    overshoot = {"contiguous": 2048 - 400, "pow2": 612 - 400, "oracle": 0}[cls.name]
+    assert acc.internal == overshoot
+    assert acc.rounding == held - 400 - overshoot
+    assert acc.free == 16 * 1024 - held
 
 
-def test_oracle_reserves_tokens_it_will_produce_and_nothing_more(seq_factory):
-    allocator = OracleAllocator(num_slots=1000, max_model_len=2048)
+def test_paged_lecture_example_holds_256_slots_its_tail_is_rounding(seq_factory):
+    allocator = PagedAllocator(num_slots=16 * 1024, max_model_len=2048, block_size=16)
+    seq = grown(allocator, seq_factory(100, 300, generated=150))
+    assert allocator.capacity(seq) == 256 == 16 * -(-250 // 16)
+    acc = allocator.accounting()
+    assert (acc.token, acc.reserved, acc.internal, acc.rounding) == (250, 6, 0, 0)  # 6 slots it will fill
+    done = grown(allocator, seq_factory(100, 5))  # 104 tokens stored at its end, 112 slots held
+    done.num_tokens = 104
+    assert allocator.grow(done, 4)
+    assert allocator.accounting().rounding == 112 - 104
+
+
+def test_oracle_reserves_what_the_request_produces_and_nothing_more(seq_factory):
+    allocator = OracleAllocator(num_slots=1024, max_model_len=2048, placement="first_fit")
     seq = grown(allocator, seq_factory(100, 300))
     acc = allocator.accounting()
-    assert (acc.token, acc.reserved, acc.internal) == (100, 299, 1)  # the last token is never stored
-    assert acc.free == 1000 - 400
+    assert (acc.token, acc.reserved, acc.internal, acc.rounding) == (100, 300, 0, 0)
+    assert acc.free == 1024 - 400
 
 
 def test_contiguous_max_counts_reservation_beyond_the_final_length_as_internal(seq_factory):
     allocator = ContiguousAllocator(num_slots=4096, max_model_len=2048)
     grown(allocator, seq_factory(100, 300))
     acc = allocator.accounting()
-    assert (acc.token, acc.reserved, acc.internal, acc.free) == (100, 299, 2048 - 399, 2048)
+    assert (acc.token, acc.reserved, acc.internal, acc.rounding, acc.free) == (100, 300, 2048 - 400, 0, 2048)
 
 
 def test_first_fit_leaves_external_fragmentation_that_blocks_a_request(seq_factory):
-    allocator = OracleAllocator(num_slots=300, max_model_len=300)
+    allocator = OracleAllocator(num_slots=300, max_model_len=300, block_size=1, placement="first_fit")
     a, b, c = (grown(allocator, seq_factory(50, 50)) for _ in range(3))  # 100 slots each
     allocator.free(a)
     allocator.free(c)
@@ -75,9 +97,27 @@ def test_first_fit_leaves_external_fragmentation_that_blocks_a_request(seq_facto
     assert allocator.admit(big)
 
 
+@pytest.mark.parametrize("cls", [PagedAllocator, HybridAllocator])
+def test_a_placement_is_refused_by_an_allocator_that_places_no_reservation(cls):
+    with pytest.raises(UserError, match="placement='buddy' cannot be used with"):
+        cls(num_slots=1024, max_model_len=2048, model=OPT_13B, placement="buddy")
+
+
+def test_an_unknown_placement_names_the_known_ones():
+    with pytest.raises(UserError, match="placement='best_fit' is not one of buddy, first_fit"):
+        Pow2Allocator(num_slots=1024, max_model_len=2048, placement="best_fit")
+
+
+def test_the_buddy_system_s_largest_chunk_is_max_model_len(seq_factory):
+    allocator = ContiguousAllocator(num_slots=16 * 300, max_model_len=2048)  # 300 blocks
+    space = allocator._space
+    assert sorted(space.arena_order.values()) == [2, 3, 5, 7, 7]  # 128 + 128 + 32 + 8 + 4
+    assert [allocator.admit(seq_factory(10, 10)) for _ in range(3)] == [True, True, False]
+
+
 def test_buddy_blocks_merge_back_into_one_arena(seq_factory):
-    allocator = Pow2Allocator(num_slots=16 * 64, max_model_len=2048)
-    seqs = [grown(allocator, seq_factory(10, 6)) for _ in range(64)]  # 16 slots -> one block each
+    allocator = Pow2Allocator(num_slots=16 * 64, max_model_len=1024)
+    seqs = [grown(allocator, seq_factory(8, 8)) for _ in range(64)]  # 8 + 8 slots -> one block each
     assert allocator.num_free_slots == 0
     for seq in seqs:
         allocator.free(seq)

@@ -123,3 +123,18 @@ def test_chrome_trace_writes_nothing_when_the_body_fails(tmp_path):
         with chrome_trace(tmp_path / "trace.json.gz"):
             raise RuntimeError("out of memory")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_over_an_absolute_trace_path_writes_its_summary(tmp_path):
+    trace = tmp_path / "lengths" / "trace.csv"
+    trace.parent.mkdir()
+    trace.write_text("input_len,output_len\n" + "".join(f"{10 + i},{5 + i % 7}\n" for i in range(40))
+                     + "2000,100\n")  # one pair longer than OPT's 2048: dropped and counted
+    result = bench(tmp_path, "-m", "+allocator=paged,oracle", "workload=trace", f"workload.path={trace}",
+                   "progress=false", "hydra.sweep.dir=sweep")
+    assert result.returncode == 0, result.stderr
+    rows = summary(tmp_path / "sweep")
+    assert sorted(r["allocator"] for r in rows) == ["oracle", "paged"]
+    assert all(r["status"] == "ok" and r["completed"] == "40" and r["dropped_requests"] == "1" for r in rows)
+    points = [p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
+    assert len(points) == 2 and all("workload.path=" in p and "/" not in p for p in points)

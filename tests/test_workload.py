@@ -56,7 +56,7 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
     (None, "does not exist"),
     ("input_len,output_len\n", "no rows"),
     ("input_len,output_len\n10,5\nten,5\n", "row 3"),
-    ("prompt,output\n1,2\n", "missing"),
+    ("prompt,output\n1,2\n", "has no column for input_len: input_len or prompt_len"),
 ])
 def test_a_bad_trace_says_what_is_wrong(tmp_path, text, message):
     path = tmp_path / "trace.csv"
@@ -80,3 +80,62 @@ def test_a_shared_prefix_counts_against_the_length_filter():
                         seed=0, max_model_len=512)
     assert all(r.prompt_len + r.output_len <= 512 for r in requests)
     assert len({tuple(r.prompt_tokens[:64]) for r in requests}) == 2
+
+
+def trace(tmp_path, text: str) -> str:
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("header", ["input_len,output_len", "prompt_len,output_len",
+                                    "num_prefill_tokens,num_decode_tokens"])
+def test_a_trace_reads_kvbench_vllm_and_vidur_column_spellings(tmp_path, header):
+    path = trace(tmp_path, f"{header}\n10,5\n20,6\n")
+    requests = generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
+    assert [(r.prompt_len, r.output_len) for r in requests] == [(10, 5), (20, 6)]
+
+
+def test_a_vidur_trace_s_arrived_at_gives_the_arrivals(tmp_path):
+    path = trace(tmp_path, "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n1.5,20,6\n")
+    requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
+    assert [(r.arrival_s, r.prompt_len) for r in requests] == [(0.0, 10), (1.5, 20)]
+
+
+def test_an_over_long_trace_row_is_dropped_and_counted(tmp_path):
+    path = trace(tmp_path, "input_len,output_len\n10,5\n2000,100\n20,6\n30,7\n")
+    requests = generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
+    assert [r.prompt_len for r in requests] == [10, 20, 30]
+    assert requests.dropped == 1
+    first = generate({"kind": "trace", "path": path, "rate": 1.0, "num_requests": 1}, seed=0, max_model_len=2048)
+    assert first.dropped == 0  # the over-long row lies beyond the one row this run reads
+
+
+def test_a_strict_trace_names_its_over_long_row(tmp_path):
+    path = trace(tmp_path, "input_len,output_len\n10,5\n2000,100\n")
+    with pytest.raises(UserError, match="row 3: 2000 input \\+ 100 output tokens exceed max_model_len=2048"):
+        generate({"kind": "trace", "path": path, "rate": 1.0, "strict": True}, seed=0, max_model_len=2048)
+
+
+def test_a_trace_run_honours_num_requests_and_duration(tmp_path):
+    path = trace(tmp_path, "input_len,output_len\n" + "".join(f"{i},5\n" for i in range(1, 2001)))
+    first = generate({"kind": "trace", "path": path, "rate": 4.0, "num_requests": 50}, seed=0, max_model_len=2048)
+    assert [r.prompt_len for r in first] == list(range(1, 51))  # the first rows, in file order
+    timed = generate({"kind": "trace", "path": path, "rate": 4.0, "duration_s": 100}, seed=0, max_model_len=2048)
+    assert 330 < len(timed) < 470 and timed[-1].arrival_s <= 100  # Poisson at 4 req/s for 100 s
+    assert [r.prompt_len for r in timed] == list(range(1, len(timed) + 1))
+
+
+def test_a_shuffled_trace_takes_the_first_rows_and_shuffles_them_with_the_seed(tmp_path):
+    path = trace(tmp_path, "input_len,output_len\n" + "".join(f"{i},5\n" for i in range(1, 201)))
+    cfg = {"kind": "trace", "path": path, "rate": 4.0, "num_requests": 50, "shuffle": True}
+    a, b, c = (generate(cfg, seed=s, max_model_len=2048) for s in (0, 0, 1))
+    assert sorted(r.prompt_len for r in a) == list(range(1, 51))
+    assert [r.prompt_len for r in a] == [r.prompt_len for r in b] != [r.prompt_len for r in c]
+    assert [r.prompt_len for r in a] != list(range(1, 51))
+
+
+def test_a_trace_shorter_than_num_requests_is_refused(tmp_path):
+    path = trace(tmp_path, "input_len,output_len\n10,5\n")
+    with pytest.raises(UserError, match="num_requests=5 but trace .* has only 1 rows"):
+        generate({"kind": "trace", "path": path, "rate": 1.0, "num_requests": 5}, seed=0, max_model_len=2048)

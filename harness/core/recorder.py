@@ -18,7 +18,7 @@ class Recorder:
         self.step_end: list[float] = []
         self.step_dt: list[float] = []
         self.batch_size: list[int] = []
-        self.kv: list[tuple[int, int, int]] = []  # token, reserved, internal slots
+        self.kv: list[tuple[int, int, int, int]] = []  # token, reserved, internal, rounding slots
         self.kv_by_kind: dict[str, list] = {}  # hybrid models: layer kind -> per-step fractions
         self.schedule_s: list[float] = []
         self.finished: list[Sequence] = []
@@ -28,7 +28,7 @@ class Recorder:
         self.step_end.append(end_s)
         self.step_dt.append(dt)
         self.batch_size.append(batch_size)
-        self.kv.append((accounting.token, accounting.reserved, accounting.internal))
+        self.kv.append((accounting.token, accounting.reserved, accounting.internal, accounting.rounding))
         for kind, acc in getattr(accounting, "by_kind", {}).items():
             self.kv_by_kind.setdefault(kind, []).append(acc.fractions()[:3])
         self.num_slots = accounting.num_slots
@@ -61,8 +61,8 @@ class Recorder:
         weight = np.clip(np.minimum(ends, stop) - np.maximum(ends - dts, start), 0, None)
         if weight.sum() <= 0:
             weight = dts
-        kv = np.asarray(self.kv, dtype=float).reshape(-1, 3) / self.num_slots
-        token, reserved, internal = (np.average(kv[:, i], weights=weight) for i in range(3))
+        kv = np.asarray(self.kv, dtype=float).reshape(-1, 4) / self.num_slots
+        token, reserved, internal, rounding = (np.average(kv[:, i], weights=weight) for i in range(4))
 
         requests = {}
         for seq in self.finished:  # a request ends with its last sequence
@@ -89,7 +89,8 @@ class Recorder:
             "kv_token_util": token,
             "kv_reserved_frac": reserved,
             "kv_internal_frag_frac": internal,
-            "kv_external_frag_frac": 1.0 - token - reserved - internal,
+            "kv_rounding_frac": rounding,
+            "kv_external_frag_frac": 1.0 - token - reserved - internal - rounding,
             **self._kind_fractions(weight),
             "max_batch_size": max(self.batch_size, default=0),
             "normalized_latency_s_per_tok": float(np.mean(e2e / out)) if len(out) else float("nan"),

@@ -12,7 +12,8 @@ Length distributions:
   assumed spread (sigma 0.6 / 0.8).
 - `uniform`: vLLM's random dataset, lengths uniform in [L(1-r), L(1+r)].
 - `fixed`: every request has the same lengths.
-- `trace`: a CSV with `input_len,output_len` and optionally `arrival_s`, used in file order.
+- `trace`: a CSV with `input_len,output_len` and optionally `arrival_s` (vLLM's `prompt_len` and
+  Vidur's `num_prefill_tokens,num_decode_tokens,arrived_at` are read too), taken in file order.
 """
 
 from __future__ import annotations
@@ -88,7 +89,31 @@ def arrivals(rng: np.random.Generator, rate: float, burstiness: float, count: in
             times.append(t)
 
 
-def load_trace(path: str) -> list[tuple[int, int, float | None]]:
+# Column spellings of other tools' length traces, mapped onto kvbench's: vLLM-style
+# benchmark traces and Vidur's request traces (which give arrival times in seconds).
+TRACE_COLUMNS = {
+    "input_len": ("input_len", "prompt_len", "num_prefill_tokens"),
+    "output_len": ("output_len", "num_decode_tokens"),
+    "arrival_s": ("arrival_s", "arrived_at"),
+}
+
+
+def _trace_columns(path: str, header) -> dict[str, str]:
+    """kvbench's column name -> the file's, for the columns the file has."""
+    found = {}
+    for ours, spellings in TRACE_COLUMNS.items():
+        present = [name for name in spellings if name in (header or ())]
+        if present:
+            found[ours] = present[0]
+    missing = [ours for ours in ("input_len", "output_len") if ours not in found]
+    if missing:
+        allowed = "; ".join(f"{ours}: {' or '.join(TRACE_COLUMNS[ours])}" for ours in missing)
+        raise UserError(f"trace {path}: the header {','.join(header or ())!r} has no column for {allowed}")
+    return found
+
+
+def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
+    """The rows of a length trace as (input_len, output_len, arrival_s or None, file line)."""
     if not path:
         raise UserError("workload=trace needs workload.path=FILE.csv (columns input_len,output_len[,arrival_s])")
     if not os.path.isfile(path):
@@ -96,26 +121,76 @@ def load_trace(path: str) -> list[tuple[int, int, float | None]]:
     rows = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = {"input_len", "output_len"} - set(reader.fieldnames or ())
-        if missing:
-            raise UserError(f"trace {path}: header must have input_len,output_len[,arrival_s]; missing {sorted(missing)}")
+        columns = _trace_columns(path, reader.fieldnames)
         for line, row in enumerate(reader, start=2):
             try:
-                i, o = int(row["input_len"]), int(row["output_len"])
-                a = row.get("arrival_s")
+                i, o = int(float(row[columns["input_len"]])), int(float(row[columns["output_len"]]))
+                a = row.get(columns.get("arrival_s", "arrival_s"))
                 a = float(a) if a not in (None, "") else None
             except (TypeError, ValueError):
                 raise UserError(f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)") from None
             if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
                 raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
-            rows.append((i, o, a))
+            rows.append((i, o, a, line))
     if not rows:
         raise UserError(f"trace {path} has no rows")
     return rows
 
 
+def trace_requests(cfg: dict, rng: np.random.Generator, rate: float, burstiness: float, count: int | None,
+                   duration: float | None, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Arrival times and lengths of a trace run, and how many of its rows were dropped.
+
+    Rows longer than `max_len` are dropped (the paper filtered its datasets so) and counted when
+    they lie among the rows the run reads, or refused with `strict`. The run reads rows in file
+    order: those arriving within `duration` when the file has arrival times, else as many as
+    the Poisson arrivals at `rate` within `duration` (or `count` of them) need. `shuffle`
+    shuffles the rows it took with the seed, as the paper's artifact does.
+    """
+    path = cfg.get("path")
+    rows = load_trace(path)
+    too_long = [r for r in rows if r[0] + r[1] > max_len]
+    if cfg.get("strict") and too_long:
+        i, o, _, line = too_long[0]
+        raise UserError(f"trace {path} row {line}: {i} input + {o} output tokens exceed max_model_len="
+                        f"{max_len} (workload.strict=true; false drops such rows and counts them)")
+    kept = [r for r in rows if r[0] + r[1] <= max_len]
+    if not kept:
+        raise UserError(f"trace {path}: every row is longer than max_model_len={max_len}")
+    if all(r[2] is not None for r in kept):
+        kept.sort(key=lambda r: r[2])
+        cutoff = math.inf if duration is None else duration
+        kept = [r for r in kept if r[2] <= cutoff]
+        taken = kept[:count] if count is not None else kept
+        if len(taken) < len(kept):
+            cutoff = taken[-1][2]
+        times = np.array([r[2] for r in taken], dtype=float)
+        dropped = sum(1 for r in too_long if r[2] is not None and r[2] <= cutoff)
+    else:
+        if count is not None and count > len(kept):
+            raise UserError(f"workload.num_requests={count} but trace {path} has only {len(kept)} rows "
+                            f"that fit max_model_len={max_len}")
+        if count is None and (duration is None or math.isinf(rate)):
+            count = len(kept)
+        times = arrivals(rng, rate, burstiness, count, duration)[: len(kept)]
+        taken = kept[: len(times)]
+        last = taken[-1][3] if len(taken) < len(kept) else math.inf  # the file was read to its end
+        dropped = sum(1 for r in too_long if r[3] < last)
+    if cfg.get("shuffle"):
+        taken = [taken[i] for i in rng.permutation(len(taken))]
+    inputs = np.array([r[0] for r in taken], dtype=np.int64)
+    outputs = np.array([r[1] for r in taken], dtype=np.int64)
+    return times, inputs, outputs, dropped
+
+
+class Requests(list):
+    """A run's requests, sorted by arrival, and how many trace rows were dropped as too long."""
+
+    dropped = 0
+
+
 def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False,
-             vocab_size: int = 50272) -> list[Request]:
+             vocab_size: int = 50272) -> Requests:
     """The requests of one run, sorted by arrival. Token ids are drawn only `with_tokens`."""
     rate = float(cfg["rate"])
     if not rate > 0:
@@ -146,15 +221,14 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
         raise UserError(f"workload.prefix_len={prefix_len} must be shorter than max_model_len={max_model_len}")
     rng = np.random.default_rng(seed)
 
+    dropped = 0
     if cfg["kind"] == "trace":
-        rows = load_trace(cfg.get("path"))
-        if count is not None:
-            rows = rows[: int(count)]
-        inputs = np.array([r[0] for r in rows])
-        outputs = np.array([r[1] for r in rows])
-        given = [r[2] for r in rows]
-        times = (np.array(given, dtype=float) if all(a is not None for a in given)
-                 else arrivals(rng, rate, burstiness, len(rows), None))
+        if cfg.get("shuffle") not in (None, True, False) or cfg.get("strict") not in (None, True, False):
+            raise UserError(f"workload.shuffle={cfg.get('shuffle')!r} and workload.strict={cfg.get('strict')!r} "
+                            f"must be true or false")
+        times, inputs, outputs, dropped = trace_requests(
+            cfg, rng, rate, burstiness, None if count is None else int(count),
+            None if duration is None else float(duration), max_model_len - prefix_len)
     else:
         times = arrivals(rng, rate, burstiness, None if count is None else int(count),
                          None if duration is None else float(duration))
@@ -163,7 +237,8 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
 
     token_rng = np.random.default_rng(seed + 1)
     prefixes = [token_rng.integers(0, vocab_size, prefix_len) for _ in range(num_prefixes)] if prefix_len else []
-    requests = []
+    requests = Requests()
+    requests.dropped = dropped
     for i, (t, p, o) in enumerate(zip(times, inputs, outputs)):
         p, o = int(p) + prefix_len, int(o)
         if p + o > max_model_len:

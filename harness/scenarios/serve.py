@@ -96,7 +96,7 @@ def run(cfg: DictConfig) -> list[dict]:
     if async_scheduling:
         executor.drain()
     row.update(executor.time_split(engine.recorder.schedule_s, engine.recorder.step_dt),
-               async_scheduling=async_scheduling)
+               async_scheduling=async_scheduling, dropped_requests=requests.dropped)
     row.update(preemption_report(engine, model_spec, hardware, row), swap_time_s=executor.swap_s)
     if any(r.prefix_id >= 0 for r in requests):
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)

@@ -23,7 +23,8 @@ def run(cfg: DictConfig) -> list[dict]:
     engine = build_engine(cfg, model, kv_slots(cfg, model, hardware),
                           lambda allocator: CostModelExecutor(model, hardware))
     row = engine.run(requests)
-    row.update(preemption_report(engine, model, hardware, row), device="simulated")
+    row.update(preemption_report(engine, model, hardware, row), device="simulated",
+               dropped_requests=requests.dropped)
     if any(r.prefix_id >= 0 for r in requests):
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)
     return [row]

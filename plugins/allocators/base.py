@@ -1,4 +1,4 @@
-"""The allocator contract and the four-way KV accounting every allocator keeps.
+"""The allocator contract and the five-way KV accounting every allocator keeps.
 
 An allocator decides where a sequence's tokens live; the scheduler decides who runs. The
 scheduler calls, per sequence and step, only O(1) or O(blocks touched) operations:
@@ -15,15 +15,18 @@ back (False = not yet). Data movement the executor must replay before the next f
 write, contiguous forks, swaps) is logged in order in `copy_log` when `record_copies` is set.
 
 Accounting (docs/paper.md): every slot of the pool is exactly one of token state, reserved (set
-aside for a token this request will really produce), internal fragmentation (set aside, never
-used), or free / external fragmentation. The counters are kept incrementally, so `accounting()`
-is O(1) and the four parts always add up to `num_slots`.
+aside for a token this request will really produce), internal fragmentation (set aside beyond
+the request's length because its length was over-estimated), rounding (set aside only because
+space is handed out in blocks or power-of-two chunks) or free / external fragmentation. The
+counters are kept incrementally, so `accounting()` is O(1) and the five parts always add up to
+`num_slots`. An allocator that never over-estimates (paged) leaves `_internal` at 0: whatever
+it holds beyond token state and reserved slots is rounding (the empty tail of a last block).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvbench.errors import UserError
@@ -38,14 +41,16 @@ class KVAccounting:
     token: int
     reserved: int
     internal: int
+    rounding: int = field(default=0, kw_only=True)
 
     @property
     def free(self) -> int:
-        return self.num_slots - self.token - self.reserved - self.internal
+        return self.num_slots - self.token - self.reserved - self.internal - self.rounding
 
-    def fractions(self) -> tuple[float, float, float, float]:
+    def fractions(self) -> tuple[float, float, float, float, float]:
+        """Token, reserved, internal, rounding and free, as shares of the pool."""
         n = self.num_slots
-        return self.token / n, self.reserved / n, self.internal / n, self.free / n
+        return self.token / n, self.reserved / n, self.internal / n, self.rounding / n, self.free / n
 
 
 class KVAllocator(ABC):
@@ -71,6 +76,10 @@ class KVAllocator(ABC):
                 f"allocator.block_size={block_size!r} is not allowed for {self.name}: "
                 f"use an integer in {self.min_block_size}..{self.max_block_size}"
             )
+        if "placement" in options:
+            raise UserError(f"allocator.placement={options['placement']!r} cannot be used with {self.name}: "
+                            f"only the reserving allocators (contiguous, oracle, pow2) place a "
+                            f"reservation; {self.name} hands out blocks on demand")
         if options:
             raise UserError(f"allocator {self.name} has no option(s) {sorted(options)}")
         self.block_size = block_size
@@ -79,7 +88,8 @@ class KVAllocator(ABC):
         self.max_model_len = max_model_len
         self._token = 0
         self._reserved = 0
-        self._allocated = 0  # slots set aside for some sequence (token + reserved + internal)
+        self._internal = 0  # slots reserved beyond a request's length by an over-estimate
+        self._allocated = 0  # slots set aside for some sequence (token + reserved + internal + rounding)
         self.external_frag_waits = 0  # admissions refused although total free space sufficed
         self.num_copies = 0  # block or slot-range copies (copy-on-write, fork of a reservation)
         self.swapped_blocks = 0  # blocks copied to or from the CPU swap pool
@@ -132,8 +142,8 @@ class KVAllocator(ABC):
         return self.footprint(final_len) <= self.num_slots
 
     def accounting(self) -> KVAccounting:
-        return KVAccounting(self.num_slots, self._token, self._reserved,
-                            self._allocated - self._token - self._reserved)
+        return KVAccounting(self.num_slots, self._token, self._reserved, self._internal,
+                            rounding=self._allocated - self._token - self._reserved - self._internal)
 
     @property
     def num_free_slots(self) -> int:

@@ -1,122 +1,108 @@
-"""Contiguous reservation in a linear slot space, first-fit: Orca(Max) and Orca(Oracle).
+"""Orca's reserving policies: a reservation size per request times a placement in a linear space.
 
-Each admitted sequence reserves one slot range up front and keeps it until it ends; the
-reservation size is the policy. Free space is a sorted list of holes, merged with their
-neighbours on free, so external fragmentation is what the placement really leaves behind.
+Each admitted sequence reserves one slot range up front and keeps it until it ends. As the
+paper's artifact builds its baselines, the reservation is `min(prompt + estimate,
+max_model_len)` slots rounded up to whole blocks, where the estimate of the output length is the
+policy (Max: max_model_len, Pow2: the next power of two of the output, Oracle: the output
+itself); the placement (kvbench.plugins.allocators.placement) then decides where the range goes
+and how much it really holds: the paper's buddy system rounds it up again to a power of two of
+blocks, first-fit holds it as is.
+
+Accounting of one range of `held` slots for a request of prompt + output = `max_tokens`:
+token state and reserved fill `min(held, max_tokens)` (the request's own tokens, its last sampled
+one included), internal fragmentation is the estimate's overshoot `reservation - max_tokens`
+before any rounding (0 for Oracle), and the rest of the range is rounding (blocks, buddy chunk).
 """
 
 from __future__ import annotations
 
-import bisect
-
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.core.sequence import Sequence
-
-
-class FirstFitSpace:
-    """Holes of a linear space of `size` slots; allocation takes the lowest hole that fits."""
-
-    def __init__(self, size: int):
-        self.starts = [0]  # sorted hole starts
-        self.lengths = {0: size}
-
-    def allocate(self, length: int) -> int | None:
-        for start in self.starts:  # one entry per hole: O(live reservations)
-            hole = self.lengths[start]
-            if hole >= length:
-                i = bisect.bisect_left(self.starts, start)
-                del self.starts[i]
-                del self.lengths[start]
-                if hole > length:
-                    self.starts.insert(i, start + length)
-                    self.lengths[start + length] = hole - length
-                return start
-        return None
-
-    def release(self, start: int, length: int) -> None:
-        i = bisect.bisect_left(self.starts, start)
-        if i < len(self.starts) and start + length == self.starts[i]:  # merge with the next hole
-            nxt = self.starts.pop(i)
-            length += self.lengths.pop(nxt)
-        if i > 0:
-            prev = self.starts[i - 1]
-            if prev + self.lengths[prev] == start:  # merge with the previous hole
-                self.lengths[prev] += length
-                return
-        self.starts.insert(i, start)
-        self.lengths[start] = length
+from kvbench.plugins.allocators.placement import make_space
+from kvbench.core.sequence import Request, Sequence
 
 
 class ReservingAllocator(KVAllocator):
-    """A policy that reserves `reservation(seq)` contiguous slots at admission.
+    """A policy that reserves a contiguous range per sequence at admission; it never grows.
 
-    The reservation never grows: a sequence that outgrows it is a policy bug, reported loudly.
-    A request of n samples or beams reserves a range per sequence when its prompt is admitted
-    (Orca reserves for every output it will produce); its forks take those ranges and copy the
-    parent's tokens into them.
+    A sequence that outgrows its range is a policy bug, reported loudly. A request of n samples
+    or beams reserves a range per sequence when its prompt is admitted (Orca reserves for every
+    output it will produce); its forks take those ranges and copy the parent's tokens into them.
     """
 
     layout = "contiguous"
 
-    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, **options):
+    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16,
+                 placement: str = "buddy", **options):
         super().__init__(num_slots, max_model_len, block_size, **options)
-        self._space = self._make_space()
-        self._range: dict[int, tuple[int, int]] = {}  # seq_id -> (start, length)
+        self.placement = placement
+        self.num_slots = num_slots // block_size * block_size  # a partial block at the end is unusable
+        self._space = make_space(placement, num_slots // block_size, block_size, max_model_len)
+        self._range: dict[int, tuple[int, int]] = {}  # seq_id -> (start, held slots)
         self._seq_reserved: dict[int, int] = {}
         self._spares: dict[int, list[tuple[int, int]]] = {}  # root seq_id -> ranges for its forks
 
-    def _make_space(self):
-        return FirstFitSpace(self.num_slots)
-
-    def reservation(self, seq: Sequence) -> int:
+    def estimate(self, output_len: int) -> int:
+        """The policy's guess of the output length it reserves for."""
         raise NotImplementedError
+
+    def reservation(self, prompt_len: int, output_len: int) -> int:
+        """Slots asked of the placement: the estimate, capped, rounded up to whole blocks."""
+        wanted = min(prompt_len + self.estimate(output_len), self.max_model_len)
+        return -(-wanted // self.block_size) * self.block_size
+
+    def _overshoot(self, request: Request) -> int:
+        """Internal fragmentation of one range: the estimate beyond the request's real length."""
+        wanted = min(request.prompt_len + self.estimate(request.output_len), self.max_model_len)
+        return max(0, wanted - request.max_tokens)
+
+    def _held(self, request: Request) -> int:
+        return self._space.held(self.reservation(request.prompt_len, request.output_len))
 
     def footprint(self, request_len: int) -> int:
-        raise NotImplementedError
-
-    def _place(self, length: int) -> int | None:
-        return self._space.allocate(length)
-
-    def _release(self, start: int, length: int) -> None:
-        self._space.release(start, length)
+        # the most any split of `request_len` tokens into prompt + output holds (once per run)
+        return max(self._space.held(self.reservation(request_len - output, output))
+                   for output in range(1, max(request_len, 1) + 1))
 
     def admit(self, seq: Sequence) -> bool:
-        length = self.reservation(seq)
-        count = seq.request.width if seq.num_generated == 0 else 1
-        ranges = []
+        request = seq.request
+        length = self.reservation(request.prompt_len, request.output_len)
+        held = self._space.held(length)
+        count = request.width if seq.num_generated == 0 else 1
+        starts = []
         for _ in range(count):
-            start = self._place(length)
+            start = self._space.allocate(length)
             if start is None:
-                for placed in ranges:
-                    self._release(placed, length)
-                if self.num_free_slots >= count * length:
+                for placed in starts:
+                    self._space.release(placed, length)
+                if self.num_free_slots >= count * held:
                     self.external_frag_waits += 1
                 return False
-            ranges.append(start)
-        self._allocated += count * length
-        self._take_range(seq, ranges[0], length)
+            starts.append(start)
+        self._allocated += count * held
+        self._internal += count * self._overshoot(request)
+        self._take_range(seq, starts[0], held)
         if count > 1:
-            self._spares[seq.seq_id] = [(start, length) for start in ranges[1:]]
-            self._reserved += (count - 1) * min(length, seq.final_len)  # each fork will fill it
+            self._spares[seq.seq_id] = [(start, held) for start in starts[1:]]
+            self._reserved += (count - 1) * min(held, request.max_tokens)  # each fork will fill it
         return True
 
-    def _take_range(self, seq: Sequence, start: int, length: int) -> None:
-        self._range[seq.seq_id] = (start, length)
+    def _take_range(self, seq: Sequence, start: int, held: int) -> None:
+        self._range[seq.seq_id] = (start, held)
         self._seq_reserved[seq.seq_id] = 0
         self._update(seq, seq.num_computed)
 
     def _update(self, seq: Sequence, num_tokens: int) -> None:
-        _, length = self._range[seq.seq_id]
-        new = self._reserved_for(length, num_tokens, seq.final_len)
+        _, held = self._range[seq.seq_id]
+        new = max(0, min(held, seq.request.max_tokens) - num_tokens)
         self._reserved += new - self._seq_reserved[seq.seq_id]
         self._seq_reserved[seq.seq_id] = new
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
-        start, length = self._range[seq.seq_id]
+        _, held = self._range[seq.seq_id]
         after = seq.num_computed + num_tokens
-        if after > length:
+        if after > held:
             raise RuntimeError(f"{self.name}: sequence {seq.seq_id} outgrew its reservation "
-                               f"({after} > {length} slots)")
+                               f"({after} > {held} slots)")
         self._token += num_tokens
         self._update(seq, after)
         return True
@@ -125,33 +111,38 @@ class ReservingAllocator(KVAllocator):
         """A contiguous child needs its own range: take one (a spare of the parent's request,
         else a new one) and copy the parent's tokens into it."""
         child.num_computed = 0
+        request = child.request
         spares = self._spares.get(parent.seq_id)
         if spares:
-            start, length = spares.pop()
-            self._reserved -= min(length, parent.final_len)
-            self._take_range(child, start, length)
+            start, held = spares.pop()
+            self._reserved -= min(held, request.max_tokens)
         else:
-            length = self.reservation(child)
-            start = self._place(length)
+            length = self.reservation(request.prompt_len, request.output_len)
+            start = self._space.allocate(length)
             if start is None:
                 raise MemoryError(f"{self.name}: no room to fork sequence {parent.seq_id}")
-            self._allocated += length
-            self._take_range(child, start, length)
+            held = self._space.held(length)
+            self._allocated += held
+            self._internal += self._overshoot(request)
+        self._take_range(child, start, held)
         self.grow(child, parent.num_computed)
         child.num_computed = parent.num_computed
         self._log_copy("device", self._range[parent.seq_id][0], start, parent.num_computed)
         self.num_copies += 1
 
+    def _release(self, request: Request, start: int, held: int) -> None:
+        self._space.release(start, held)
+        self._allocated -= held
+        self._internal -= self._overshoot(request)
+
     def free(self, seq: Sequence) -> None:
-        start, length = self._range.pop(seq.seq_id)
-        self._release(start, length)
-        self._allocated -= length
+        start, held = self._range.pop(seq.seq_id)
+        self._release(seq.request, start, held)
         self._token -= seq.num_computed
         self._reserved -= self._seq_reserved.pop(seq.seq_id)
-        for start, length in self._spares.pop(seq.seq_id, ()):  # a request preempted before it forked
-            self._release(start, length)
-            self._allocated -= length
-            self._reserved -= min(length, seq.final_len)
+        for start, held in self._spares.pop(seq.seq_id, ()):  # a request preempted before it forked
+            self._release(seq.request, start, held)
+            self._reserved -= min(held, seq.request.max_tokens)
 
     def capacity(self, seq: Sequence) -> int:
         return self._range[seq.seq_id][1]
@@ -159,28 +150,23 @@ class ReservingAllocator(KVAllocator):
     def slot_start(self, seq: Sequence) -> int:
         return self._range[seq.seq_id][0]
 
+    def stats(self) -> dict:
+        return {**super().stats(), "placement": self.placement}
+
 
 class ContiguousAllocator(ReservingAllocator):
-    """Orca(Max): reserve max_model_len slots per request, first-fit."""
+    """Orca(Max): reserve max_model_len slots per request, prompt included."""
 
     name = "contiguous"
 
-    def reservation(self, seq: Sequence) -> int:
-        return self.max_model_len
-
-    def footprint(self, request_len: int) -> int:
+    def estimate(self, output_len: int) -> int:
         return self.max_model_len
 
 
 class OracleAllocator(ReservingAllocator):
-    """Orca(Oracle): reserve exactly prompt + true output length, first-fit."""
+    """Orca(Oracle): reserve the prompt plus the true output length."""
 
     name = "oracle"
 
-    def reservation(self, seq: Sequence) -> int:
-        # The paper's Oracle reserves prompt + output; the last sampled token's slot stays empty.
-        return seq.request.max_tokens
-
-    def footprint(self, request_len: int) -> int:
-        return request_len
-
+    def estimate(self, output_len: int) -> int:
+        return output_len

@@ -1,0 +1,281 @@
+"""kvbench's numbers beside the PagedAttention paper's (Kwon et al., SOSP 2023), per figure.
+
+An experiment config (conf/experiment/NAME.yaml) sets `report.paper=NAME`; when its sweep ends,
+`PaperComparison` writes `paper_comparison.csv` and `paper_comparison.md` (paper value, kvbench
+value, delta for every number the paper states for that figure) and the figure's own plot. The
+categories and baselines compared are defined in docs/paper.md.
+
+Capacity at a latency target, the paper's headline metric: on each system's normalized latency
+against request rate, the highest rate whose latency stays under `report.slo_s_per_token`,
+interpolated between the last rate under it and the first above it; and each system's capacity
+as a ratio to `report.baseline`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from kvbench.errors import UserError
+from kvbench.reporting.results import collect, write_atomic, write_csv
+
+log = logging.getLogger("kvbench")
+
+SYSTEMS = {"contiguous": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged": "vLLM"}
+PAPER_ORDER = ("contiguous", "pow2", "oracle", "paged")
+
+# The paper's Fig. 2 categories as sums of kvbench's columns: the paper files rounding (block
+# and buddy padding) under "external fragmentation & other".
+FIG2_PARTS = {
+    "token states": ("kv_token_util",),
+    "reservation": ("kv_reserved_frac",),
+    "internal fragmentation": ("kv_internal_frag_frac",),
+    "external fragmentation & other": ("kv_rounding_frac", "kv_external_frag_frac"),
+}
+FIG2 = {  # % of KV memory at 4 req/s, ShareGPT (Fig. 2); None where the paper gives no number
+    "contiguous": (20.4, 13.3, 57.3, 8.9),
+    "pow2": (26.8, 17.9, 13.6, 41.6),
+    "oracle": (38.2, 25.2, None, 36.6),
+    "paged": (96.3, None, None, None),
+}
+FIG13 = {  # mean batched requests (Fig. 13): ShareGPT at 2 req/s, Alpaca at 30 req/s
+    ("sharegpt", 2.0): {"paged": 30.42, "oracle": 13.62, "pow2": 9.81, "contiguous": 7.00},
+    ("alpaca", 30.0): {"paged": 132.44, "oracle": 72.75, "pow2": 43.24, "contiguous": 7.00},
+}
+FIG12 = {  # request rate vLLM sustains at similar normalized latency, ShareGPT (Sec. 6.2)
+    ("paged", "oracle"): (1.7, 2.7),
+    ("paged", "contiguous"): (2.7, 8.0),
+}
+FIG14_15 = {  # % of KV blocks that sharing saves (Figs. 14, 15): (workload, knob) -> range
+    ("alpaca", "workload.n"): (6.1, 9.8), ("alpaca", "workload.beam_width"): (37.6, 55.2),
+    ("sharegpt", "workload.n"): (16.2, 30.5), ("sharegpt", "workload.beam_width"): (44.3, 66.3),
+}
+
+
+def _num(row: dict, key: str) -> float:
+    try:
+        return float(row.get(key, "nan"))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _ok(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("status", "ok") == "ok"]
+
+
+def mean_over_seeds(rows: list[dict], key: str, **where) -> tuple[float, int]:
+    """The mean of `key` over the ok rows matching `where` (numbers compared as numbers)."""
+    def match(row):
+        return all(str(row.get(k)) == str(v) or _num(row, k) == v for k, v in where.items())
+    values = [_num(r, key) for r in _ok(rows) if match(r)]
+    return (float(np.mean(values)) if values else float("nan")), len(values)
+
+
+def comparison_row(figure, workload, system, quantity, paper, value, runs) -> dict:
+    """One line of the comparison; `paper` is a number or a (low, high) range."""
+    if isinstance(paper, tuple):
+        low, high = paper
+        delta = 0.0 if low <= value <= high else (value - high if value > high else value - low)
+        paper_text = f"{low:g}-{high:g}"
+    else:
+        delta, paper_text = value - paper, f"{paper:g}"
+    return {"figure": figure, "workload": workload, "system": system, "quantity": quantity,
+            "paper": paper_text, "kvbench": round(value, 4), "delta": round(delta, 4), "runs": runs}
+
+
+def fig2(rows: list[dict], cfg) -> list[dict]:
+    out = []
+    for allocator in PAPER_ORDER:
+        for (part, columns), paper in zip(FIG2_PARTS.items(), FIG2[allocator]):
+            if paper is None:
+                continue
+            values = [mean_over_seeds(rows, c, allocator=allocator, workload="sharegpt") for c in columns]
+            out.append(comparison_row("fig2", "sharegpt", SYSTEMS[allocator], f"% {part}", paper,
+                                      100 * sum(v for v, _ in values), values[0][1]))
+    return out
+
+
+def fig13(rows: list[dict], cfg) -> list[dict]:
+    out = []
+    for (workload, rate), papers in FIG13.items():
+        for allocator in PAPER_ORDER:
+            value, runs = mean_over_seeds(rows, "mean_batch_size", allocator=allocator,
+                                          workload=workload, rate=rate)
+            out.append(comparison_row("fig13", workload, SYSTEMS[allocator], f"mean batch at {rate:g} req/s",
+                                      papers[allocator], value, runs))
+    return out
+
+
+def capacities(rows: list[dict], slo: float) -> dict[tuple[str, str], float]:
+    """(workload, allocator) -> the highest request rate with normalized latency <= `slo`."""
+    series = defaultdict(lambda: defaultdict(list))
+    for r in _ok(rows):
+        series[(r.get("workload"), r.get("allocator"))][_num(r, "rate")].append(
+            _num(r, "normalized_latency_s_per_tok"))
+    found = {}
+    for (workload, allocator), by_rate in sorted(series.items()):
+        rates = sorted(by_rate)
+        latency = [float(np.mean(by_rate[rate])) for rate in rates]
+        where = f"{allocator} on {workload} (rates {', '.join(f'{x:g}' for x in rates)})"
+        if len(rates) < 2:
+            raise UserError(f"report: {where} has fewer than 2 rates: a rate sweep is needed to find its knee")
+        if latency[0] > slo:
+            raise UserError(f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
+                            f"rate ({latency[0]:.3g} s/token): add lower workload.rate values")
+        above = next((i for i, v in enumerate(latency) if v > slo), None)
+        if above is None:
+            raise UserError(f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "
+                            f"{latency[-1]:.3g} s/token): the sweep is too short to find its knee; "
+                            f"add higher workload.rate values")
+        # interpolate in log latency: the curve is close to exponential around its knee
+        lo, hi = np.log(latency[above - 1]), np.log(latency[above])
+        found[(workload, allocator)] = float(np.interp(np.log(slo), [lo, hi], [rates[above - 1], rates[above]]))
+    return found
+
+
+def capacity_rows(found: dict, baseline: str) -> list[dict]:
+    out = []
+    for (workload, allocator), capacity in found.items():
+        base = found.get((workload, baseline))
+        if base is None:
+            known = sorted({a for w, a in found if w == workload})
+            raise UserError(f"report.baseline={baseline!r} is not a system of the {workload} sweep; "
+                            f"known: {', '.join(known)}")
+        out.append({"workload": workload, "allocator": allocator, "capacity_req_s": round(capacity, 4),
+                    f"ratio_to_{baseline}": round(capacity / base, 4)})
+    return out
+
+
+def fig12(rows: list[dict], cfg) -> list[dict]:
+    found = capacities(rows, cfg["slo"])
+    out = []
+    for (system, other), paper in FIG12.items():
+        if ("sharegpt", system) in found and ("sharegpt", other) in found:
+            ratio = found[("sharegpt", system)] / found[("sharegpt", other)]
+            out.append(comparison_row("fig12", "sharegpt", f"{SYSTEMS[system]} / {SYSTEMS[other]}",
+                                      f"capacity ratio at {cfg['slo']:g} s/token", paper, ratio, 1))
+    return out
+
+
+def fig14_15(rows: list[dict], cfg) -> list[dict]:
+    out = []
+    for (workload, knob), paper in FIG14_15.items():
+        widths = sorted({_num(r, knob) for r in _ok(rows) if r.get("workload") == workload
+                         and _num(r, knob) > 1})
+        for width in widths:
+            value, runs = mean_over_seeds(rows, "kv_sharing_saved_frac", workload=workload, **{knob: width})
+            out.append(comparison_row("fig14_15", workload, f"vLLM, {knob.split('.')[-1]}={width:g}",
+                                      "% KV blocks saved by sharing", paper, 100 * value, runs))
+    return out
+
+
+def fig18(rows: list[dict], cfg) -> list[dict]:
+    out = []
+    for workload in sorted({r.get("workload") for r in _ok(rows)}):
+        by_block = {}
+        for r in _ok(rows):
+            if r.get("workload") == workload:
+                by_block.setdefault(int(_num(r, "block_size")), []).append(_num(r, "normalized_latency_s_per_tok"))
+        best = min(by_block, key=lambda b: np.mean(by_block[b]))
+        out.append(comparison_row("fig18", workload, "vLLM", "block size of lowest normalized latency",
+                                  16.0, float(best), len(by_block)))
+    return out
+
+
+def fig19(rows: list[dict], cfg) -> list[dict]:
+    """The paper states no number for Fig. 19, only where the two curves meet: 16-64."""
+    time_of = {"swap": "swap_time_model_s", "recompute": "recompute_time_model_s"}
+    by_block = defaultdict(dict)
+    for r in _ok(rows):
+        mode = r.get("engine.preemption")
+        if mode in time_of:
+            by_block[int(_num(r, "block_size"))][mode] = _num(r, time_of[mode])
+    even = [b for b, t in sorted(by_block.items()) if len(t) == 2 and t["recompute"] > 0
+            and 0.5 <= t["swap"] / t["recompute"] <= 2.0]
+    if not even:
+        raise UserError("fig19: no block size where swap and recompute both ran and cost within 2x")
+    return [comparison_row("fig19", "sharegpt", "vLLM", "smallest block where swap costs <= 2x recompute",
+                           (16.0, 64.0), float(even[0]), len(by_block)),
+            comparison_row("fig19", "sharegpt", "vLLM", "largest block where swap costs >= recompute / 2",
+                           (16.0, 64.0), float(even[-1]), len(by_block))]
+
+
+FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig14_15": fig14_15, "fig18": fig18, "fig19": fig19}
+
+
+def report_settings(report) -> dict:
+    """The `report` config, checked: what a user typed wrong is one line."""
+    report = dict(report or {})
+    paper = report.get("paper")
+    if paper is not None and paper not in FIGURES:
+        raise UserError(f"report.paper={paper!r} is not one of {', '.join(FIGURES)}")
+    slo = report.get("slo_s_per_token", 0.5)
+    if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not slo > 0:
+        raise UserError(f"report.slo_s_per_token={slo!r} must be a number > 0 (seconds per output token)")
+    baseline = report.get("baseline", "contiguous")
+    if not isinstance(baseline, str) or not baseline:
+        raise UserError(f"report.baseline={baseline!r} must name an allocator of the sweep")
+    return {"paper": paper, "slo": float(slo), "baseline": baseline}
+
+
+def markdown(rows: list[dict], title: str) -> str:
+    lines = [f"# {title}", "", "| figure | workload | system | quantity | paper | kvbench | delta |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['figure']} | {r['workload']} | {r['system']} | {r['quantity']} | {r['paper']} "
+                     f"| {r['kvbench']:.4g} | {r['delta']:+.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison(sweep_dir: Path, report) -> list[Path]:
+    """Compare a finished experiment sweep with the paper; return the files written."""
+    settings = report_settings(report)
+    rows = collect(sweep_dir)
+    if not _ok(rows):
+        raise UserError(f"{sweep_dir} has no successful point to compare with the paper")
+    name = settings["paper"]
+    compared = FIGURES[name](rows, settings)
+    written = [sweep_dir / "paper_comparison.csv", sweep_dir / "paper_comparison.md"]
+    write_csv(written[0], compared)
+    write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's"))
+    from kvbench.reporting import paper_plots  # matplotlib is slow to load; only plots need it
+
+    if name == "fig2":
+        written.append(paper_plots.fig2_breakdown(_ok(rows), sweep_dir))
+    if name == "fig12":
+        found = capacities(rows, settings["slo"])
+        write_csv(sweep_dir / "capacity.csv", capacity_rows(found, settings["baseline"]))
+        written += [sweep_dir / "capacity.csv",
+                    paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir)]
+    return written
+
+
+class PaperComparison(Callback):
+    """Checks `report.*` before a sweep runs; after an experiment's sweep, compares it with the paper."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._settings(config)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        if self._settings(config)["paper"] is None:
+            return
+        try:
+            for path in write_comparison(Path(config.hydra.sweep.dir), config.get("report")):
+                log.info("wrote %s", path)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    @staticmethod
+    def _settings(config: DictConfig) -> dict:
+        try:
+            return report_settings(config.get("report"))
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)

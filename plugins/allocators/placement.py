@@ -1,0 +1,122 @@
+"""Where a reservation goes in a linear slot space: first-fit holes or the paper's buddy system.
+
+A placement hands out ranges of whole blocks and takes them back. `held(length)` is what it
+really sets aside for a request of `length` slots, so the slots beyond `length` are rounding the
+placement itself causes (a buddy chunk's padding); everything it leaves between ranges is
+external fragmentation, observed, never estimated.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from kvbench.errors import UserError
+
+PLACEMENTS = ("buddy", "first_fit")
+
+
+class FirstFitSpace:
+    """Holes of a linear space of `size` slots; allocation takes the lowest hole that fits."""
+
+    def __init__(self, size: int):
+        self.starts = [0]  # sorted hole starts
+        self.lengths = {0: size}
+
+    def held(self, length: int) -> int:
+        return length
+
+    def allocate(self, length: int) -> int | None:
+        for start in self.starts:  # one entry per hole: O(live reservations)
+            hole = self.lengths[start]
+            if hole >= length:
+                i = bisect.bisect_left(self.starts, start)
+                del self.starts[i]
+                del self.lengths[start]
+                if hole > length:
+                    self.starts.insert(i, start + length)
+                    self.lengths[start + length] = hole - length
+                return start
+        return None
+
+    def release(self, start: int, length: int) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        if i < len(self.starts) and start + length == self.starts[i]:  # merge with the next hole
+            nxt = self.starts.pop(i)
+            length += self.lengths.pop(nxt)
+        if i > 0:
+            prev = self.starts[i - 1]
+            if prev + self.lengths[prev] == start:  # merge with the previous hole
+                self.lengths[prev] += length
+                return
+        self.starts.insert(i, start)
+        self.lengths[start] = length
+
+
+class BuddySpace:
+    """Buddy system over `num_blocks` blocks of `block_size` slots; addresses are in slots.
+
+    The largest chunk is 2^max_order blocks (the paper's: max_model_len slots, 128 blocks of 16
+    for OPT). The pool is cut into aligned arenas: as many largest chunks as fit, then the rest
+    by its binary digits, largest first; buddies never merge across arenas.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, max_order: int):
+        self.block_size = block_size
+        self.free_lists: list[set[int]] = [set() for _ in range(max_order + 1)]
+        self.arena_order: dict[int, int] = {}  # arena start block -> its order
+        start = 0
+        for _ in range(num_blocks >> max_order):
+            self._add_arena(start, max_order)
+            start += 1 << max_order
+        rest = num_blocks - start
+        for order in reversed(range(max_order)):
+            if rest & (1 << order):
+                self._add_arena(start, order)
+                start += 1 << order
+        self._arena_starts = sorted(self.arena_order)
+
+    def _add_arena(self, start: int, order: int) -> None:
+        self.free_lists[order].add(start)
+        self.arena_order[start] = order
+
+    def _order(self, length: int) -> int:
+        return (-(-length // self.block_size) - 1).bit_length()
+
+    def held(self, length: int) -> int:
+        return (1 << self._order(length)) * self.block_size
+
+    def allocate(self, length: int) -> int | None:
+        """Start slot of a 2^k-block chunk holding `length` slots, or None."""
+        order = self._order(length)
+        for have in range(order, len(self.free_lists)):
+            if self.free_lists[have]:
+                block = min(self.free_lists[have])  # lowest address first, like first-fit
+                self.free_lists[have].remove(block)
+                while have > order:  # split, keeping the lower half
+                    have -= 1
+                    self.free_lists[have].add(block + (1 << have))
+                return block * self.block_size
+        return None
+
+    def release(self, start: int, length: int) -> None:
+        block, order = start // self.block_size, self._order(length)
+        arena = self._arena_starts[bisect.bisect_right(self._arena_starts, block) - 1]
+        arena_order = self.arena_order[arena]
+        while order < arena_order:
+            buddy = arena + ((block - arena) ^ (1 << order))
+            if buddy not in self.free_lists[order]:
+                break
+            self.free_lists[order].remove(buddy)
+            block = min(block, buddy)
+            order += 1
+        self.free_lists[order].add(block)
+
+
+def make_space(placement: str, num_blocks: int, block_size: int, max_model_len: int):
+    """The placement `allocator.placement` names, over `num_blocks` blocks."""
+    if placement == "first_fit":
+        return FirstFitSpace(num_blocks * block_size)
+    if placement == "buddy":
+        largest = -(-max_model_len // block_size)  # blocks of the longest reservation
+        return BuddySpace(num_blocks, block_size, (largest - 1).bit_length())
+    raise UserError(f"allocator.placement={placement!r} is not one of {', '.join(PLACEMENTS)}")
