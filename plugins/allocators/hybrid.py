@@ -95,7 +95,7 @@ class HybridAllocator(KVAllocator):
     # --- the contract --------------------------------------------------------------------
     def _fits(self, need: dict, reserve: bool) -> bool:
         for pool in self.pools:
-            spare = self.watermark_pages[id(pool)] if reserve else 0
+            spare = self.watermark_pages[id(pool)] if reserve and not self.watermark_exempt else 0
             if pool.num_free - need.get(id(pool), 0) < spare:
                 return False
         return True

@@ -125,7 +125,7 @@ class PagedAllocator(KVAllocator):
         hits, hashes = self._cached_prefix(seq)
         revived = sum(1 for block in hits if self.ref_count[block] == 0)
         need = -(-seq.num_tokens // self.block_size) - len(hits) + revived
-        if self.num_free_blocks - need < self.watermark_blocks:
+        if self.num_free_blocks - need < (0 if self.watermark_exempt else self.watermark_blocks):
             return False
         for block in hits:
             if self.ref_count[block] == 0:
@@ -147,7 +147,7 @@ class PagedAllocator(KVAllocator):
         if self.prefix_caching:
             return self._admit_cached(seq)
         need = -(-seq.num_tokens // self.block_size)
-        if len(self.free_blocks) - need < self.watermark_blocks:
+        if len(self.free_blocks) - need < (0 if self.watermark_exempt else self.watermark_blocks):
             return False
         self.block_tables[seq.seq_id] = []
         self._seq_reserved[seq.seq_id] = 0
