@@ -21,7 +21,7 @@ VLLM_VERSION=0.33.0
 TORCH_VERSION=2.13.0
 REQS=scripts/vllm-0.33-requirements.txt
 STAMP="$VENV/.kvbench-vllm-env"
-want="vllm==$VLLM_VERSION torch==$TORCH_VERSION $(sha256sum "$REQS" | cut -c1-16)"
+want="vllm==$VLLM_VERSION torch==$TORCH_VERSION $(grep -v '^#' "$REQS" | sha256sum | cut -c1-16)"
 
 check() {  # the imports the conformance harness needs, on the CPU platform
   VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" - <<'EOF'
