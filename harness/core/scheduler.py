@@ -9,6 +9,11 @@ back to recompute when the pool is full). Swapped requests come back before new 
 admitted; then waiting sequences are admitted in arrival order while the allocator admits them
 and the budgets (`max_num_seqs`, `max_num_batched_tokens`) allow.
 
+The allocator's admission watermark (a fraction of blocks kept free) applies to every admission
+by default. With `watermark_when_idle=False` an admission made while no request is running
+ignores it, as vLLM's scheduler does (the `vllm` preset): a request that fits an idle pool is
+never held back by headroom meant to protect running requests.
+
 A request with n samples or beams is one entry in `running` / `waiting` / `swapped`: its root
 sequence, whose `group` lists the live sequences. It counts as its width against `max_num_seqs`
 from admission on (as in vLLM), so its forks never overrun the limit. Groups are scheduled whole
@@ -48,7 +53,7 @@ class Batch:
 class Scheduler:
     def __init__(self, allocator: KVAllocator, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2560, chunked_prefill: bool = False,
-                 preemption: str = "recompute"):
+                 preemption: str = "recompute", watermark_when_idle: bool = True):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise UserError(f"scheduler.max_num_seqs={max_num_seqs} and max_num_batched_tokens="
                             f"{max_num_batched_tokens} must be >= 1")
@@ -60,6 +65,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
+        self.watermark_when_idle = bool(watermark_when_idle)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -166,10 +172,13 @@ class Scheduler:
         batch.swapped_blocks = allocator.swapped_blocks - swapped_before
         batch.swapped_slots = batch.swapped_blocks * allocator.block_size
         waiting = self.waiting
+        idle_exempt = not self.watermark_when_idle
         while waiting and budget > 0 and not batch.preempted and not swapped:
             seq = waiting[0]
             if self.num_running_seqs + seq.request.width > self.max_num_seqs:
                 break
+            if idle_exempt:
+                allocator.watermark_exempt = not running
             if seq.group is not None:  # a preempted group comes back whole, its prompts re-prefilled
                 admitted = self._admit_group(batch, seq, budget)
                 if not admitted:
@@ -199,6 +208,7 @@ class Scheduler:
             self.last_admit_s = now
             self._add_to_batch(batch, seq, n)
             budget -= n
+        allocator.watermark_exempt = False
         return batch
 
     def _grow_group(self, group: list, batch: Batch) -> bool:

@@ -105,6 +105,7 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
         allocator.enable_swap(swap_slots)
     sched = cfg.scheduler
     scheduler = Scheduler(allocator, int(sched.max_num_seqs), int(sched.max_num_batched_tokens),
-                          bool(sched.chunked_prefill), preemption)
+                          bool(sched.chunked_prefill), preemption,
+                          bool(sched.get("watermark_when_idle", True)))
     return Engine(scheduler, make_executor(allocator), Recorder(float(cfg.measure.warmup_frac)),
                   bool(cfg.progress), int(cfg.seed))

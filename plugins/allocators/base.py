@@ -97,6 +97,9 @@ class KVAllocator(ABC):
         # swap pool) or "in" (swap pool -> cache); kept only for an executor that replays them.
         self.record_copies = False
         self.max_step_tokens = None  # the most tokens one grow may ask for (the scheduler sets it)
+        # True while the scheduler admits with nothing running and scheduler.watermark_when_idle
+        # is false: an allocator with an admission watermark then ignores it for that admission
+        self.watermark_exempt = False
         self.copy_log: list[tuple[str, int, int, int]] = []
 
     # --- the contract -------------------------------------------------------------------

@@ -94,6 +94,7 @@ class HybridAllocator(KVAllocator):
 
     # --- the contract --------------------------------------------------------------------
     def _fits(self, need: dict, reserve: bool) -> bool:
+        reserve = reserve and not self.watermark_exempt
         return all(pool.fits(need.get(id(pool), 0), reserve) for pool in self.pools)
 
     def _num_states(self, seq: Sequence) -> int:

@@ -101,7 +101,8 @@ class PagedAllocator(KVAllocator):
     def _admit_cached(self, seq: Sequence) -> bool:
         hits, hashes = self._cached_prefix(seq)
         pool = self.pool
-        if not pool.fits(pool.admission_need(-(-seq.num_tokens // self.block_size), hits), reserve=True):
+        if not pool.fits(pool.admission_need(-(-seq.num_tokens // self.block_size), hits),
+                         reserve=not self.watermark_exempt):
             return False
         for block in hits:
             if pool.hold(block):
@@ -120,7 +121,7 @@ class PagedAllocator(KVAllocator):
     def admit(self, seq: Sequence) -> bool:
         if self.prefix_caching:
             return self._admit_cached(seq)
-        if not self.pool.fits(-(-seq.num_tokens // self.block_size), reserve=True):
+        if not self.pool.fits(-(-seq.num_tokens // self.block_size), reserve=not self.watermark_exempt):
             return False
         self.block_tables[seq.seq_id] = []
         self._seq_reserved[seq.seq_id] = 0

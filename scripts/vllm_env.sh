@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds a separate virtual environment in which vLLM's v1 Scheduler and KVCacheManager import and
+# run on a CPU-only machine, for the conformance tests (tests/conformance) and
+# scripts/vllm_conformance.py. Needs only the package index: no GPU, no compiler, no model hub.
+#
+#   scripts/vllm_env.sh [DIR]        DIR defaults to $VLLM_VENV, else .vllm-venv in the repo
+#
+# What goes in, in this order (each step pinned, so the result is the same on every machine):
+#   1. torch 2.13.0, the CPU build (first, so nothing later can pull a CUDA build);
+#   2. vllm 0.33.0 with --no-deps (its declared dependencies include CUDA wheels and a GPU stack
+#      that the scheduler never imports);
+#   3. scripts/vllm-0.33-requirements.txt with --no-deps: the pure-Python packages that vLLM's
+#      config and v1 core import, at versions checked together;
+#   4. the test runner, then kvbench itself (--no-deps -e .).
+# A DIR that was already built from the same pins is reused (a stamp file records them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${1:-${VLLM_VENV:-.vllm-venv}}
+VLLM_VERSION=0.33.0
+TORCH_VERSION=2.13.0
+REQS=scripts/vllm-0.33-requirements.txt
+STAMP="$VENV/.kvbench-vllm-env"
+want="vllm==$VLLM_VERSION torch==$TORCH_VERSION $(grep -v '^#' "$REQS" | sha256sum | cut -c1-16)"
+
+check() {  # the imports the conformance harness needs, on the CPU platform
+  VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" - <<'EOF'
+import vllm, torch
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+import kvbench
+print(f"vllm {vllm.__version__}, torch {torch.__version__}, kvbench {kvbench.__version__}")
+EOF
+}
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  "$VENV/bin/pip" install -q --no-deps -e . && check && { echo "vllm_env: reused $VENV"; exit 0; }
+  echo "vllm_env: $VENV is stale, rebuilding"
+fi
+
+log=$(mktemp /tmp/vllm-env.XXXXXX.log)
+pipi() {  # pip's log is shown only when it fails
+  "$VENV/bin/pip" install --progress-bar off "$@" >>"$log" 2>&1 \
+    || { tail -30 "$log"; echo "vllm_env: FAILED: pip install $* (log: $log)" >&2; exit 1; }
+}
+t0=$SECONDS
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+echo "vllm_env: torch==$TORCH_VERSION (CPU)";  pipi "torch==$TORCH_VERSION"
+echo "vllm_env: vllm==$VLLM_VERSION --no-deps"; pipi --no-deps "vllm==$VLLM_VERSION"
+echo "vllm_env: $REQS --no-deps";             pipi --no-deps -r "$REQS"
+echo "vllm_env: test runner";                  pipi "pytest>=7.4" "hypothesis>=6.80" "pytest-benchmark>=4.0" "hydra-joblib-launcher>=1.2"
+echo "vllm_env: kvbench --no-deps -e .";       pipi --no-deps -e .
+check
+echo "$want" >"$STAMP"
+rm -f "$log"
+echo "vllm_env: built $VENV in $((SECONDS - t0))s"
