@@ -13,7 +13,9 @@ from hydra import compose, initialize_config_module
 
 import kvbench.scenarios.build
 import kvbench.scenarios.run
-from kvbench.reporting.compare import Rule, compare, load_policy
+from kvbench.reporting.compare import compare
+from kvbench.reporting.policy import Rule, SignificanceTest, load_policy
+from kvbench.reporting.significance import judge
 from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
@@ -143,31 +145,67 @@ def test_swept_parameters_are_part_of_a_points_identity():
     assert "workload.rate=2: throughput_req_s 2 -> 1" in out.getvalue()
 
 
-def test_measured_serve_rows_get_loose_tolerances_simulated_rows_tight_ones():
+def test_measured_serve_rows_are_judged_by_the_test_simulated_rows_exactly():
     base = [row("paged", 2.0), {**row("paged", 2.0), "scenario": "serve"}]
-    cur = [row("paged", 1.8), {**row("paged", 1.8), "scenario": "serve"}]  # 10 % lower each
+    cur = [row("paged", 1.8), {**row("paged", 1.8), "scenario": "serve"}]  # 10 % lower each, one sample
     out = io.StringIO()
     assert compare(base, cur, load_policy(), out=out) == 1
-    regressions = out.getvalue().split("REGRESSION:")[1]
+    text = out.getvalue()
+    regressions = text.split("REGRESSION:")[1]
     assert "scenario=simulate: throughput_req_s" in regressions
     assert "scenario=serve" not in regressions
+    assert "not statistically meaningful (1 vs 1 samples" in text
 
 
-def benchmark_json(path, medians: dict) -> None:
+def benchmark_json(path, medians: dict, machine: str = "test cpu") -> None:
+    """A merged A/B file: each benchmark's per-run statistics under `runs`."""
     path.write_text(json.dumps({
-        "machine_info": {"python_version": "3.11.7", "cpu": {"brand_raw": "test cpu"}},
-        "benchmarks": [{"fullname": name, "stats": {"median": m, "min": m, "rounds": 10}}
-                       for name, m in medians.items()]}))
+        "machine_info": {"python_version": "3.11.7", "cpu": {"brand_raw": machine}},
+        "benchmarks": [{"fullname": name, "stats": {"median": runs[0], "min": runs[0], "rounds": 10},
+                        "runs": [{"median": m, "min": m, "rounds": 10} for m in runs]}
+                       for name, runs in medians.items()]}))
 
 
-def test_benchmark_json_fails_only_beyond_twice_as_slow(tmp_path):
-    benchmark_json(tmp_path / "base.json", {"test_step": 1.0e-3, "test_cost": 2.0e-6})
-    benchmark_json(tmp_path / "slower.json", {"test_step": 1.9e-3, "test_cost": 2.0e-6})
-    benchmark_json(tmp_path / "much_slower.json", {"test_step": 1.0e-3, "test_cost": 4.5e-6})
-    assert run_compare(tmp_path / "base.json", tmp_path / "slower.json").returncode == 0
-    result = run_compare(tmp_path / "base.json", tmp_path / "much_slower.json")
-    assert result.returncode == 1
-    assert "benchmark=test_cost: median_s" in result.stdout
+def test_benchmark_runs_are_samples_a_25pc_slowdown_regresses_noise_does_not(tmp_path):
+    noisy = [1.00e-3, 1.12e-3, 0.95e-3, 1.30e-3, 1.02e-3]
+    benchmark_json(tmp_path / "base.json", {"test_step": noisy, "test_cost": [2.0e-6] * 5})
+    benchmark_json(tmp_path / "same.json", {"test_step": [1.05e-3, 0.98e-3, 1.25e-3, 1.01e-3, 1.10e-3],
+                                            "test_cost": [2.0e-6] * 5})
+    benchmark_json(tmp_path / "slower.json", {"test_step": [m * 1.25 for m in noisy], "test_cost": [2.0e-6] * 5})
+    result = run_compare(tmp_path / "base.json", tmp_path / "same.json")
+    assert result.returncode == 0, result.stdout
+    assert "no significant change in the measured metrics" in result.stdout
+    result = run_compare(tmp_path / "base.json", tmp_path / "slower.json")
+    assert result.returncode == 1, result.stdout
+    assert "benchmark=test_step: median_s" in result.stdout.split("REGRESSION:")[1]
+
+
+def test_significant_but_small_change_is_not_a_regression():
+    rule = Rule("lower", min_effect=0.10)
+    policy = load_policy()
+    base = [1.00, 1.01, 1.02, 1.03, 1.04]
+    result = judge(base, [v * 1.05 + 0.1 for v in base], rule, policy.test)  # fully separated, +15 %
+    assert result.verdict == "REGRESSED"
+    result = judge(base, [v + 0.06 for v in base], rule, policy.test)  # fully separated, +6 %
+    assert result.verdict == "below min_effect"
+    assert judge([1.0], [2.0], rule, policy.test).verdict == "not statistically meaningful"
+
+
+@pytest.mark.parametrize("method", ["mannwhitneyu", "bootstrap"])
+def test_both_tests_see_a_clear_throughput_drop_and_not_an_overlap(method):
+    test = SignificanceTest(method=method)
+    rule = Rule("higher", min_effect=0.10)
+    base = [10.0, 10.4, 9.8, 10.1, 9.9, 10.3]
+    assert judge(base, [v / 1.4 for v in base], rule, test).verdict == "REGRESSED"
+    assert judge(base, [10.2, 9.7, 10.0, 10.5, 9.9, 10.1], rule, test).verdict == "no significant change"
+    assert judge(base, [v * 1.4 for v in base], rule, test).verdict == "better"
+
+
+def test_files_from_different_machines_are_flagged(tmp_path):
+    benchmark_json(tmp_path / "base.json", {"test_step": [1e-3, 1.1e-3]}, machine="cpu A")
+    benchmark_json(tmp_path / "cur.json", {"test_step": [1e-3, 1.1e-3]}, machine="cpu B")
+    result = run_compare(tmp_path / "base.json", tmp_path / "cur.json")
+    assert "!! DIFFERENT MACHINE OR BUILD: cpu cpu A -> cpu B" in result.stdout
 
 
 def one_line_error(result) -> str:
@@ -202,3 +240,18 @@ def test_sweep_directory_without_results_is_a_user_error(tmp_path):
     (tmp_path / "empty_sweep").mkdir()
     write_csv(tmp_path / "base.csv", [row("paged", 2.0)])
     assert "has no results" in one_line_error(run_compare(tmp_path / "base.csv", tmp_path / "empty_sweep"))
+
+
+@pytest.mark.parametrize("policy, complaint", [
+    ("test: {method: ttest}\nmetrics: {}\n", "test.method must be one of mannwhitneyu, bootstrap, not 'ttest'"),
+    ("test: {alpha: 0.7}\nmetrics: {}\n", "alpha must be a number between 0 and 0.5"),
+    ("metrics:\n  median_s: {better: lower, min_effect: 0}\n", "min_effect must be a number between 0 and 10"),
+    ("metrics:\n  median_s: {better: lower, min_effect: ten}\n", "min_effect must be a number"),
+    ("metrics:\n  median_s: {better: lower, min_effect: 0.1, tolerance: 1}\n", "not both"),
+])
+def test_policy_with_an_invalid_test_or_effect_size_is_a_user_error(tmp_path, policy, complaint):
+    benchmark_json(tmp_path / "base.json", {"test_step": [1e-3, 1.1e-3]})
+    (tmp_path / "policy.yaml").write_text(policy)
+    message = one_line_error(run_compare(tmp_path / "base.json", tmp_path / "base.json",
+                                         "--policy", tmp_path / "policy.yaml"))
+    assert complaint in message

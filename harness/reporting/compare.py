@@ -1,223 +1,214 @@
 """`bench-compare BASELINE CURRENT`: match two sweeps point by point and fail on a regression.
 
 Each side is a summary.csv, a sweep or run directory, or a pytest-benchmark JSON file. Points
-are matched on the policy's identity columns (plus every swept parameter); each metric of the
-policy has a better direction and a tolerance the worse way. Exit 0 when nothing regressed,
-1 when a metric regressed, a point failed or a baseline point is missing, 2 on bad input.
+are matched on the policy's identity columns (plus every swept parameter). Exact metrics
+(simulated) fail beyond their tolerance; measured metrics (wall clock) fail only when a
+significance test on the repeats' samples says they got worse by at least their minimum
+relevant change. `bench-compare --against REF` measures both sides here first (kvbench.reporting.ab).
+Exit 0 when nothing regressed, 1 when a metric regressed, a point failed or a baseline point
+is missing, 2 on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-import yaml
+import pandas as pd
 
 from kvbench.errors import UserError
+from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.report import load_rows
+from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
+from kvbench.scenarios.repeats import SAMPLES, samples_of
 
-DEFAULT_POLICY = "compare_policy.yaml"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How one metric is judged: `tolerance` is relative to the baseline; None = report only."""
-
-    better: str
-    tolerance: Optional[float]
-    abs_tolerance: float = 0.0
-
-    def verdict(self, base: float, cur: float) -> str:
-        if math.isnan(base) and math.isnan(cur):
-            return "same"
-        if math.isnan(cur):
-            return "REGRESSED" if self.tolerance is not None else "worse"
-        if math.isnan(base):
-            return "new"
-        worse_by = cur - base if self.better == "lower" else base - cur
-        if worse_by == 0:
-            return "same"
-        if worse_by < 0:
-            return "better"
-        if self.tolerance is not None and worse_by > self.tolerance * abs(base) + self.abs_tolerance:
-            return "REGRESSED"
-        return "worse"
+BASE, CUR = "@baseline", "@current"
+# Environment columns that name the machine or the build: a change makes wall times incomparable.
+MACHINE = ("cpu", "python", "torch", "device")
+# pytest-benchmark's per-run statistics, as metrics: one run's median is one sample.
+BENCHMARK_STATS = {"median_s": "median", "min_s": "min"}
 
 
-@dataclass
-class Policy:
-    identity: list
-    environment: list
-    rules: dict  # metric -> Rule
-    scenario_rules: dict  # scenario -> {metric -> Rule}, replacing `rules` for that scenario's rows
+def benchmark_frame(path: Path) -> pd.DataFrame:
+    """pytest-benchmark's JSON as rows: one per benchmark, times in seconds.
 
-    def rules_for(self, scenario: str) -> dict:
-        return {**self.rules, **self.scenario_rules.get(scenario, {})}
-
-
-def _read_yaml(source) -> dict:
-    try:
-        data = yaml.safe_load(source.read_text())
-    except yaml.YAMLError as err:
-        raise UserError(f"policy {source} is not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise UserError(f"policy {source} needs a 'metrics:' mapping of metric -> {{better, tolerance}}")
-    return data
-
-
-def _rules(metrics: dict, known: dict) -> dict:
-    rules = {}
-    for metric, spec in (metrics or {}).items():
-        if metric not in known:
-            raise UserError(f"policy names unknown metric {metric!r}; known: {', '.join(known)}")
-        spec = spec or {}
-        if spec.get("better") not in ("higher", "lower"):
-            raise UserError(f"policy metric {metric!r}: better must be 'higher' or 'lower', not {spec.get('better')!r}")
-        tolerance = spec.get("tolerance")
-        if tolerance is not None and (not isinstance(tolerance, (int, float)) or tolerance < 0):
-            raise UserError(f"policy metric {metric!r}: tolerance must be a number >= 0 or null, not {tolerance!r}")
-        rules[metric] = Rule(spec["better"], None if tolerance is None else float(tolerance),
-                             float(spec.get("abs_tolerance", 0.0)))
-    return rules
-
-
-def load_policy(path: Optional[Path] = None) -> Policy:
-    """The packaged policy, or a user's; a user's may name only metrics kvbench knows."""
-    packaged = _read_yaml(resources.files("kvbench.conf") / DEFAULT_POLICY)
-    if path is not None and not Path(path).is_file():
-        raise UserError(f"policy {path} does not exist")
-    data = _read_yaml(Path(path)) if path is not None else packaged
-    known = packaged["metrics"]
-    scenarios = data.get("scenarios") or {}
-    return Policy(list(data.get("identity", packaged["identity"])),
-                  list(data.get("environment", packaged["environment"])), _rules(data["metrics"], known),
-                  {name: _rules(metrics, known) for name, metrics in scenarios.items()})
-
-
-def benchmark_rows(path: Path) -> list[dict]:
-    """pytest-benchmark's JSON (--benchmark-json) as rows: one per benchmark, times in seconds."""
+    A file the A/B runner merged holds each run's statistics under `runs`; a plain
+    --benchmark-json file is one run, so one sample. Numeric `extra_info` entries (work
+    counts per step) are metrics too."""
     try:
         data = json.loads(Path(path).read_text())
         machine = data.get("machine_info", {})
-        env = {"python": machine.get("python_version", ""), "cpu": machine.get("cpu", {}).get("brand_raw", "")}
-        return [{"benchmark": b["fullname"], "median_s": b["stats"]["median"], "min_s": b["stats"]["min"],
-                 "rounds": b["stats"]["rounds"], "status": "ok", **env} for b in data["benchmarks"]]
+        env = {"python": machine.get("python_version", ""), "cpu": machine.get("cpu", {}).get("brand_raw", ""),
+               "torch": machine.get("torch", "")}
+        rows = []
+        for bench in data["benchmarks"]:
+            runs = bench.get("runs") or [bench["stats"]]
+            samples = {metric: [float(r[key]) for r in runs] for metric, key in BENCHMARK_STATS.items()}
+            counts = {k: v for k, v in (bench.get("extra_info") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            rows.append({"benchmark": bench["fullname"], **{m: pd.Series(v).median() for m, v in samples.items()},
+                         "runs": len(runs), **counts, "status": "ok", SAMPLES: samples, **env})
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"{path} is not a pytest-benchmark JSON file ({err})") from None
+    return pd.DataFrame(rows)
 
 
-def read_side(path: str) -> list[dict]:
+def read_side(path) -> pd.DataFrame:
     p = Path(path)
     if not p.exists():
         raise UserError(f"{path} does not exist; give a summary.csv, a sweep directory or a benchmark JSON")
-    rows = benchmark_rows(p) if p.suffix == ".json" else load_rows(p)
-    if not rows:
+    frame = benchmark_frame(p) if p.suffix == ".json" else pd.DataFrame(load_rows(p))
+    if frame.empty:
         raise UserError(f"{path} has no result rows")
-    return rows
+    return frame
 
 
-def identity_columns(policy: Policy, baseline: list[dict], current: list[dict]) -> list[str]:
-    columns = {c for rows in (baseline, current) for row in rows for c in row}
-    swept = sorted(c for c in columns if "." in c)
-    return [c for c in policy.identity if c in columns] + swept
+def _identity(policy: Policy, frames) -> list[str]:
+    columns = set().union(*(f.columns for f in frames))
+    return [c for c in policy.identity if c in columns] + sorted(c for c in columns if "." in c)
 
 
-def by_point(rows: list[dict], columns: list[str], side: str) -> dict[tuple, dict]:
-    points = {}
-    for row in rows:
-        key = tuple(str(row.get(c, "")) for c in columns)
-        if key in points:
-            raise UserError(f"the {side} has two rows for the point {_label(key, columns, [])}; "
-                            f"compare one sweep at a time, or sweeps that differ in a recorded parameter")
-        points[key] = row
-    return points
+def _label(point: pd.Series, shown: list[str]) -> str:
+    return ", ".join(f"{c}={point[c]}" for c in shown) or "(the only point)"
 
 
-def _num(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _label(key: tuple, columns: list[str], varying: list[str]) -> str:
-    shown = varying or columns
-    return ", ".join(f"{c}={v}" for c, v in zip(columns, key) if c in shown) or "(the only point)"
-
-
-def compare(baseline: list[dict], current: list[dict], policy: Policy, allow_missing: bool = False,
-            out=sys.stdout) -> int:
-    """Print the comparison; return the exit code (0 fine, 1 regressed)."""
-    columns = identity_columns(policy, baseline, current)
-    base, cur = by_point(baseline, columns, "baseline"), by_point(current, columns, "current")
-    matched = [k for k in base if k in cur]
-    varying = [c for i, c in enumerate(columns) if len({k[i] for k in list(base) + list(cur)}) > 1]
-    if not matched:
+def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
+    """Both sides merged on the identity columns: (merged, identity, the identity columns that vary)."""
+    columns = _identity(policy, (baseline, current))
+    union = list(dict.fromkeys([*baseline.columns, *current.columns]))
+    sides = []
+    for name, frame in (("baseline", baseline), ("current", current)):
+        frame = frame.reindex(columns=union)
+        frame[columns] = frame[columns].fillna("").astype(str)
+        twice = frame[frame.duplicated(columns, keep=False)]
+        if not twice.empty:
+            raise UserError(f"the {name} has two rows for the point {_label(twice.iloc[0], columns)}; compare "
+                            f"one sweep at a time, or sweeps that differ in a recorded parameter")
+        sides.append(frame)
+    both = pd.concat(sides)[columns]
+    varying = [c for c in columns if both[c].nunique() > 1]
+    merged = sides[0].merge(sides[1], on=columns, how="outer", suffixes=(BASE, CUR), indicator=True, sort=False)
+    if not (merged["_merge"] == "both").any():
         raise UserError(f"no point of the current run matches the baseline on {', '.join(columns)}; "
-                        f"baseline has {_label(next(iter(base)), columns, varying)}, "
-                        f"current has {_label(next(iter(cur)), columns, varying)}")
-    problems = []
+                        f"baseline has {_label(sides[0].iloc[0], varying or columns)}, "
+                        f"current has {_label(sides[1].iloc[0], varying or columns)}")
+    return merged, columns, varying
+
+
+def environment_changes(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy) -> list[str]:
+    changes = []
     for column in policy.environment:
-        before = sorted({r.get(column, "") for r in baseline} - {""})
-        after = sorted({r.get(column, "") for r in current} - {""})
+        before, after = (sorted(set(f[column].dropna().astype(str)) - {""}) if column in f else []
+                         for f in (baseline, current))
         if before and after and before != after:
-            print(f"environment changed: {column} {'/'.join(before)} -> {'/'.join(after)}", file=out)
-    for key in base:
-        if key not in cur:
-            print(f"missing in current: {_label(key, columns, varying)}", file=out)
-            if not allow_missing:
-                problems.append(f"missing point {_label(key, columns, varying)}")
-    for key in cur:
-        if key not in base:
-            print(f"new in current (no baseline): {_label(key, columns, varying)}", file=out)
-    header = f"  {'metric':<30} {'baseline':>14} {'current':>14} {'ratio':>8}  status"
-    for key in matched:
-        b, c = base[key], cur[key]
-        label = _label(key, columns, varying)
+            changes.append(f"{column} {'/'.join(before)} -> {'/'.join(after)}")
+    return changes
+
+
+def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=sys.stdout) -> int:
+    """Print the comparison; return the exit code (0 fine, 1 regressed)."""
+    baseline, current = pd.DataFrame(baseline), pd.DataFrame(current)
+    merged, columns, varying = match(baseline, current, policy)
+    judged = {m for s in [None, *policy.scenario_rules] for m in policy.rules_for(s)}
+    for column in [f"{m}{side}" for m in judged for side in (BASE, CUR)]:
+        if column in merged:
+            merged[column] = pd.to_numeric(merged[column], errors="coerce")
+    shown = varying or columns
+    problems, tally = [], {NO_CHANGE: 0, SMALL: 0, NOT_MEANINGFUL: 0, "tested": 0}
+    changes = environment_changes(baseline, current, policy)
+    machine_changes = [c for c in changes if c.split()[0] in MACHINE]
+    for change in changes:
+        print(f"environment changed: {change}", file=out)
+    if machine_changes:
+        print(f"!! DIFFERENT MACHINE OR BUILD: {'; '.join(machine_changes)}. Wall times from different "
+              f"machines are not comparable; measure both here: bench-compare --against REF", file=out)
+    for _, point in merged[merged["_merge"] == "left_only"].iterrows():
+        print(f"missing in current: {_label(point, shown)}", file=out)
+        if not allow_missing:
+            problems.append(f"missing point {_label(point, shown)}")
+    for _, point in merged[merged["_merge"] == "right_only"].iterrows():
+        print(f"new in current (no baseline): {_label(point, shown)}", file=out)
+    matched = merged[merged["_merge"] == "both"]
+    header = f"  {'metric':<30} {'baseline':>12} {'current':>12} {'ratio':>8}  status"
+    for _, point in matched.iterrows():
+        label = _label(point, shown)
         print(f"\n{label}", file=out)
-        if c.get("status", "ok") != "ok" and b.get("status", "ok") == "ok":
-            print(f"  status: {c.get('status')} ({c.get('reason', '')})  REGRESSED", file=out)
-            problems.append(f"{label}: point {c.get('status')}")
+        base_status, cur_status = (str(point.get(f"status{s}")) for s in (BASE, CUR))
+        if cur_status not in ("ok", "nan") and base_status in ("ok", "nan"):
+            print(f"  status: {cur_status} ({point.get(f'reason{CUR}', '')})  REGRESSED", file=out)
+            problems.append(f"{label}: point {cur_status}")
             continue
         print(header, file=out)
-        for metric, rule in policy.rules_for(c.get("scenario", "")).items():
-            if metric not in b and metric not in c:
+        base_samples, cur_samples = (samples_of(point.get(f"{SAMPLES}{s}")) for s in (BASE, CUR))
+        scenario = str(point.get("scenario", ""))
+        for metric, rule in policy.rules_for(scenario).items():
+            bv, cv = (float(point.get(f"{metric}{side}", float("nan"))) for side in (BASE, CUR))
+            if pd.isna(bv) and pd.isna(cv) and metric not in base_samples:
                 continue
-            bv, cv = _num(b.get(metric)), _num(c.get(metric))
-            verdict = rule.verdict(bv, cv)
-            ratio = cv / bv if bv else (1.0 if cv == bv else math.inf)
-            print(f"  {metric:<30} {bv:>14.6g} {cv:>14.6g} {ratio:>8.4f}  {verdict}", file=out)
-            if verdict == "REGRESSED":
-                problems.append(f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, "
-                                f"tolerance {rule.tolerance:g})")
+            ratio = cv / bv if bv else (1.0 if cv == bv else float("inf"))
+            if rule.measured:
+                result = judge(base_samples.get(metric, [bv]), cur_samples.get(metric, [cv]), rule, policy.test)
+                verdict, detail = result.verdict, f" ({result.detail})"
+                tally[verdict] = tally.get(verdict, 0) + 1
+                tally["tested"] += verdict != NOT_MEANINGFUL
+                if verdict == "REGRESSED":
+                    problems.append(f"{label}: {metric} {bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
+                                    f"(min_effect {rule.min_effect:.0%}; {result.detail})")
+            else:
+                verdict, detail = rule.verdict(bv, cv), ""
+                if verdict == "REGRESSED":
+                    problems.append(f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, "
+                                    f"tolerance {rule.tolerance:g})")
+            print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {ratio:>8.4f}  {verdict}{detail}", file=out)
     print(file=out)
+    if tally["tested"] or tally[NOT_MEANINGFUL]:
+        print(f"measured metrics: {tally['tested']} tested, {tally.get('REGRESSED', 0)} regressed, "
+              f"{tally.get('better', 0)} better, {tally[SMALL]} significant but below min_effect, "
+              f"{tally[NO_CHANGE]} {NO_CHANGE}; {tally[NOT_MEANINGFUL]} {NOT_MEANINGFUL} "
+              f"(a side has one sample)", file=out)
+    if machine_changes:
+        print(f"!! compared across machines or builds: {'; '.join(machine_changes)}", file=out)
     if problems:
         print(f"REGRESSION: {len(problems)} problem(s) over {len(matched)} matched point(s):", file=out)
         for line in problems:
             print(f"  {line}", file=out)
         return 1
-    print(f"OK: {len(matched)} point(s) match the baseline within tolerance", file=out)
+    measured = f"; {NO_CHANGE} in the measured metrics" if tally["tested"] and not tally.get("better") else ""
+    print(f"OK: {len(matched)} point(s) match the baseline within tolerance{measured}", file=out)
     return 0
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="bench-compare", description="Compare a run against a baseline; exit 1 on a regression.")
-    parser.add_argument("baseline", help="summary.csv, sweep directory or pytest-benchmark JSON")
-    parser.add_argument("current", help="the same kind of input, from the run under test")
+        prog="bench-compare", description="Compare a run against a baseline; exit 1 on a regression.",
+        epilog="With --against REF the inputs are what to run on both trees: nothing (the hot-path "
+               "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...).")
+    parser.add_argument("inputs", nargs="*", help="BASELINE CURRENT: summary.csv, sweep directory or "
+                        "pytest-benchmark JSON each; with --against, what to run")
     parser.add_argument("--policy", type=Path, help=f"YAML policy (default: kvbench.conf/{DEFAULT_POLICY})")
     parser.add_argument("--allow-missing", action="store_true",
                         help="baseline points absent from the current run are reported, not failed")
+    parser.add_argument("--against", metavar="REF", help="measure REF (a git ref) and this tree here, "
+                        "interleaved, and compare them")
+    parser.add_argument("--repeats", type=int, default=5, help="with --against: runs per side (default 5)")
+    parser.add_argument("--out", type=Path, help="with --against: keep each side's results in this directory")
+    parser.add_argument("--current-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --against: set an environment variable for this tree's runs only")
     args = parser.parse_args(argv)
     try:
         policy = load_policy(args.policy)
-        code = compare(read_side(args.baseline), read_side(args.current), policy, args.allow_missing)
+        if args.against is not None:
+            from kvbench.reporting.ab import run_ab
+
+            code = run_ab(args.against, args.repeats, args.inputs, policy, out_dir=args.out,
+                          current_env=args.current_env, allow_missing=args.allow_missing)
+        elif len(args.inputs) != 2:
+            raise UserError(f"give BASELINE and CURRENT (got {len(args.inputs)} input(s)), or --against REF")
+        else:
+            code = compare(read_side(args.inputs[0]), read_side(args.inputs[1]), policy, args.allow_missing)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

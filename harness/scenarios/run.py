@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from kvbench.errors import UserError
 from kvbench.scenarios.build import plugin_cfg
+from kvbench.scenarios.repeats import run_repeated
 
 SCENARIOS = {
     "simulate": "kvbench.scenarios.simulate",
@@ -37,6 +38,7 @@ def run_point(cfg: DictConfig) -> list[dict]:
     name = cfg.scenario.name
     if name not in SCENARIOS:
         raise UserError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
-    rows = importlib.import_module(SCENARIOS[name]).run(cfg)
+    scenario = importlib.import_module(SCENARIOS[name])
+    rows = run_repeated(name, cfg.get("repeats", 1), lambda: scenario.run(cfg))
     head = identity(cfg)
     return [{**head, **row} for row in rows]

@@ -1,7 +1,10 @@
 """Hot-path benchmarks (pytest-benchmark): what every simulated or served step pays on the host.
 
-CI compares them with results/baseline/benchmarks.json and fails only beyond twice as slow
-(conf/compare_policy.yaml, median_s). Each benchmark also checks the work it timed was done.
+CI measures them for this tree and for the commit of results/baseline/ on the same machine,
+interleaved (bench-compare --against REF), and judges each run's median with a significance
+test and a 10 % minimum change (conf/compare_policy.yaml, median_s). The scheduler steps also
+record the Python calls and lines one step executes (extra_info), which the gate compares
+exactly. Each benchmark also checks the work it timed was done.
 """
 
 from __future__ import annotations
@@ -18,21 +21,24 @@ from kvbench.scenarios.build import load_specs
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.sequence import Request, Sequence
 
+from work_counter import count_work
+
 RUNNING = 256
 PROMPT = 100
 ROUNDS = 400  # decode steps timed; every sequence grows by one token each
+COUNTED_STEPS = 16  # one block of tokens: every sequence crosses one block boundary
 
 
-def running_scheduler(allocator) -> Scheduler:
-    """A scheduler whose 256 sequences have all been prefilled and are decoding."""
+def running_scheduler(allocator, running: int = RUNNING) -> Scheduler:
+    """A scheduler whose `running` sequences have all been prefilled and are decoding."""
     ids = itertools.count()
-    scheduler = Scheduler(allocator, max_num_seqs=RUNNING, max_num_batched_tokens=8192)
-    for i in range(RUNNING):
+    scheduler = Scheduler(allocator, max_num_seqs=running, max_num_batched_tokens=8192)
+    for i in range(running):
         request = Request(i, 0.0, PROMPT, output_len=1000)
         scheduler.add(Sequence(next(ids), request, PROMPT))
     while scheduler.waiting:
         decode_step(scheduler)
-    assert len(scheduler.running) == RUNNING
+    assert len(scheduler.running) == running
     return scheduler
 
 
@@ -50,11 +56,28 @@ ALLOCATORS = {
 }
 
 
+def record_work_per_step(benchmark, allocator: str, running: int) -> None:
+    """Calls and lines of one decode step, counted on a fresh scheduler in the same state every run."""
+    scheduler = running_scheduler(ALLOCATORS[allocator](running * 2048), running)
+    calls, lines = count_work(lambda: decode_step(scheduler), COUNTED_STEPS)
+    benchmark.extra_info.update(calls_per_step=calls, lines_per_step=lines)
+
+
 @pytest.mark.parametrize("allocator", sorted(ALLOCATORS))
 def test_scheduler_step_256_running(benchmark, allocator):
     scheduler = running_scheduler(ALLOCATORS[allocator](RUNNING * 2048))
     batch = benchmark.pedantic(decode_step, args=(scheduler,), rounds=ROUNDS, warmup_rounds=10)
     assert len(batch) == RUNNING and batch.num_tokens == RUNNING and not batch.preempted
+    record_work_per_step(benchmark, allocator, RUNNING)
+
+
+@pytest.mark.parametrize("allocator", sorted(ALLOCATORS))
+def test_scheduler_step_1024_running(benchmark, allocator):
+    """Four times the batch: a step that scans more than its batch grows faster than 4x here."""
+    scheduler = running_scheduler(ALLOCATORS[allocator](1024 * 2048), 1024)
+    batch = benchmark.pedantic(decode_step, args=(scheduler,), rounds=ROUNDS // 4, warmup_rounds=5)
+    assert len(batch) == 1024 and batch.num_tokens == 1024 and not batch.preempted
+    record_work_per_step(benchmark, allocator, 1024)
 
 
 def test_block_table_lookup_256_running(benchmark):

@@ -1,0 +1,219 @@
+"""`bench-compare --against REF`: measure a git ref and this tree on this machine, interleaved.
+
+Noise between machines (CPU model, load, frequency) dwarfs most code changes, so the baseline
+of a wall-clock comparison is measured here, now: REF is checked out in a temporary git
+worktree and run with this environment's packages (its kvbench put first on PYTHONPATH through
+a folder of links laid out as its pyproject's package-dir says). Both sides run the same
+benchmarks (this tree's; REF's own when REF's code cannot run them) `repeats` times each in
+ABBA order, so drift in the machine's load falls on both; each run is one sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+import kvbench
+from kvbench.errors import UserError
+from kvbench.reporting.compare import benchmark_frame, compare
+from kvbench.reporting.policy import Policy
+from kvbench.reporting.report import load_rows
+from kvbench.scenarios.repeats import aggregate
+
+HOT_PATHS = ["tests/benchmarks"]
+# Rounds within one run are not independent samples; runs are. A short run leaves time for more.
+BENCHMARK_MAX_TIME_S = "0.1"
+
+
+def _git(tree: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, timeout=120)
+
+
+def source_tree() -> Path:
+    """The git work tree of the kvbench this environment imports."""
+    result = _git(Path(kvbench.__file__).resolve().parent, "rev-parse", "--show-toplevel")
+    if result.returncode != 0:
+        raise UserError(f"--against needs kvbench installed from a git work tree; "
+                        f"{Path(kvbench.__file__).parent} is not in one")
+    return Path(result.stdout.strip())
+
+
+def resolve_ref(tree: Path, ref: str) -> str:
+    result = _git(tree, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if result.returncode != 0 or not result.stdout.strip():
+        raise UserError(f"--against {ref!r}: no such commit in {tree} (give a branch, tag or sha)")
+    return result.stdout.strip()
+
+
+def import_root(ref_tree: Path, overlay: Path) -> Path:
+    """A folder that, first on PYTHONPATH, makes `import kvbench` load REF's code."""
+    pyproject = ref_tree / "pyproject.toml"
+    try:
+        mapping = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        mapping = {}
+    if "kvbench" not in mapping:
+        if (ref_tree / "kvbench" / "__init__.py").is_file():
+            return ref_tree
+        raise UserError(f"cannot import REF's kvbench: {pyproject} maps no package-dir for it")
+    for package in sorted(mapping, key=lambda name: name.count(".")):
+        if package != "kvbench" and not package.startswith("kvbench."):
+            continue
+        link, source = overlay.joinpath(*package.split(".")), (ref_tree / mapping[package]).resolve()
+        if link.exists() and link.resolve() == source:
+            continue  # already reached through its parent's link
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(source, target_is_directory=True)
+    return overlay
+
+
+class Side:
+    """One tree's runs: how to launch it, where its runs went, how long they took."""
+
+    def __init__(self, name: str, env: dict, cwd: Path, folder: Path):
+        self.name, self.env, self.cwd, self.folder = name, env, cwd, folder
+        self.outputs: list[Path] = []
+        self.seconds: list[float] = []
+        folder.mkdir(parents=True)
+
+    def run(self, command: list[str]) -> subprocess.CompletedProcess:
+        start = time.perf_counter()
+        result = subprocess.run(command, cwd=self.cwd, env=self.env, capture_output=True, text=True)
+        self.seconds.append(time.perf_counter() - start)
+        return result
+
+
+def _first_error(result: subprocess.CompletedProcess) -> str:
+    lines = (result.stdout + result.stderr).splitlines()
+    errors = [line for line in lines if "Error" in line or line.startswith("E ")]
+    return (errors or lines or ["no output"])[0].strip()[:200]
+
+
+def _benchmark_run(side: Side, targets: list[str], index: int) -> None:
+    output = side.folder / f"run{index}.json"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets, "--benchmark-only",
+               f"--benchmark-json={output}", f"--benchmark-max-time={BENCHMARK_MAX_TIME_S}"]
+    result = side.run(command)
+    ran = output.is_file() and json.loads(output.read_text()).get("benchmarks")
+    if result.returncode != 0 and not ran:
+        raise RuntimeError(_first_error(result))
+    side.outputs.append(output)
+
+
+def merge_benchmark_runs(paths: list[Path], merged: Path) -> Path:
+    """One pytest-benchmark JSON whose every benchmark keeps each run's statistics under `runs`."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    data = runs[0]
+    by_name = [{b["fullname"]: b["stats"] for b in run["benchmarks"]} for run in runs]
+    for bench in data["benchmarks"]:
+        bench["runs"] = [stats[bench["fullname"]] for stats in by_name if bench["fullname"] in stats]
+    merged.write_text(json.dumps(data))
+    return merged
+
+
+def _bench_run(side: Side, overrides: list[str], index: int) -> None:
+    sweep = side.folder / f"run{index}"
+    command = [sys.executable, "-m", "kvbench.cli", "-m", *overrides, f"hydra.sweep.dir={sweep}", "progress=false"]
+    result = side.run(command)
+    if result.returncode != 0 and not list(sweep.glob("*/metrics.csv")):
+        raise RuntimeError(_first_error(result))
+    side.outputs.append(sweep)
+
+
+def _typed(rows: list[dict]) -> list[dict]:
+    """CSV strings back to numbers, column by column, where every value of the column is one."""
+    frame = pd.DataFrame(rows)
+    for column in frame:
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        if numbers.notna().all():
+            frame[column] = numbers
+    return frame.to_dict("records")
+
+
+def merge_bench_runs(sweeps: list[Path]) -> pd.DataFrame:
+    """Each point's runs as one row: medians, and every run's value as samples."""
+    runs = [sorted(_typed(load_rows(s)), key=lambda r: str(r.get("point"))) for s in sweeps]
+    rows = aggregate(runs)
+    for row, *each in zip(rows, *runs):
+        failed = [r for r in each if r.get("status") != "ok"]
+        if failed:
+            row.update(status=failed[0].get("status"), reason=failed[0].get("reason", ""))
+    return pd.DataFrame(rows)
+
+
+def run_ab(ref: str, repeats: int, what: list[str], policy: Policy, out_dir: Optional[Path] = None,
+           current_env: tuple = (), allow_missing: bool = False, out=sys.stdout) -> int:
+    if repeats < 2:
+        raise UserError(f"--repeats {repeats}: the significance test needs at least 2 runs a side "
+                        f"(5 or more to detect a change on a noisy host)")
+    bench_overrides = [w for w in what if "=" in w and not w.startswith("-")]
+    targets = [w for w in what if w not in bench_overrides] or HOT_PATHS
+    extra = {}
+    for item in current_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--current-env {item!r}: give KEY=VALUE")
+        extra[key] = value
+    tree = source_tree()
+    sha = resolve_ref(tree, ref)
+    work = Path(tempfile.mkdtemp(prefix="kvbench-ab-"))
+    ref_tree = work / "ref"
+    added = _git(tree, "worktree", "add", "--detach", "--quiet", str(ref_tree), sha)
+    if added.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        raise UserError(f"cannot create a git worktree of {ref} at {ref_tree}: "
+                        f"{(added.stderr.strip().splitlines() or ['no message'])[-1]}")
+    started = time.perf_counter()
+    try:
+        base_env = {**os.environ, "PYTHONHASHSEED": "0"}
+        root = import_root(ref_tree, work / "imports")
+        base_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+        sides = {"baseline": Side(f"{ref} ({sha[:12]})", base_env, tree, work / "baseline"),
+                 "current": Side("this tree", {**os.environ, "PYTHONHASHSEED": "0", **extra}, tree, work / "current")}
+        print(f"A/B: {sides['baseline'].name} vs {tree} ({'bench ' + ' '.join(bench_overrides) if bench_overrides else ' '.join(targets)}), "
+              f"{repeats} runs a side, interleaved", file=out)
+        for index in range(repeats):
+            order = ("baseline", "current") if index % 2 == 0 else ("current", "baseline")
+            for name in order:
+                side = sides[name]
+                try:
+                    if bench_overrides:
+                        _bench_run(side, bench_overrides, index)
+                    else:
+                        _benchmark_run(side, targets, index)
+                except RuntimeError as err:
+                    if name == "current" or side.cwd == ref_tree or bench_overrides:
+                        print(f"error: the {name} side failed in run {index + 1}: {err}", file=out)
+                        return 1
+                    print(f"note: {ref} cannot run this tree's benchmarks ({err}); using its own", file=out)
+                    side.cwd = ref_tree
+                    _benchmark_run(side, targets, index)
+                print(f"  run {index + 1}/{repeats} {name}: {side.seconds[-1]:.1f} s", file=out)
+        keep = Path(out_dir) if out_dir else work
+        keep.mkdir(parents=True, exist_ok=True)
+        frames = {}
+        for name, side in sides.items():
+            if bench_overrides:
+                frames[name] = merge_bench_runs(side.outputs)
+                frames[name].to_csv(keep / f"{name}.csv", index=False)
+            else:
+                frames[name] = benchmark_frame(merge_benchmark_runs(side.outputs, keep / f"{name}.json"))
+        code = compare(frames["baseline"], frames["current"], policy, allow_missing, out=out)
+        total = time.perf_counter() - started
+        print(f"A/B against {ref} ({sha[:12]}): {total:.0f} s for {repeats} runs a side "
+              f"(baseline {sum(sides['baseline'].seconds):.0f} s, current {sum(sides['current'].seconds):.0f} s)"
+              + (f"; results in {keep}" if out_dir else ""), file=out)
+        return code
+    finally:
+        _git(tree, "worktree", "remove", "--force", str(ref_tree))
+        shutil.rmtree(work, ignore_errors=True)

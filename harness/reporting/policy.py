@@ -1,0 +1,147 @@
+"""bench-compare's policy: which columns name a point, and how each metric is judged.
+
+A metric is either exact (simulated: deterministic for a seed, so a tolerance the worse way) or
+measured (wall clock: a significance test on the repeats' samples and a minimum relevant
+change). The packaged policy is conf/compare_policy.yaml; its header documents every field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from kvbench.errors import UserError
+
+DEFAULT_POLICY = "compare_policy.yaml"
+TEST_METHODS = ("mannwhitneyu", "bootstrap")
+
+
+@dataclass(frozen=True)
+class SignificanceTest:
+    """How measured metrics are judged: a one-sided test at `alpha` on the two sides' samples."""
+
+    method: str = "mannwhitneyu"
+    alpha: float = 0.05
+    resamples: int = 2000  # bootstrap only
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one metric is judged.
+
+    Exact: `tolerance` relative to the baseline (None = report only) plus `abs_tolerance`.
+    Measured: `min_effect` set, the smallest change the worse way that counts (0.1 = 10 %).
+    """
+
+    better: str
+    tolerance: Optional[float] = None
+    abs_tolerance: float = 0.0
+    min_effect: Optional[float] = None
+
+    @property
+    def measured(self) -> bool:
+        return self.min_effect is not None
+
+    def verdict(self, base: float, cur: float) -> str:
+        """The exact comparison of two numbers."""
+        if math.isnan(base) and math.isnan(cur):
+            return "same"
+        if math.isnan(cur):
+            return "REGRESSED" if self.tolerance is not None else "worse"
+        if math.isnan(base):
+            return "new"
+        worse_by = cur - base if self.better == "lower" else base - cur
+        if worse_by == 0:
+            return "same"
+        if worse_by < 0:
+            return "better"
+        if self.tolerance is not None and worse_by > self.tolerance * abs(base) + self.abs_tolerance:
+            return "REGRESSED"
+        return "worse"
+
+
+@dataclass
+class Policy:
+    identity: list
+    environment: list
+    rules: dict  # metric -> Rule
+    scenario_rules: dict  # scenario -> {metric -> Rule}, replacing `rules` for that scenario's rows
+    test: SignificanceTest
+
+    def rules_for(self, scenario: str) -> dict:
+        return {**self.rules, **self.scenario_rules.get(scenario, {})}
+
+
+def _read_yaml(source) -> dict:
+    try:
+        data = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as err:
+        raise UserError(f"policy {source} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise UserError(f"policy {source} needs a 'metrics:' mapping of metric -> {{better, tolerance}}")
+    return data
+
+
+def _fraction(where: str, key: str, value, low: float, high: float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
+        raise UserError(f"policy {where}: {key} must be a number between {low:g} and {high:g} "
+                        f"(exclusive), not {value!r}")
+    return float(value)
+
+
+def _rules(metrics: dict, known: dict) -> dict:
+    rules = {}
+    for metric, spec in (metrics or {}).items():
+        if metric not in known:
+            raise UserError(f"policy names unknown metric {metric!r}; known: {', '.join(known)}")
+        spec = spec or {}
+        where = f"metric {metric!r}"
+        if spec.get("better") not in ("higher", "lower"):
+            raise UserError(f"policy {where}: better must be 'higher' or 'lower', not {spec.get('better')!r}")
+        tolerance, min_effect = spec.get("tolerance"), spec.get("min_effect")
+        if tolerance is not None and min_effect is not None:
+            raise UserError(f"policy {where}: give tolerance (exact metrics) or min_effect "
+                            f"(measured metrics), not both")
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+                                      or tolerance < 0):
+            raise UserError(f"policy {where}: tolerance must be a number >= 0 or null, not {tolerance!r}")
+        if min_effect is not None:
+            min_effect = _fraction(where, "min_effect", min_effect, 0.0, 10.0)
+        rules[metric] = Rule(spec["better"], None if tolerance is None else float(tolerance),
+                             float(spec.get("abs_tolerance", 0.0)), min_effect)
+    return rules
+
+
+def _test(spec, source) -> SignificanceTest:
+    spec = spec or {}
+    if not isinstance(spec, dict):
+        raise UserError(f"policy {source}: test must be a mapping of method, alpha, resamples")
+    method = spec.get("method", SignificanceTest.method)
+    if method not in TEST_METHODS:
+        raise UserError(f"policy {source}: test.method must be one of {', '.join(TEST_METHODS)}, not {method!r}")
+    alpha = _fraction(f"{source} test", "alpha", spec.get("alpha", SignificanceTest.alpha), 0.0, 0.5)
+    resamples = spec.get("resamples", SignificanceTest.resamples)
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
+        raise UserError(f"policy {source}: test.resamples must be a whole number >= 100, not {resamples!r}")
+    return SignificanceTest(method, alpha, resamples)
+
+
+def load_policy(path: Optional[Path] = None) -> Policy:
+    """The packaged policy, or a user's; a user's may name only metrics kvbench knows."""
+    packaged_source = resources.files("kvbench.conf") / DEFAULT_POLICY
+    packaged = _read_yaml(packaged_source)
+    if path is not None and not Path(path).is_file():
+        raise UserError(f"policy {path} does not exist")
+    source = Path(path) if path is not None else packaged_source
+    data = _read_yaml(source) if path is not None else packaged
+    known = packaged["metrics"]
+    scenarios = data.get("scenarios") or {}
+    return Policy(list(data.get("identity", packaged["identity"])),
+                  list(data.get("environment", packaged["environment"])), _rules(data["metrics"], known),
+                  {name: _rules(metrics, known) for name, metrics in scenarios.items()},
+                  _test(data.get("test", packaged.get("test")), source))

@@ -1,0 +1,75 @@
+"""Repeated measurement of one point: each metric's median, and every repeat's value as samples.
+
+Wall-clock metrics (serve, kernel) vary from run to run on a shared host, so one number cannot
+say whether a change moved them. A point run `repeats=N` times keeps all N values of every
+numeric metric in its `samples` column (JSON, metric -> list), which bench-compare's
+significance test reads; the metric's own column holds the median of the N. Simulated points
+are exact for a seed, so they run once whatever `repeats` says.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import statistics
+from typing import Callable
+
+from kvbench.errors import UserError
+
+MEASURED = ("serve", "kernel")  # scenarios whose metrics are wall-clock measurements
+SAMPLES = "samples"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def aggregate(repeats: list[list[dict]]) -> list[dict]:
+    """One row per point from N repeats of the same rows: medians, and the N values as samples."""
+    if len({len(rows) for rows in repeats}) != 1:
+        raise ValueError("every repeat of a point must produce the same rows")
+    merged = []
+    for rows in zip(*repeats):
+        row = dict(rows[0])
+        samples = {}
+        for key in rows[0]:
+            values = [r.get(key) for r in rows]
+            if not all(_is_number(v) for v in values):
+                continue
+            if all(v == values[0] for v in values):  # a count, a parameter: keep its type
+                if math.isfinite(values[0]):
+                    samples[key] = [float(v) for v in values]
+                continue
+            finite = [float(v) for v in values if math.isfinite(v)]
+            row[key] = statistics.median(finite) if finite else math.nan
+            samples[key] = [float(v) for v in values]
+        row.update(repeats=len(rows), **{SAMPLES: json.dumps(samples, separators=(",", ":"))})
+        merged.append(row)
+    return merged
+
+
+def run_repeated(scenario: str, repeats, run_once: Callable[[], list[dict]]) -> list[dict]:
+    """Run a point once, or `repeats` times when its scenario is measured."""
+    try:
+        count = int(repeats)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1 or str(count) != str(repeats).strip():
+        raise UserError(f"repeats={repeats!r} must be a whole number >= 1")
+    if count == 1 or scenario not in MEASURED:
+        return run_once()
+    return aggregate([run_once() for _ in range(count)])
+
+
+def samples_of(cell) -> dict[str, list[float]]:
+    """The samples column of a result row read back from CSV ({} when the point ran once)."""
+    if isinstance(cell, dict):
+        return cell
+    if not isinstance(cell, str) or not cell.strip():
+        return {}
+    try:
+        data = json.loads(cell)
+    except ValueError:
+        raise UserError(f"a result row's {SAMPLES} column is not JSON: {cell[:60]!r}") from None
+    return {k: [float(x) for x in v] for k, v in data.items()} if isinstance(data, dict) else {}

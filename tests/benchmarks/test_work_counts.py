@@ -1,0 +1,38 @@
+"""The work counter behind the exact hot-path gate: the same code counts the same, a hidden
+O(pool) scan counts thousands of lines more (these run in the test suite, not as benchmarks)."""
+
+from __future__ import annotations
+
+from kvbench.plugins.allocators.paged import PagedAllocator
+
+from test_hot_paths import COUNTED_STEPS, decode_step, running_scheduler
+from work_counter import count_work
+
+
+class ScanningPagedAllocator(PagedAllocator):
+    """A regression a profile would miss at this size: each new block is found by a pool scan."""
+
+    def _take_block(self) -> int:
+        next(i for i, count in enumerate(self.ref_count) if count == 0)
+        return super()._take_block()
+
+
+def lines_per_step(allocator_cls, running: int = 256) -> float:
+    scheduler = running_scheduler(allocator_cls(running * 2048, 2048, block_size=16), running)
+    return count_work(lambda: decode_step(scheduler), COUNTED_STEPS)[1]
+
+
+def test_identical_code_counts_identical_work():
+    scheduler_a = running_scheduler(PagedAllocator(256 * 2048, 2048, block_size=16))
+    scheduler_b = running_scheduler(PagedAllocator(256 * 2048, 2048, block_size=16))
+    assert count_work(lambda: decode_step(scheduler_a), COUNTED_STEPS) == \
+        count_work(lambda: decode_step(scheduler_b), COUNTED_STEPS)
+
+
+def test_an_injected_pool_scan_is_caught_and_grows_with_the_pool_in_use():
+    clean, scanning = lines_per_step(PagedAllocator), lines_per_step(ScanningPagedAllocator)
+    # 256 new blocks over 16 steps, each scan walking past the ~2,000 blocks in use
+    assert scanning > 3 * clean
+    clean_1k, scanning_1k = lines_per_step(PagedAllocator, 1024), lines_per_step(ScanningPagedAllocator, 1024)
+    assert clean_1k < 4.5 * clean  # the step itself is linear in the batch
+    assert scanning_1k - clean_1k > 10 * (scanning - clean)  # the scan is batch x pool in use
