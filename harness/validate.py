@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.errors import UserError
 
-GROUPS = ("scenario", "model", "hardware", "workload", "allocator", "backend", "graph")
+GROUPS = ("scenario", "model", "hardware", "workload", "executor", "allocator", "backend", "graph")
 
 
 def group_options(group: str) -> list[str]:

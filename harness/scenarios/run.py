@@ -14,6 +14,7 @@ SCENARIOS = {
     "simulate": "kvbench.scenarios.simulate",
     "serve": "kvbench.scenarios.serve",
     "kernel": "kvbench.scenarios.kernel",
+    "profile": "kvbench.scenarios.profile",
 }
 
 
