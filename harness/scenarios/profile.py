@@ -103,9 +103,10 @@ def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
     scenario = cfg.scenario
     warmup, repeats, _ = validate(scenario)
     sched = cfg.scheduler
+    max_model_len = int(cfg.model.max_model_len)
+    shapes, ruled_out = grid(scenario, max_model_len, int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
     real = real_model(cfg)
     spec = real.spec
-    shapes, ruled_out = grid(scenario, spec.max_model_len, int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
     allocator = build_allocator(cfg, spec, int(scenario.kv_cache_tokens))
     timer = StepTimer(allocator, real.executor(allocator), int(sched.max_num_seqs),
                       int(sched.max_num_batched_tokens), spec.vocab_size, int(cfg.seed),

@@ -15,6 +15,7 @@ SCENARIOS = {
     "serve": "kvbench.scenarios.serve",
     "kernel": "kvbench.scenarios.kernel",
     "profile": "kvbench.scenarios.profile",
+    "validate": "kvbench.scenarios.validate_simulator",
 }
 
 

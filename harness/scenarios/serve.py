@@ -143,8 +143,9 @@ def warm_up(cfg: DictConfig, real: RealModel, steps: int) -> None:
         timer.time(Shape(decode_seqs=4, decode_context=length))
 
 
-def serve(cfg: DictConfig) -> tuple[dict, Engine]:
-    """One served run: its result row and the engine (whose recorder holds the steps)."""
+def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
+    """One served run: its result row and the engine (whose recorder holds the steps);
+    `prepare(engine)`, when given, sees the engine before the first step."""
     scenario = cfg.scenario
     real = real_model(cfg)
     model_spec, device = real.spec, real.device
@@ -170,6 +171,8 @@ def serve(cfg: DictConfig) -> tuple[dict, Engine]:
     if device.type == "cuda":  # capture before the first step, so no step's time includes it
         engine.executor.capture_graphs(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens))
     warm_up(cfg, real, int(scenario.get("warmup_steps", 0)))
+    if prepare is not None:
+        prepare(engine)
     if async_scheduling:
         check_async_supported(requests, engine.allocator)
         engine.executor = AsyncScheduling(engine.executor, engine.recorder, len(requests))
