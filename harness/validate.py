@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.errors import UserError
 
-GROUPS = ("scenario", "model", "hardware", "workload", "allocator", "backend", "graph", "experiment", "preset")
+GROUPS = ("scenario", "model", "hardware", "workload", "allocator", "backend", "graph", "experiment", "preset", "executor")
 
 
 def group_options(group: str) -> list[str]:

@@ -15,6 +15,8 @@ SCENARIOS = {
     "simulate": "kvbench.scenarios.simulate",
     "serve": "kvbench.scenarios.serve",
     "kernel": "kvbench.scenarios.kernel",
+    "profile": "kvbench.scenarios.profile",
+    "validate": "kvbench.scenarios.validate_simulator",
 }
 
 

@@ -4,27 +4,39 @@ The scheduler and allocators are the simulator's; the executor runs the model wi
 cache the allocator lays out and the chosen attention backend. Times are wall times on this
 host. The row adds the per-step host time split and, beside the measured swap time, what the
 hardware profile's swap / recompute model says the run's preemptions would cost.
+
+So that two identical runs agree, the measurement fixes torch's thread counts (and, when asked,
+the cores it may run on), warms the model up on synthetic steps before the first measured one,
+and keeps Python's garbage collector out of the measured steps.
 """
 
 from __future__ import annotations
 
+import gc
 import math
-from dataclasses import replace
+import os
+import time
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.core import workload
+from kvbench.core.engine import Engine
 from kvbench.core.radix import radix_hit_rate
+from kvbench.core.spec import ModelSpec
 from kvbench.errors import UserError
 from kvbench.executors.async_scheduling import AsyncScheduling, check_async_supported
 from kvbench.executors.hybrid_executor import HybridModelExecutor
 from kvbench.executors.model_executor import ModelExecutor
 from kvbench.model.decoder import TinyDecoder
 from kvbench.model.sampling import SamplingParams
-from kvbench.scenarios.build import allocator_class, backend_class, build_engine, graph_mode, load_specs, resolve_device
+from kvbench.scenarios.build import (allocator_class, backend_class, build_allocator, build_engine, graph_mode,
+                                     load_specs, resolve_device)
 from kvbench.scenarios.kernel_case import TORCH_DTYPES
 from kvbench.scenarios.simulate import preemption_report
+from kvbench.scenarios.synthetic_steps import Shape, StepTimer
+
 
 def resolve_dtype(name: str, device: torch.device) -> str:
     if name == "auto":
@@ -48,20 +60,97 @@ def serve_workload(cfg: DictConfig) -> dict:
     return spec
 
 
-def run(cfg: DictConfig) -> list[dict]:
-    model_spec, hardware = load_specs(cfg)
+def pin_threads(scenario: DictConfig, device: torch.device) -> None:
+    """Fix torch's intra- and inter-op thread counts and, if set, the cores this process runs on."""
+    cores = scenario.get("cpu_affinity")
+    if cores is not None:
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cores})
+        except (OSError, ValueError, TypeError) as err:
+            raise UserError(f"scenario.cpu_affinity={list(cores)} cannot be applied: {err}") from None
+    threads = scenario.get("cpu_threads")
+    if device.type != "cpu" or threads is None:
+        return
+    if int(threads) < 1:
+        raise UserError(f"scenario.cpu_threads={threads} must be >= 1 (or null for torch's default)")
+    torch.set_num_threads(int(threads))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # settable once per process, before any parallel work: already fixed
+        pass
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def step_clock(scenario: DictConfig, device: torch.device, async_scheduling: bool = False):
+    """How a step is timed: wall time, or (cpu, one thread) this process's CPU time, which a
+    shared host's other processes do not inflate while they hold the core."""
+    name = str(scenario.get("clock", "wall"))
+    if name not in CLOCKS:
+        raise UserError(f"scenario.clock={name!r} is not one of {', '.join(CLOCKS)}")
+    if name == "cpu" and (device.type != "cpu" or scenario.get("cpu_threads") != 1 or async_scheduling):
+        raise UserError("scenario.clock=cpu needs device cpu, scenario.cpu_threads=1 and no async "
+                        "scheduling: only then is the process's CPU time the step's duration")
+    return CLOCKS[name]
+
+
+@dataclass
+class RealModel:
+    """What a real run serves: the model on its device, and the plugins that run it."""
+
+    spec: ModelSpec
+    device: torch.device
+    model: TinyDecoder
+    backend_cls: type
+    graph: tuple
+    sampling: SamplingParams
+
+    def executor(self, allocator, swap_slots: int = 0, async_scheduling: bool = False):
+        # an allocator that lays out each layer kind apart needs the executor that reads that layout
+        executor_cls = HybridModelExecutor if allocator.per_layer_kind_layout else ModelExecutor
+        return executor_cls(self.model, allocator, self.backend_cls(), self.sampling, swap_slots=swap_slots,
+                            graph=self.graph, async_scheduling=async_scheduling)
+
+
+def real_model(cfg: DictConfig) -> RealModel:
+    """The model of `cfg` built on scenario.device in scenario.dtype, threads pinned."""
+    model_spec, _ = load_specs(cfg)
     scenario = cfg.scenario
     device = resolve_device(str(scenario.device))
     model_spec = replace(model_spec, dtype=resolve_dtype(str(scenario.dtype), device))
     dtype = TORCH_DTYPES[model_spec.dtype]
-    sampling = SamplingParams(float(scenario.sampling.temperature), float(scenario.sampling.top_p), int(cfg.seed))
-    async_scheduling = bool(cfg.engine.get("async_scheduling", False))
-
+    sampling = SamplingParams(float(scenario.sampling.temperature), float(scenario.sampling.top_p), int(cfg.seed)) \
+        if "sampling" in scenario else SamplingParams(seed=int(cfg.seed))
     allocator_cls, _ = allocator_class(cfg, model_spec)
     windows = [model_spec.window if k == "window" else 0 for k in model_spec.layer_kinds]
     backend_cls = backend_class(cfg, device, dtype, allocator_cls.layout, windows)
-    graph_cls, graph_options = graph_mode(cfg)
+    pin_threads(scenario, device)
+    model = TinyDecoder(model_spec, seed=int(cfg.seed)).to(device=device, dtype=dtype).eval()
+    return RealModel(model_spec, device, model, backend_cls, graph_mode(cfg), sampling)
 
+
+def warm_up(cfg: DictConfig, real: RealModel, steps: int) -> None:
+    """Run `steps` synthetic prefill and decode steps on a throwaway pool, so that first-call
+    costs (allocations, dispatch caches, lazy initialisation) land before the measured steps."""
+    if steps < 1:
+        return
+    length = min(64, real.spec.max_model_len)
+    allocator = build_allocator(cfg, real.spec, 8 * length)
+    timer = StepTimer(allocator, real.executor(allocator), 4, 4 * length, real.spec.vocab_size, int(cfg.seed))
+    for _ in range(steps):
+        timer.time(Shape(prefill_seqs=1, prefill_len=length))
+        timer.time(Shape(decode_seqs=4, decode_context=length))
+
+
+def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
+    """One served run: its result row and the engine (whose recorder holds the steps);
+    `prepare(engine)`, when given, sees the engine before the first step."""
+    scenario = cfg.scenario
+    real = real_model(cfg)
+    model_spec, device = real.spec, real.device
+    _, hardware = load_specs(cfg)
+    async_scheduling = bool(cfg.engine.get("async_scheduling", False))
     served = serve_workload(cfg)
     requests = workload.generate(served, int(cfg.seed), model_spec.max_model_len,
                                  with_tokens=True, vocab_size=model_spec.vocab_size)
@@ -70,28 +159,29 @@ def run(cfg: DictConfig) -> list[dict]:
                  else int(scenario.kv_cache_tokens))
     if num_slots < 1:
         raise UserError(f"the serve KV pool must hold at least one token (scenario.kv_cache_tokens={num_slots})")
-
-    threads = scenario.get("cpu_threads")
-    if device.type == "cpu" and threads is not None:
-        torch.set_num_threads(int(threads))
-    model = TinyDecoder(model_spec, seed=int(cfg.seed)).to(device=device, dtype=dtype).eval()
     swap_slots = int(scenario.swap_space_tokens)
 
     def make_executor(allocator):
         swap = allocator.num_cpu_blocks * allocator.block_size if allocator.supports_swap else 0
         allocator.record_copies = True
-        # an allocator that lays out each layer kind apart needs the executor that reads that layout
-        executor_cls = HybridModelExecutor if allocator.per_layer_kind_layout else ModelExecutor
-        return executor_cls(model, allocator, backend_cls(), sampling, swap_slots=swap,
-                            graph=(graph_cls, graph_options), async_scheduling=async_scheduling)
+        return real.executor(allocator, swap, async_scheduling)
 
     engine = build_engine(cfg, model_spec, num_slots, make_executor, swap_slots=swap_slots)
+    engine.step_clock = step_clock(scenario, device, async_scheduling)
     if device.type == "cuda":  # capture before the first step, so no step's time includes it
         engine.executor.capture_graphs(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens))
+    warm_up(cfg, real, int(scenario.get("warmup_steps", 0)))
+    if prepare is not None:
+        prepare(engine)
     if async_scheduling:
         check_async_supported(requests, engine.allocator)
         engine.executor = AsyncScheduling(engine.executor, engine.recorder, len(requests))
-    row = engine.run(requests)
+    gc.collect()
+    gc.disable()  # a collection would land in whichever step it happened to interrupt
+    try:
+        row = engine.run(requests)
+    finally:
+        gc.enable()
     executor = engine.executor
     if async_scheduling:
         executor.drain()
@@ -101,6 +191,12 @@ def run(cfg: DictConfig) -> list[dict]:
     if any(r.prefix_id >= 0 for r in requests):
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)
     rate = float(served["rate"])
+    sampling = real.sampling
     row.update(device=str(device), dtype=model_spec.dtype, rate="inf" if math.isinf(rate) else rate,
+               clock=str(scenario.get("clock", "wall")),
                sampling="greedy" if sampling.greedy else f"t={sampling.temperature},top_p={sampling.top_p}")
-    return [row]
+    return row, engine
+
+
+def run(cfg: DictConfig) -> list[dict]:
+    return [serve(cfg)[0]]

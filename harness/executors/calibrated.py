@@ -1,0 +1,142 @@
+"""CalibratedExecutor: each simulated step's time from a model fitted to a measured profile.
+
+A profile (profile.csv, written by scenario=profile) holds one row per measured batch shape:
+what it was measured on (model, its shape, dtype, device, backend, graph), the batch features
+and the step-time statistics. Loading it refits the step-time model from the rows
+(kvbench.executors.step_fit; deterministic, milliseconds), so the CSV is the one source and its
+sha256 names the calibration a result came from. A profile measured for another model, dtype,
+backend, graph or device is refused: its step times say nothing about this run.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.core.scheduler import Batch
+from kvbench.core.spec import Hardware, ModelSpec
+from kvbench.errors import UserError
+from kvbench.executors.base import StepResult
+from kvbench.executors.cost_model import copies_per_block, swap_time_s
+from kvbench.executors.step_fit import FEATURES, FitReport, fit
+
+# What a profile must agree with, in the order a refusal checks them.
+IDENTITY = ("model", "model_shape", "dtype", "backend", "graph", "device")
+TIME_COLUMN = "time_s_median"
+REQUIRED = IDENTITY + ("phase",) + FEATURES + (TIME_COLUMN, "heldout")
+
+
+def device_name(device) -> str:
+    """How a profile names the device it was measured on: cpu:<processor> or cuda:<GPU name>."""
+    import torch  # here, not at the top: a simulation with a cpu profile never needs it
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{_processor()}"
+
+
+def local_device_name() -> str:
+    """The device scenario=profile would measure here with scenario.device=auto."""
+    import torch
+
+    return device_name("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def model_shape(model: ModelSpec) -> str:
+    """The dimensions that set a step's work; a model of the same name overridden differs here."""
+    pattern = "".join(k[0] for k in model.layer_kinds)
+    return (f"L{model.num_layers}:{pattern}-h{model.hidden_size}-q{model.num_heads}-kv{model.num_kv_heads}"
+            f"-d{model.head_dim}-i{model.intermediate_size}-v{model.vocab_size}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    path: str
+    sha256: str
+    identity: dict
+    rows: list
+    report: FitReport
+
+
+def _number(path: str, line: int, row: dict, column: str) -> float:
+    try:
+        value = float(row[column])
+    except (TypeError, ValueError):
+        raise UserError(f"profile {path} row {line}: {column}={row[column]!r} is not a number") from None
+    if not math.isfinite(value) or value < 0 or (column == TIME_COLUMN and value <= 0):
+        raise UserError(f"profile {path} row {line}: {column}={row[column]!r} must be a finite number "
+                        f"{'> 0' if column == TIME_COLUMN else '>= 0'}")
+    return value
+
+
+def load_profile(path: str) -> Profile:
+    """Read and check a profile.csv (naming the row at fault), then fit its step-time model."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"executor.profile={path!r}: no such file; write one with bench scenario=profile")
+    data = file.read_bytes()
+    reader = csv.DictReader(data.decode(errors="replace").splitlines())
+    missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+    if missing:
+        raise UserError(f"profile {path} lacks column(s) {', '.join(missing)}; it is not a scenario=profile file")
+    rows, identity = [], None
+    for line, row in enumerate(reader, start=2):  # line 1 is the header
+        if None in row or any(row[c] in (None, "") for c in REQUIRED):
+            raise UserError(f"profile {path} row {line}: wrong number of fields or an empty required field")
+        here = {key: row[key] for key in IDENTITY}
+        if identity is None:
+            identity = here
+        elif here != identity:
+            changed = next(k for k in IDENTITY if here[k] != identity[k])
+            raise UserError(f"profile {path} row {line}: {changed}={here[changed]!r} differs from the first "
+                            f"row's {identity[changed]!r}; one profile holds one model on one device")
+        rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + (TIME_COLUMN,)}})
+    if len(rows) < len(FEATURES) + 1:
+        raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least "
+                        f"{len(FEATURES) + 1}")
+    # the split scenario=profile scored the fit on, so the reload reproduces its choice and error
+    held = [i for i, r in enumerate(rows) if r["heldout"] == "True"]
+    report = fit(rows, [r[TIME_COLUMN] for r in rows], held)
+    return Profile(str(file), hashlib.sha256(data).hexdigest(), identity, rows, report)
+
+
+def check_profile(profile: Profile, expected: dict) -> None:
+    """Refuse a profile whose identity differs from `expected` (a key absent there is not checked)."""
+    for key in IDENTITY:
+        if key in expected and str(expected[key]) != profile.identity[key]:
+            raise UserError(f"profile {profile.path} was measured for {key}={profile.identity[key]!r}, "
+                            f"not {expected[key]!r}; profile this configuration with bench scenario=profile")
+
+
+class CalibratedExecutor:
+    simulated = True
+
+    def __init__(self, profile: Profile, model: ModelSpec, hardware: Hardware):
+        self.profile = profile
+        self.predict = profile.report.model.predict
+        # swaps are host <-> device copies the profile did not time: the hardware's copy model
+        self.hardware = hardware
+        self.swap_copies_per_block = copies_per_block(model)
+        self.swap_bytes_per_slot = model.kv_bytes_per_token
+
+    def execute(self, batch: Batch) -> StepResult:
+        step_s = self.predict(batch.num_tokens, len(batch.seqs), batch.context_tokens, batch.attention_pairs)
+        if batch.swapped_blocks:
+            step_s += swap_time_s(self.hardware, batch.swapped_blocks * self.swap_copies_per_block,
+                                  batch.swapped_slots * self.swap_bytes_per_slot)
+        return StepResult(step_s)

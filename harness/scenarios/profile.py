@@ -1,0 +1,158 @@
+"""scenario=profile: time the real executor on a grid of synthetic batches, fit a step-time model.
+
+The grid has prefill-only steps (prompts x lengths), decode-only steps (batch x context) and
+mixed steps (decodes beside one prompt). Each shape is warmed up, then timed `repeats` times in
+interleaved rounds, exactly as the serve engine times a step (kvbench.scenarios.synthetic_steps).
+profile.csv gets one row per shape: what it was measured on, the cost model's batch features
+and the step-time statistics; profile_fit.json the fitted model (kvbench.executors.step_fit)
+and its error on held-out shapes. executor=calibrated simulates with profile.csv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from kvbench.errors import UserError
+from kvbench.executors.calibrated import device_name, model_shape
+from kvbench.executors.step_fit import FEATURES, fit, heldout_split
+from kvbench.reporting.results import write_atomic, write_csv
+from kvbench.scenarios.build import build_allocator, plugin_cfg
+from kvbench.scenarios.serve import real_model, step_clock
+from kvbench.scenarios.synthetic_steps import Shape, StepTimer
+
+
+def out_dir(scenario: DictConfig) -> Path:
+    """scenario.out_dir, else the Hydra run's directory, else the working directory."""
+    if scenario.get("out_dir"):
+        return Path(str(scenario.out_dir))
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
+
+
+def lengths(scenario: DictConfig, key: str, max_model_len: int) -> list[int]:
+    """A grid list of token counts, `max` resolved; one outside 1..max_model_len is an error."""
+    values = []
+    for value in scenario[key]:
+        length = max_model_len if str(value) == "max" else value
+        if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= max_model_len:
+            raise UserError(f"scenario.{key} has {value!r}: each entry must be an integer in "
+                            f"1..{max_model_len} (model.max_model_len) or max")
+        values.append(length)
+    return sorted(set(values))
+
+
+def counts(scenario: DictConfig, key: str) -> list[int]:
+    """A grid list of sequence counts, each >= 1."""
+    values = list(scenario[key])
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise UserError(f"scenario.{key}={values}: each entry must be an integer >= 1")
+    return sorted(set(values))
+
+
+def grid(scenario: DictConfig, max_model_len: int, max_num_seqs: int, max_num_tokens: int) -> tuple[list, int]:
+    """The shapes to time, and how many of the configured ones the scheduler's limits rule out."""
+    tokens = lambda key: lengths(scenario, key, max_model_len)
+    wanted = [Shape(prefill_seqs=p, prefill_len=n) for p in counts(scenario, "prefill_seqs")
+              for n in tokens("prefill_len")]
+    wanted += [Shape(decode_seqs=b, decode_context=c) for b in counts(scenario, "decode_batch")
+               for c in tokens("decode_context")]
+    wanted += [Shape(prefill_seqs=1, prefill_len=n, decode_seqs=b, decode_context=c)
+               for b in counts(scenario, "mixed_batch") for n in tokens("mixed_prefill_len")
+               for c in tokens("decode_context")]
+    shapes = [s for s in wanted
+              if s.prefill_seqs + s.decode_seqs <= max_num_seqs and s.num_tokens <= max_num_tokens]
+    return shapes, len(wanted) - len(shapes)
+
+
+def measure(timer: StepTimer, shapes: list[Shape], warmup: int, repeats: int, progress: bool) -> dict:
+    """Shape -> its timed steps, over `warmup` untimed and `repeats` timed interleaved rounds."""
+    timed: dict = {shape: [] for shape in shapes}
+    rounds = [(r, shape) for r in range(warmup + repeats) for shape in shapes]
+    for r, shape in tqdm(rounds, desc="profile", unit="step", disable=not progress, mininterval=1.0, leave=False):
+        if timed[shape] is None:
+            continue
+        step = timer.time(shape)
+        if step is None:  # the pool cannot hold it: dropped from every later round
+            timed[shape] = None
+        elif r >= warmup:
+            timed[shape].append(step)
+    return {shape: steps for shape, steps in timed.items() if steps}
+
+
+def validate(scenario: DictConfig) -> tuple[int, int, float]:
+    warmup, repeats, heldout = int(scenario.warmup), int(scenario.repeats), float(scenario.heldout_frac)
+    if repeats < 1:
+        raise UserError(f"scenario.repeats={repeats} must be >= 1")
+    if warmup < 0:
+        raise UserError(f"scenario.warmup={warmup} must be >= 0")
+    if not 0 <= heldout < 1:
+        raise UserError(f"scenario.heldout_frac={heldout} must be in [0, 1)")
+    return warmup, repeats, heldout
+
+
+def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
+    """Measure the grid on the configured model and device; one row per shape it could hold."""
+    scenario = cfg.scenario
+    warmup, repeats, _ = validate(scenario)
+    sched = cfg.scheduler
+    max_model_len = int(cfg.model.max_model_len)
+    shapes, ruled_out = grid(scenario, max_model_len, int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
+    real = real_model(cfg)
+    spec = real.spec
+    allocator = build_allocator(cfg, spec, int(scenario.kv_cache_tokens))
+    timer = StepTimer(allocator, real.executor(allocator), int(sched.max_num_seqs),
+                      int(sched.max_num_batched_tokens), spec.vocab_size, int(cfg.seed),
+                      step_clock(scenario, real.device))
+    measured = measure(timer, shapes, warmup, repeats, progress)
+    if len(measured) < len(FEATURES) + 1:
+        raise UserError(f"only {len(measured)} of the grid's shapes fit scheduler.* and scenario.kv_cache_tokens="
+                        f"{scenario.kv_cache_tokens}; widen them or the grid")
+    identity = {"model": spec.name, "model_shape": model_shape(spec), "dtype": spec.dtype,
+                "device": device_name(real.device), "backend": plugin_cfg(cfg, "backend")["name"],
+                "graph": plugin_cfg(cfg, "graph")["name"], "allocator": allocator.name,
+                "block_size": allocator.block_size, "cpu_threads": scenario.get("cpu_threads"),
+                "clock": str(scenario.get("clock", "wall"))}
+    rows = []
+    for shape, steps in measured.items():
+        seconds = np.array([s.seconds for s in steps])
+        first = steps[0]
+        rows.append({**identity, "phase": shape.phase, "prefill_seqs": shape.prefill_seqs,
+                     "prefill_len": shape.prefill_len, "decode_seqs": shape.decode_seqs,
+                     "decode_context": shape.decode_context,
+                     **{f: getattr(first, f) for f in FEATURES}, "repeats": len(seconds),
+                     "time_s_median": float(np.median(seconds)), "time_s_p10": float(np.percentile(seconds, 10)),
+                     "time_s_p90": float(np.percentile(seconds, 90)), "time_s_mean": float(seconds.mean())})
+    return rows, ruled_out + len(shapes) - len(measured)
+
+
+def run(cfg: DictConfig) -> list[dict]:
+    scenario = cfg.scenario
+    _, _, heldout_frac = validate(scenario)
+    started = time.perf_counter()
+    rows, skipped = profile_rows(cfg, bool(cfg.progress))
+    profile_s = time.perf_counter() - started
+    times = np.array([r["time_s_median"] for r in rows])
+    held = heldout_split(rows, heldout_frac, int(cfg.seed))
+    report = fit(rows, times, held)
+    for i, (row, predicted) in enumerate(zip(rows, report.model.predict_rows(rows))):
+        row.update(predicted_s=float(predicted), heldout=i in held)
+    folder = out_dir(scenario)
+    path = folder / "profile.csv"
+    write_csv(path, rows)
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    summary = {"profile": str(path), "profile_sha256": sha256, "profile_shapes": len(rows),
+               "profile_shapes_skipped": skipped, "profile_s": profile_s, "fit_form": report.model.form,
+               "fit_heldout_median_err": report.heldout_median, "fit_heldout_max_err": report.heldout_max,
+               "fit_heldout_shapes": report.num_heldout}
+    fit_doc = {**summary, "model": report.model.as_dict(),
+               "heldout_median_err_by_form": report.scores}
+    write_atomic(folder / "profile_fit.json", json.dumps(fit_doc, indent=2) + "\n")
+    return [{**summary, "device": rows[0]["device"], "dtype": rows[0]["dtype"]}]

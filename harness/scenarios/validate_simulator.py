@@ -1,0 +1,181 @@
+"""scenario=validate: the calibrated simulator against the real engine on the same workload.
+
+One point: profile the real executor (or take scenario.profile), then run the same workload and
+seed `runs` times through scenario=serve (measured) and `runs` times through scenario=simulate
+with executor=calibrated, in one process, serve and simulate alternating. The arrival rate is
+`load` times the request rate the calibrated simulator saturates at, so both sides see the same
+steady state below saturation. Writes validation.csv and validation.md (per metric: every run,
+the measured run-to-run spread and the simulator's relative error) and step_time.png (each
+measured step against the calibrated model's prediction for the very same batch).
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.errors import UserError
+from kvbench.reporting.results import write_atomic, write_csv
+from kvbench.scenarios.build import load_specs, plugin_cfg
+from kvbench.scenarios.profile import out_dir
+from kvbench.scenarios.profile import run as run_profile
+from kvbench.scenarios.serve import serve
+from kvbench.scenarios.simulate import simulate
+
+# The serving metrics compared: label -> result column. Renaming a result column is one edit here.
+METRICS = {
+    "throughput (req/s)": "throughput_req_s",
+    "throughput (tok/s)": "throughput_tok_s",
+    "mean batch": "mean_batch_size",
+    "TTFT p50": "ttft_p50_s",
+    "TTFT p99": "ttft_p99_s",
+    "TPOT p50": "tpot_p50_s",
+    "TPOT p99": "tpot_p99_s",
+    "normalized latency": "normalized_latency_s_per_tok",
+    "preemptions": "preemptions",
+}
+REQUEST_RATE = METRICS["throughput (req/s)"]
+
+
+def scenario_cfg(cfg: DictConfig, name: str, changes: DictConfig | None) -> DictConfig:
+    """`cfg` with its scenario replaced by conf/scenario/NAME.yaml and `changes` merged in."""
+    text = (resources.files("kvbench.conf") / "scenario" / f"{name}.yaml").read_text()
+    scenario = OmegaConf.merge(OmegaConf.create(text), changes or {})
+    derived = OmegaConf.to_container(cfg, resolve=True)
+    derived["scenario"] = OmegaConf.to_container(scenario, resolve=True)
+    return OmegaConf.create(derived)
+
+
+class FeatureLog:
+    """Wraps a real executor and keeps each step's batch features, to predict the same steps."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.features: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def execute(self, batch):
+        self.features.append((batch.num_tokens, len(batch.seqs), batch.context_tokens, batch.attention_pairs))
+        return self.inner.execute(batch)
+
+
+def relative_error(simulated: float, measured: float) -> float:
+    if measured == 0:
+        return 0.0 if simulated == 0 else math.inf
+    return (simulated - measured) / measured
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / mean of the measured runs: how far two identical runs disagree."""
+    mean = float(np.mean(values))
+    return (max(values) - min(values)) / mean if mean else 0.0
+
+
+def table(measured: list[dict], simulated: list[dict]) -> list[dict]:
+    rows = []
+    for label, column in METRICS.items():
+        real = [float(r[column]) for r in measured]
+        sim = [float(r[column]) for r in simulated]
+        rows.append({"metric": label, "column": column,
+                     **{f"measured_{i + 1}": v for i, v in enumerate(real)},
+                     **{f"simulated_{i + 1}": v for i, v in enumerate(sim)},
+                     "measured_spread": spread(real),
+                     "rel_error": relative_error(float(np.mean(sim)), float(np.mean(real)))})
+    return rows
+
+
+def markdown(rows: list[dict], head: str) -> str:
+    lines = [head, "", "| metric | measured (runs) | simulated | run-to-run spread | simulator error |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        real = " / ".join(f"{row[k]:.4g}" for k in row if k.startswith("measured_") and k[9:].isdigit())
+        lines.append(f"| {row['metric']} | {real} | {row['simulated_1']:.4g} | {100 * row['measured_spread']:.1f}% "
+                     f"| {100 * row['rel_error']:+.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def step_plot(measured_s: list, predicted_s: np.ndarray, sim_engine, path) -> float:
+    """Measured vs predicted time of the same steps, and the simulated run's own steps; returns
+    the median per-step relative error."""
+    from kvbench.reporting.figures import plt, save_figure
+
+    measured = np.asarray(measured_s)
+    fig, (over_run, scatter) = plt.subplots(1, 2, figsize=(12, 4.2))
+    smooth = lambda a: np.convolve(a, np.ones(15) / 15, mode="same") if len(a) > 15 else a
+    over_run.plot(smooth(measured) * 1e3, label="measured (serve)", lw=1.2)
+    over_run.plot(smooth(predicted_s) * 1e3, label="calibrated model, same batches", lw=1.2)
+    over_run.plot(smooth(np.asarray(sim_engine.recorder.step_dt)) * 1e3, label="simulated run's steps",
+                  lw=1.0, alpha=0.7)
+    over_run.set(xlabel="step", ylabel="step time, ms (15-step mean)", title="per-step time over the run")
+    over_run.legend()
+    scatter.scatter(measured * 1e3, predicted_s * 1e3, s=4, alpha=0.4)
+    top = float(max(measured.max(), predicted_s.max())) * 1e3
+    scatter.plot([0, top], [0, top], color="black", lw=0.8)
+    scatter.set(xlabel="measured step, ms", ylabel="predicted step, ms", title="each measured step")
+    save_figure(fig, path)
+    return float(np.median(np.abs(predicted_s - measured) / measured))
+
+
+def check(scenario: DictConfig) -> tuple[int, float | None]:
+    runs, load = int(scenario.runs), scenario.get("load")
+    if runs < 1:
+        raise UserError(f"scenario.runs={runs} must be >= 1")
+    if load is not None and not 0 < float(load):
+        raise UserError(f"scenario.load={load} must be > 0 (or null to keep workload.rate)")
+    return runs, None if load is None else float(load)
+
+
+def run(cfg: DictConfig) -> list[dict]:
+    scenario = cfg.scenario
+    runs, load = check(scenario)
+    folder = out_dir(scenario)
+    model, _ = load_specs(cfg)
+    profile = scenario.get("profile")
+    if not profile:
+        profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.merge(scenario.profiling, {"out_dir": str(folder)}))
+        profile = run_profile(profile_cfg)[0]["profile"]
+    kv_bytes = int(scenario.kv_cache_tokens) * model.kv_bytes_per_token
+    base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    base.engine.kv_cache_bytes = kv_bytes
+    sim_cfg = OmegaConf.merge(base, {"executor": None})
+    sim_cfg.executor = {"name": "calibrated", "profile": str(profile), "device": "local"}
+    if load is not None:  # below the rate the simulated server saturates at, so both reach steady state
+        saturated, _ = simulate(OmegaConf.merge(sim_cfg, {"workload": {"rate": float("inf")}, "progress": False}))
+        rate = load * float(saturated[REQUEST_RATE])
+        base = OmegaConf.merge(base, {"workload": {"rate": rate}})
+        sim_cfg = OmegaConf.merge(sim_cfg, {"workload": {"rate": rate}})
+    serve_cfg = scenario_cfg(base, "serve", scenario.serve)
+    measured, simulated, logs, engines = [], [], [], []
+    for _ in range(runs):
+        row, _ = serve(serve_cfg, prepare=lambda engine: logs.append(wrap(engine)))
+        measured.append(row)
+        sim_row, sim_engine = simulate(sim_cfg)
+        simulated.append(sim_row)
+        engines.append(sim_engine)
+    rows = table(measured, simulated)
+    predict = engines[0].executor.predict
+    predicted = np.array([predict(*f) for f in logs[0].features])
+    step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
+    rate = float(base.workload.rate)
+    head = (f"Calibrated simulator vs serve: model {model.name}, allocator {plugin_cfg(cfg, 'allocator')['name']}, "
+            f"{len(engines[0].recorder.finished)} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
+            f"serve clock {measured[0]['clock']}; profile {profile} (sha256 {simulated[0]['executor_profile_sha256'][:12]}); "
+            f"median per-step error on run 1's batches {100 * step_err:.1f}%")
+    write_csv(folder / "validation.csv", rows)
+    write_atomic(folder / "validation.md", markdown(rows, head))
+    common = {"rate": rate, "profile": str(profile), "executor_profile_sha256": simulated[0]["executor_profile_sha256"],
+              "step_err_median": step_err, "clock": measured[0]["clock"]}
+    return [{**common, **row} for row in rows]
+
+
+def wrap(engine) -> FeatureLog:
+    """Put a FeatureLog around the engine's executor, and read the measured steps from its recorder."""
+    log = FeatureLog(engine.executor)
+    engine.executor = log
+    log.recorder = engine.recorder
+    return log

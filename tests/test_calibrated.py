@@ -1,0 +1,193 @@
+"""The calibrated simulator: a profile's fit, its refusals, and the engine it runs in.
+
+A synthetic profile is written from a known step-time formula; the fit must give the formula
+back, simulate must refuse the profile for another model or device, and the calibrated
+executor must drive the very scheduler and allocators every other executor does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from kvbench.core.scheduler import Scheduler
+from kvbench.errors import UserError
+from kvbench.executors.calibrated import CalibratedExecutor, load_profile, local_device_name, model_shape
+from kvbench.executors.step_fit import FEATURES, heldout_split
+from kvbench.registry import default_registry
+from kvbench.reporting.results import read_csv, write_csv
+from kvbench.scenarios.build import load_specs
+from kvbench.scenarios.run import run_point
+from kvbench.scenarios.simulate import simulate
+from kvbench.scenarios.synthetic_steps import Shape
+
+# decode: 1.5 ms + 0.4 ms per sequence + 0.3 us per context token; a prompt's step adds 2 us
+# per token and 0.09 us per attention pair (what the tiny model measures on a CPU, roughly)
+DECODE = (1.5e-3, 0.0, 0.4e-3, 0.3e-6, 0.0)
+PREFILL = (1.8e-3, 2e-6, 0.4e-3, 0.3e-6, 0.09e-6)
+
+
+def formula(shape: Shape) -> float:
+    features = (shape.num_tokens, shape.prefill_seqs + shape.decode_seqs, context(shape), pairs(shape))
+    c = DECODE if shape.phase == "decode" else PREFILL
+    return c[0] + sum(ci * f for ci, f in zip(c[1:], features))
+
+
+def context(shape: Shape) -> int:
+    return shape.kv_tokens
+
+
+def pairs(shape: Shape) -> int:
+    return shape.prefill_seqs * shape.prefill_len ** 2 + shape.decode_seqs * shape.decode_context
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        return compose("bench", overrides=["progress=false", *overrides])
+
+
+def synthetic_profile(path, model: str = "tiny", device: str | None = None, **changes) -> str:
+    spec, _ = load_specs(compose_cfg(f"model={model}"))
+    shapes = ([Shape(prefill_seqs=p, prefill_len=n) for p in (1, 4) for n in (16, 64, 256, 512)]
+              + [Shape(decode_seqs=b, decode_context=c) for b in (1, 4, 16, 64) for c in (16, 128, 512)]
+              + [Shape(prefill_seqs=1, prefill_len=n, decode_seqs=b, decode_context=c)
+                 for b in (4, 32) for n in (32, 256) for c in (16, 512)])
+    rows = [{"model": spec.name, "model_shape": model_shape(spec), "dtype": spec.dtype,
+             "device": device or local_device_name(), "backend": "eager", "graph": "eager", "phase": s.phase,
+             "num_tokens": s.num_tokens, "num_seqs": s.prefill_seqs + s.decode_seqs,
+             "context_tokens": context(s), "attention_pairs": pairs(s), "time_s_median": formula(s)}
+            for s in shapes]
+    held = heldout_split(rows, 0.25, 0)
+    for i, row in enumerate(rows):
+        row.update(heldout=i in held, **changes)
+    write_csv(path, rows)
+    return str(path)
+
+
+@pytest.fixture
+def tiny_profile(tmp_path):
+    return synthetic_profile(tmp_path / "profile.csv")
+
+
+def test_the_fit_gives_back_the_formula_a_profile_was_generated_from(tiny_profile):
+    report = load_profile(tiny_profile).report
+    assert report.model.form == "per_phase"
+    assert report.heldout_max < 0.01
+    off_grid = [Shape(decode_seqs=37, decode_context=300), Shape(prefill_seqs=2, prefill_len=400),
+                Shape(prefill_seqs=1, prefill_len=100, decode_seqs=10, decode_context=200)]
+    for shape in off_grid:
+        features = (shape.num_tokens, shape.prefill_seqs + shape.decode_seqs, context(shape), pairs(shape))
+        assert report.model.predict(*features) == pytest.approx(formula(shape), rel=0.01)
+
+
+def calibrated(profile: str, *overrides: str) -> tuple[dict, object]:
+    return simulate(compose_cfg("executor=calibrated", f"executor.profile={profile}", "model=tiny",
+                                "engine.kv_cache_bytes=2097152", "workload.num_requests=40",
+                                "workload.rate=inf", *overrides))
+
+
+def test_a_profile_of_another_model_is_refused(tmp_path):
+    profile = synthetic_profile(tmp_path / "small.csv", model="small")
+    with pytest.raises(UserError, match="measured for model='small', not 'tiny'"):
+        calibrated(profile)
+
+
+def test_a_model_of_the_same_name_but_another_shape_is_refused(tiny_profile):
+    with pytest.raises(UserError, match="model_shape"):
+        calibrated(tiny_profile, "model.num_layers=3")
+
+
+def test_a_profile_of_another_device_is_refused_unless_asked_for(tmp_path):
+    profile = synthetic_profile(tmp_path / "gpu.csv", device="cuda:NVIDIA H200")
+    with pytest.raises(UserError, match="device='cuda:NVIDIA H200'"):
+        calibrated(profile)
+    row, _ = calibrated(profile, "executor.device=cuda:NVIDIA H200")
+    assert row["executor_device"] == "cuda:NVIDIA H200"
+
+
+def test_a_profile_of_another_backend_is_refused(tmp_path):
+    profile = synthetic_profile(tmp_path / "triton.csv", backend="triton_paged")
+    with pytest.raises(UserError, match="backend='triton_paged', not 'eager'"):
+        calibrated(profile)
+
+
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_the_calibrated_executor_drives_the_same_scheduler_and_allocators(tiny_profile, allocator):
+    row, engine = calibrated(tiny_profile, f"+allocator={allocator}")
+    roofline, roofline_engine = simulate(compose_cfg("model=tiny", "engine.kv_cache_bytes=2097152",
+                                                     "workload.num_requests=40", "workload.rate=inf",
+                                                     f"+allocator={allocator}"))
+    assert isinstance(engine.executor, CalibratedExecutor)
+    assert type(engine.scheduler) is Scheduler
+    assert type(engine.allocator) is default_registry().get("allocator", allocator)
+    assert type(engine.allocator) is type(roofline_engine.allocator)
+    # all requests arrive at once, so who runs when does not depend on step times: the same
+    # batches, each timed by the profile instead of the roofline
+    for key in ("completed", "steps", "preemptions", "max_batch_size", "recomputed_tokens"):
+        assert row[key] == roofline[key]
+    assert row["executor"] == "calibrated" and roofline["executor"] == "roofline"
+    assert row["executor_profile_sha256"] == load_profile(tiny_profile).sha256
+    assert row["duration_s"] != pytest.approx(roofline["duration_s"])
+
+
+def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "executor=calibrated",
+                             f"executor.profile={tmp_path / 'none.csv'}", "model=tiny", "progress=false",
+                             f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no such file" in result.stderr
+
+
+def test_a_malformed_profile_names_the_row(tiny_profile):
+    rows = read_csv(tiny_profile)
+    rows[4]["time_s_median"] = "fast"
+    write_csv(tiny_profile, rows)
+    with pytest.raises(UserError, match=r"row 6: time_s_median='fast' is not a number"):
+        load_profile(tiny_profile)
+
+
+def test_a_file_that_is_not_a_profile_is_refused(tmp_path):
+    path = tmp_path / "metrics.csv"
+    write_csv(path, [{"scenario": "simulate", "throughput_req_s": 1.0}])
+    with pytest.raises(UserError, match="lacks column"):
+        load_profile(str(path))
+
+
+def test_calibrated_without_a_profile_says_so():
+    with pytest.raises(UserError, match="needs executor.profile"):
+        simulate(compose_cfg("executor=calibrated", "model=tiny"))
+
+
+def profile(tmp_path, *overrides: str) -> list[dict]:
+    return run_point(compose_cfg("scenario=profile", "model=tiny", f"scenario.out_dir={tmp_path}",
+                                 "scenario.repeats=1", "scenario.warmup=0", "scenario.prefill_len=[16,64]",
+                                 "scenario.prefill_seqs=[1,2]", "scenario.decode_batch=[1,4]",
+                                 "scenario.decode_context=[16,max]", "scenario.mixed_batch=[2]",
+                                 "scenario.mixed_prefill_len=[16]", *overrides))
+
+
+def test_a_grid_longer_than_the_model_is_refused(tmp_path):
+    with pytest.raises(UserError, match=r"scenario.decode_context has 4096.*1..512"):
+        profile(tmp_path, "scenario.decode_context=[16,4096]")
+
+
+def test_repeats_below_one_are_refused(tmp_path):
+    with pytest.raises(UserError, match="scenario.repeats=0 must be >= 1"):
+        profile(tmp_path, "scenario.repeats=0")
+
+
+def test_a_measured_profile_calibrates_a_simulation(tmp_path):
+    row = profile(tmp_path)[0]
+    assert row["profile_shapes"] == 4 + 4 + 2
+    rows = read_csv(tmp_path / "profile.csv")
+    assert {r["phase"] for r in rows} == {"prefill", "decode", "mixed"}
+    assert all(float(r["time_s_median"]) > 0 for r in rows)
+    # the batch features are the scheduler's: 2 prompts of 64 tokens attend to 2 x 64^2 pairs
+    two_prompts = next(r for r in rows if r["prefill_seqs"] == "2" and r["prefill_len"] == "64")
+    assert [int(two_prompts[f]) for f in FEATURES] == [128, 2, 128, 2 * 64 * 64]
+    sim, _ = calibrated(str(tmp_path / "profile.csv"))
+    assert sim["executor_profile_sha256"] == row["profile_sha256"]
+    assert sim["completed"] == 40
