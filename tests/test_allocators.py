@@ -2,11 +2,11 @@
 
 import pytest
 
+from kvbench.core.spec import ModelSpec
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
-from kvbench.core.spec import ModelSpec
 
 OPT_13B = ModelSpec("opt-13b", 40, 5120, 40, 40, 128, 12.85e9, 2048, "fp16")
 LLAMA_3_8B = ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 8.03e9, 8192, "bf16")
@@ -49,7 +49,7 @@ def test_lecture_footprint_after_150_of_300_output_tokens(cls, expected, seq_fac
 
 def test_oracle_reserves_tokens_it_will_produce_and_nothing_more(seq_factory):
     allocator = OracleAllocator(num_slots=1000, max_model_len=2048)
-    seq = grown(allocator, seq_factory(100, 300))
+    grown(allocator, seq_factory(100, 300))
     acc = allocator.accounting()
     assert (acc.token, acc.reserved, acc.internal) == (100, 299, 1)  # the last token is never stored
     assert acc.free == 1000 - 400

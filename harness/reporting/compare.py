@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -30,7 +29,7 @@ class Rule:
     """How one metric is judged: `tolerance` is relative to the baseline; None = report only."""
 
     better: str
-    tolerance: Optional[float]
+    tolerance: float | None
     abs_tolerance: float = 0.0
 
     def verdict(self, base: float, cur: float) -> str:
@@ -87,7 +86,7 @@ def _rules(metrics: dict, known: dict) -> dict:
     return rules
 
 
-def load_policy(path: Optional[Path] = None) -> Policy:
+def load_policy(path: Path | None = None) -> Policy:
     """The packaged policy, or a user's; a user's may name only metrics kvbench knows."""
     packaged = _read_yaml(resources.files("kvbench.conf") / DEFAULT_POLICY)
     if path is not None and not Path(path).is_file():
@@ -206,7 +205,7 @@ def compare(baseline: list[dict], current: list[dict], policy: Policy, allow_mis
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="bench-compare", description="Compare a run against a baseline; exit 1 on a regression.")
     parser.add_argument("baseline", help="summary.csv, sweep directory or pytest-benchmark JSON")

@@ -26,6 +26,7 @@ from kvbench.scenarios.build import allocator_class, backend_class, build_engine
 from kvbench.scenarios.kernel_case import TORCH_DTYPES
 from kvbench.scenarios.simulate import preemption_report
 
+
 def resolve_dtype(name: str, device: torch.device) -> str:
     if name == "auto":
         return "fp32" if device.type == "cpu" else "bf16"

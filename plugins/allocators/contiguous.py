@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import bisect
 
-from kvbench.plugins.allocators.base import KVAllocator
 from kvbench.core.sequence import Sequence
+from kvbench.plugins.allocators.base import KVAllocator
 
 
 class FirstFitSpace:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvbench.errors import UserError
 from kvbench.core.spec import LAYER_KINDS, ModelSpec
+from kvbench.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+from kvbench.core.sequence import Sequence
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.core.sequence import Sequence
 
 
 class PagedAllocator(KVAllocator):

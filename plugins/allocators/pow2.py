@@ -1,14 +1,15 @@
 """Orca(Pow2): a buddy allocator over `block_size`-token blocks, reservations rounded to 2^k blocks.
 
 The paper's baseline reserves prompt + output rounded up to a power of two of 16-token blocks,
-capped at max_model_len (a power of two of blocks for OPT). Placement is a real buddy system: a free list per order, splitting on
-allocation, merging with the buddy on free, so the external fragmentation it shows is real.
+capped at max_model_len (a power of two of blocks for OPT). Placement is a real buddy system: a
+free list per order, splitting on allocation, merging with the buddy on free, so the external
+fragmentation it shows is real.
 """
 
 from __future__ import annotations
 
-from kvbench.plugins.allocators.contiguous import ReservingAllocator
 from kvbench.core.sequence import Sequence
+from kvbench.plugins.allocators.contiguous import ReservingAllocator
 
 
 class BuddySpace:
