@@ -3,14 +3,15 @@
 Where a module lives: kvbench.plugins = plugins/, kvbench.kernels = kernels/, kvbench.conf =
 conf/, and every other kvbench.* = harness/ (kvbench.core.scheduler = harness/core/scheduler.py).
 
-    core/        who runs and where tokens go: sequence, workload, spec, scheduler, engine, recorder
+    core/        the engine loop: sequence, workload, spec, scheduler (who runs), engine, recorder
     executors/   who runs a step: the contract (base), the roofline cost model, the real model executor
     model/       the tiny decoders: layers, linear-state layers, the attention op, sampling, reference
     scenarios/   build (config -> plugins -> engine), run (one point), simulate, serve, kernel
     reporting/   results files, comparison with a baseline, the HTML report, plots
 
-Imports point down that list's reverse: reporting and scenarios use core/executors/model; core
-uses only plugins' base classes; nothing imports cli.
+Imports point one way: scenarios use executors, model and core; executors use model and core;
+core uses only the allocator contract of plugins (allocators decide where tokens go); reporting
+reads result files and imports none of them; nothing imports cli. docs/design.md draws the layers.
 """
 
 __version__ = "0.1.0"

@@ -18,9 +18,8 @@ log = logging.getLogger("kvbench")
 
 class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from kvbench.reporting.report import summarize
-
         from kvbench.errors import UserError
+        from kvbench.reporting.report import summarize
         from kvbench.reporting.results import collect
 
         sweep_dir = Path(config.hydra.sweep.dir)

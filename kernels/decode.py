@@ -10,14 +10,11 @@ the context is long.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.kv_layout import (LOG2E, check_cache, dot_precision, kv_token_offsets,
-                                       layout_args, pow2_at_least_16)
+from kvbench.kernels.kv_layout import LOG2E, check_cache, dot_precision, kv_token_offsets, layout_args, pow2_at_least_16
 
 # A split shorter than this spends more on its partial results than it saves.
 MIN_PARTITION = 256
@@ -140,10 +137,10 @@ def split_plan(span: int, num_splits: int, block_n: int) -> tuple[int, int]:
 
 def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float, *,
-                 block_tables: Optional[torch.Tensor] = None,
-                 seq_starts: Optional[torch.Tensor] = None, window: int = 0,
-                 max_seq_len: Optional[int] = None, num_splits: Optional[int] = None,
-                 block_n: int = 64, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 block_tables: torch.Tensor | None = None,
+                 seq_starts: torch.Tensor | None = None, window: int = 0,
+                 max_seq_len: int | None = None, num_splits: int | None = None,
+                 block_n: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query per sequence (`query[b]`, [B, num_heads, head_dim]) over its context.
 
     Sequence b's context is its first `seq_lens[b]` tokens, the last being the query's own.

@@ -8,8 +8,6 @@ slot `seq_starts[seq] + pos`.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -32,7 +30,7 @@ def kv_token_offsets(block_tables_ptr, seq_starts_ptr, seq, stride_table, pos, m
     return block * stride_block + offset * stride_token
 
 
-def layout_args(block_tables: Optional[torch.Tensor], seq_starts: Optional[torch.Tensor]):
+def layout_args(block_tables: torch.Tensor | None, seq_starts: torch.Tensor | None):
     """(block_tables, seq_starts, stride_table, paged) for a kernel launch; exactly one is given.
 
     The unused pointer argument receives the other tensor: the kernel never reads it.

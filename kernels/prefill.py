@@ -11,14 +11,11 @@ masks and an online softmax in base 2.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.kv_layout import (LOG2E, check_cache, dot_precision, kv_token_offsets,
-                                       layout_args, pow2_at_least_16)
+from kvbench.kernels.kv_layout import LOG2E, check_cache, dot_precision, kv_token_offsets, layout_args, pow2_at_least_16
 
 TILE_ROWS = 64
 
@@ -96,9 +93,9 @@ def _prefill_kernel(query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_s
 
 def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
-                  max_query_len: int, block_tables: Optional[torch.Tensor] = None,
-                  seq_starts: Optional[torch.Tensor] = None, window: int = 0,
-                  block_n: int = 64, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  max_query_len: int, block_tables: torch.Tensor | None = None,
+                  seq_starts: torch.Tensor | None = None, window: int = 0,
+                  block_n: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of packed queries [T, num_heads, head_dim] over each sequence's context.
 
     Rows past `query_start_loc[-1]` (padding) are left as they are in `out` (zero if not given).

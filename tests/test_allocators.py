@@ -2,12 +2,12 @@
 
 import pytest
 
+from kvbench.core.spec import ModelSpec
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.hybrid import HybridAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
-from kvbench.core.spec import ModelSpec
 
 OPT_13B = ModelSpec("opt-13b", 40, 5120, 40, 40, 128, 12.85e9, 2048, "fp16")
 LLAMA_3_8B = ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 8.03e9, 8192, "bf16")

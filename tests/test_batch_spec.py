@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvbench.scenarios.batch_spec import parse
 from kvbench.errors import UserError
+from kvbench.scenarios.batch_spec import parse
 
 
 def test_decodes_at_one_k_context():

@@ -17,7 +17,8 @@ def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_
     assert result.returncode == 0, result.stderr
     (metrics,) = tmp_path.glob("results/runs/*/metrics.csv")
     (row,) = csv.DictReader(metrics.open())
-    assert (row["scenario"], row["allocator"], row["model"], row["hardware"]) == ("simulate", "pow2", "opt-13b", "a100-40gb")
+    identity = (row["scenario"], row["allocator"], row["model"], row["hardware"])
+    assert identity == ("simulate", "pow2", "opt-13b", "a100-40gb")
     assert row["completed"] == "30" and row["status"] == "ok"
     assert (metrics.parent / "kv_breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for column in ("kv_token_util", "normalized_latency_s_per_tok", "ttft_p99_s", "tpot_p50_s",

@@ -20,6 +20,7 @@ from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.registry import Registry
+from kvbench.reporting.compare import Rule, compare, load_policy
 from kvbench.reporting.results import write_csv
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]

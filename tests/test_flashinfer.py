@@ -1,6 +1,6 @@
 """The flashinfer backend: its CSR page tables and plans on CPU, its kernels against eager on a GPU.
 
-Without a GPU the kernels cannot run, so a reference wrapper plays FlashInfer's documented
+Without a GPU the kernels cannot run, so a reference wrapper (tests/helpers) plays FlashInfer's documented
 plan()/run() contract in plain torch (its causal and window_left masks as in FlashInfer's
 attention variants); everything kvbench does around the kernel is then checked against eager.
 Slots no sequence owns hold a large finite sentinel: a wrong-slot read dominates the softmax and
@@ -27,6 +27,7 @@ from kvbench.plugins.backends.flashinfer import (
 )
 
 from helpers.batches import make_batch
+from helpers.flashinfer_reference import ReferenceFactory
 
 SENTINEL = 1e4
 # name -> (context length of each sequence, how many of its last tokens are this step's queries)
@@ -48,58 +49,6 @@ def token_slots(kv, seq):
     pages = kv.indices[kv.indptr[seq]:kv.indptr[seq + 1]].tolist()
     length = (len(pages) - 1) * kv.page_size + int(kv.last_page_len[seq]) if pages else 0
     return [pages[i // kv.page_size] * kv.page_size + i % kv.page_size for i in range(length)]
-
-
-class ReferenceWrapper:
-    """FlashInfer's plan()/run() contract in plain torch; records every plan() call."""
-
-    def __init__(self, decode):
-        self.decode, self.plans = decode, []
-
-    def plan(self, *args, **options):
-        self.plans.append((args, options))
-        if self.decode:
-            indptr, indices, last, num_heads, num_kv_heads, head_dim, page_size = args
-            qo_indptr = torch.arange(len(last) + 1)
-        else:
-            qo_indptr, indptr, indices, last, num_heads, num_kv_heads, head_dim, page_size = args
-            assert options["causal"]
-        self.state = (qo_indptr.tolist(), indptr.tolist(), indices, last.tolist(),
-                      num_heads // num_kv_heads, page_size, options)
-
-    def run(self, q, kv_cache):
-        qo_indptr, indptr, indices, last, group, page_size, options = self.state
-        k_cache, v_cache = kv_cache
-        assert k_cache.shape[1] == page_size and q.shape[0] == qo_indptr[-1]
-        out = torch.empty_like(q)
-        for b in range(len(last)):
-            pages = indices[indptr[b]:indptr[b + 1]].long()
-            kv_len = (len(pages) - 1) * page_size + last[b]
-            k = k_cache[pages].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1)
-            v = v_cache[pages].flatten(0, 1)[:kv_len].float().repeat_interleave(group, dim=1)
-            rows = q[qo_indptr[b]:qo_indptr[b + 1]].float()
-            qo_idx = torch.arange(len(rows))[:, None]
-            kv_idx = torch.arange(kv_len)[None, :]
-            visible = kv_idx + len(rows) <= kv_len + qo_idx
-            if options["window_left"] >= 0:
-                visible &= kv_idx + len(rows) + options["window_left"] >= kv_len + qo_idx
-            scores = torch.einsum("qhd,khd->hqk", rows, k) * options["sm_scale"]
-            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-            out[qo_indptr[b]:qo_indptr[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
-        return out
-
-
-class ReferenceFactory:
-    def __init__(self):
-        self.wrappers = []
-
-    def __call__(self, decode, device):
-        self.wrappers.append(ReferenceWrapper(decode))
-        return self.wrappers[-1]
-
-    @property
-    def plan_count(self):
-        return sum(len(w.plans) for w in self.wrappers)
 
 
 # ---- CSR page tables ----

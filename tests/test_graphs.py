@@ -15,18 +15,17 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from omegaconf import OmegaConf
 
-from kvbench.model.attention_op import ForwardContext
+from kvbench.core.spec import ModelSpec
 from kvbench.errors import UserError
+from kvbench.model.attention_op import ForwardContext
 from kvbench.model.decoder import TinyDecoder
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.backends.eager import EagerBackend
 from kvbench.plugins.backends.triton_paged import TritonPagedBackend
 from kvbench.plugins.graphs.base import DEFAULT_CAPTURE_SIZES, Capture, check_capture_sizes
 from kvbench.registry import default_registry
-from kvbench.core.spec import ModelSpec
 
 # without a GPU, conftest has put the Triton kernels under the interpreter
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -15,22 +15,20 @@ if not torch.cuda.is_available():
 from hydra import compose, initialize_config_module  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from kvbench.executors.async_scheduling import PLACEHOLDER, AsyncScheduling, check_async_supported  # noqa: E402
 from kvbench.core.engine import Engine  # noqa: E402
-from kvbench.errors import UserError  # noqa: E402
-from kvbench.executors.host_timing import (DeviceClock, async_speedup, overhead_columns, overhead_share,  # noqa: E402
-                                 step_time_s)
 from kvbench.core.recorder import Recorder  # noqa: E402
-from kvbench.model.decoder import TinyDecoder  # noqa: E402
-from kvbench.executors.model_executor import ModelExecutor  # noqa: E402
-from kvbench.plugins.allocators.paged import PagedAllocator  # noqa: E402
-from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
-from kvbench.scenarios.run import run_point  # noqa: E402
-from kvbench.model.sampling import SamplingParams  # noqa: E402
 from kvbench.core.scheduler import Scheduler  # noqa: E402
 from kvbench.core.sequence import Request  # noqa: E402
 from kvbench.core.spec import ModelSpec  # noqa: E402
-
+from kvbench.errors import UserError  # noqa: E402
+from kvbench.executors.async_scheduling import PLACEHOLDER, AsyncScheduling, check_async_supported  # noqa: E402
+from kvbench.executors.host_timing import DeviceClock, async_speedup, overhead_columns, overhead_share, step_time_s  # noqa: E402
+from kvbench.executors.model_executor import ModelExecutor  # noqa: E402
+from kvbench.model.decoder import TinyDecoder  # noqa: E402
+from kvbench.model.sampling import SamplingParams  # noqa: E402
+from kvbench.plugins.allocators.paged import PagedAllocator  # noqa: E402
+from kvbench.plugins.backends.eager import EagerBackend  # noqa: E402
+from kvbench.scenarios.run import run_point  # noqa: E402
 
 # ---- the lecture's model ----
 

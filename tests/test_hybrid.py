@@ -12,31 +12,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from hydra import compose, initialize_config_module
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from kvbench.executors.cost_model import CostModelExecutor
 from kvbench.core.engine import Engine
-from kvbench.errors import UserError
-from kvbench.hookspecs import hookimpl
-from kvbench.executors.hybrid_executor import HybridModelExecutor
-from kvbench.model.linear_state import delta_rule
 from kvbench.core.recorder import Recorder
+from kvbench.core.scheduler import Batch, Scheduler
+from kvbench.core.sequence import Request, Sequence
+from kvbench.core.spec import Hardware, ModelSpec
+from kvbench.errors import UserError
+from kvbench.executors.cost_model import CostModelExecutor
+from kvbench.executors.hybrid_executor import HybridModelExecutor
+from kvbench.hookspecs import hookimpl
 from kvbench.model.decoder import TinyDecoder
-from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.model.linear_state import delta_rule
 from kvbench.model.reference import generate_alone
-from kvbench.registry import default_registry
-from kvbench.scenarios.run import run_point
 from kvbench.model.sampling import SamplingParams
-from kvbench.core.scheduler import Scheduler
 from kvbench.plugins.allocators.hybrid import POLICIES, HybridAllocator
 from kvbench.plugins.allocators.hybrid_attention import AttentionManager
 from kvbench.plugins.allocators.hybrid_pages import unify_pages
-from kvbench.core.scheduler import Batch
-from kvbench.core.sequence import Request, Sequence
-from kvbench.core.spec import Hardware, ModelSpec
+from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.registry import default_registry
+from kvbench.scenarios.run import run_point
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
@@ -155,8 +154,8 @@ def test_the_gated_delta_rule_gives_the_same_state_in_one_chunk_in_two_or_token_
     whole_state, whole_out = delta_rule(empty, q, k, v, write, decay, torch.full((b,), t))
     state, outs = empty, []
     for lo, hi in ((0, 4), (4, 5), (5, 9)):
-        part = lambda x: x[:, lo:hi]
-        state, out = delta_rule(state, *map(part, (q, k, v, write, decay)), torch.full((b,), hi - lo))
+        parts = (x[:, lo:hi] for x in (q, k, v, write, decay))
+        state, out = delta_rule(state, *parts, torch.full((b,), hi - lo))
         outs.append(out)
     torch.testing.assert_close(state, whole_state)
     torch.testing.assert_close(torch.cat(outs, dim=1), whole_out)
@@ -227,7 +226,7 @@ def test_accounting_sums_to_one_per_kind_and_in_total_under_random_operations(
         name, policy, block_size, num_slots, ops):
     allocator = hybrid(model(name), num_slots=num_slots, block_size=block_size, policy=policy)
     allocator.record_copies = True
-    waiting, running, next_id = [], [], 0
+    running, next_id = [], 0
     for op, pick, size in ops:
         if op == "admit":
             seq = new_seq(next_id, 1 + pick % 30, 1 + size, n=1 + pick % 3)
@@ -281,13 +280,13 @@ def serve_model(name: str) -> ModelSpec:
                  max_model_len=96, linear_state_dim=8 if name == "tiny-qwen3-next" else 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_decoder(name: str) -> TinyDecoder:
     torch.set_num_threads(1)
     return TinyDecoder(serve_model(name), seed=0).eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alone(name: str, request_id: int, prompt: tuple, output_len: int, sample_index: int) -> list:
     return generate_alone(tiny_decoder(name), prompt, output_len, SAMPLED, request_id, sample_index)
 

@@ -13,15 +13,14 @@ import sys
 
 import pytest
 import torch
-
 from hydra import compose, initialize_config_module
 
-from kvbench.scenarios import kernel as kernel_bench
-from kvbench.scenarios import kernel_case
-from kvbench.scenarios.batch_spec import parse
+from kvbench.core.spec import ModelSpec
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
-from kvbench.core.spec import ModelSpec
+from kvbench.scenarios import kernel as kernel_scenario
+from kvbench.scenarios import kernel_case
+from kvbench.scenarios.batch_spec import parse
 
 BENCH = [sys.executable, "-m", "kvbench.cli"]
 TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -77,14 +76,14 @@ def test_contiguous_allocator_gives_slot_ranges_and_no_reference():
 def test_bytes_moved_counts_visible_kv_queries_outputs_and_layout():
     # 4 decodes at 64 tokens, 2 kv heads x 16 dims fp32: K+V 65,536 B; q+o 2,048 B;
     # 16 block-table entries 64 B; seq_lens 16 B.
-    assert kernel_bench.bytes_moved(parse("4d64"), TINY, 4, 16, paged=True) == 65536 + 2048 + 64 + 16
+    assert kernel_scenario.bytes_moved(parse("4d64"), TINY, 4, 16, paged=True) == 65536 + 2048 + 64 + 16
     # A window of 32 reads only the last 32 keys of each 128-token context.
-    windowed = kernel_bench.bytes_moved(parse("2d128:w32"), TINY, 4, 16, paged=False)
+    windowed = kernel_scenario.bytes_moved(parse("2d128:w32"), TINY, 4, 16, paged=False)
     assert windowed == 2 * 32 * 2 * 16 * 2 * 4 + 2 * 4 * 16 * 2 * 4 + 2 * 8 + 2 * 4
 
 
 def test_eager_kernel_row_has_every_kernel_column():
-    [row] = kernel_bench.run(kernel_cfg("+backend=eager", "batch=2d16+1p8"))
+    [row] = kernel_scenario.run(kernel_cfg("+backend=eager", "batch=2d16+1p8"))
     assert row["batch_spec"] == "2d16+1p8" and row["kv_tokens"] == 40 and row["num_seqs"] == 3
     assert row["max_abs_err_vs_eager"] == 0.0
     assert 0 < row["latency_us_p10"] <= row["latency_us_p50"] <= row["latency_us_p90"]
@@ -95,7 +94,7 @@ def test_eager_kernel_row_has_every_kernel_column():
 
 
 def test_triton_kernel_matches_eager_on_a_shuffled_paged_cache():
-    [row] = kernel_bench.run(kernel_cfg("+backend=triton_paged", "batch=2d24:w16", "+allocator=paged",
+    [row] = kernel_scenario.run(kernel_cfg("+backend=triton_paged", "batch=2d24:w16", "+allocator=paged",
                                         "allocator.block_size=4"))
     assert row["max_abs_err_vs_eager"] < 1e-4
     assert row["window"] == 16 and row["layout"] == "paged"

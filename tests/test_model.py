@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.errors import UserError
+from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.model.decoder import TinyDecoder, layer_class
+from kvbench.model.sampling import SamplingParams, beam_select, sample, top_p_filter
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.backends.eager import EagerBackend
-from kvbench.model.sampling import SamplingParams, beam_select, sample, top_p_filter
 
 from helpers.engine import SPEC, tiny_model
 

@@ -13,10 +13,10 @@ import subprocess
 import pytest
 from hydra import compose, initialize_config_module
 
-from kvbench.executors.cost_model import copies_per_block, swap_time_s
-from kvbench.errors import UserError
-from kvbench.scenarios.run import run_point
 from kvbench.core.spec import Hardware
+from kvbench.errors import UserError
+from kvbench.executors.cost_model import copies_per_block, swap_time_s
+from kvbench.scenarios.run import run_point
 
 from helpers.engine import GREEDY, SPEC, alone, make_requests, outputs, run_engine
 

@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
+from kvbench.core.radix import RadixTree, radix_hit_rate
+from kvbench.core.sequence import Request, Sequence
+from kvbench.core.workload import generate
 from kvbench.executors.cost_model import CostModelExecutor
 from kvbench.plugins.allocators.paged import PagedAllocator
-from kvbench.core.radix import RadixTree, radix_hit_rate
-from kvbench.scenarios.build import load_specs
+from kvbench.scenarios.build import build_engine, load_specs
 from kvbench.scenarios.run import run_point
-from kvbench.core.sequence import Request, Sequence
-from kvbench.scenarios.build import build_engine
-from kvbench.core.workload import generate
 
 
 def test_radix_tree_matches_token_by_token_across_split_edges():

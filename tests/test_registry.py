@@ -1,6 +1,5 @@
 """Plugins arrive through pluggy: built-ins and third-party alike, names unique, errors helpful."""
 
-import sys
 import types
 
 import pytest

@@ -15,7 +15,6 @@ from kvbench.scenarios.run import run_point
 
 from helpers.engine import GREEDY, SAMPLED, alone, beams_alone, make_requests, outputs, run_engine
 
-
 # (allocator, KV slots, block size, preemption, swap slots): ample pools for the reserving
 # policies (they never preempt); a paged pool tight enough to preempt, in both modes.
 POOLS = {

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
-from kvbench.executors.cost_model import CostModelExecutor
-from kvbench.scenarios.build import load_specs
 from kvbench.core.sequence import Request
-from kvbench.scenarios.build import build_engine
 from kvbench.core.workload import generate
+from kvbench.executors.cost_model import CostModelExecutor
+from kvbench.scenarios.build import build_engine, load_specs
 
 from helpers.engine import SAMPLED, make_requests, run_engine
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from kvbench.errors import UserError
 from kvbench.core.workload import generate
+from kvbench.errors import UserError
 
 SHAREGPT = {"kind": "sharegpt", "rate": 4.0, "duration_s": None, "num_requests": 20_000, "burstiness": 1.0}
 

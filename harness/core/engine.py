@@ -19,10 +19,10 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
-from kvbench.errors import UserError
 from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Batch, Scheduler
-from kvbench.core.sequence import Request, Sequence, SeqStatus
+from kvbench.core.sequence import Request, SeqStatus, Sequence
+from kvbench.errors import UserError
 
 
 class Engine:

@@ -7,7 +7,7 @@ cache's hit rate is at most the tree's, and equal at block size 1.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 class _Node:

@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvbench.core.sequence import SeqStatus, Sequence
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.core.sequence import Sequence, SeqStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -21,7 +20,7 @@ class Request:
     arrival_s: float
     prompt_len: int
     output_len: int
-    prompt_tokens: Optional[np.ndarray] = None  # token ids; None when only lengths are simulated
+    prompt_tokens: np.ndarray | None = None  # token ids; None when only lengths are simulated
     n: int = 1  # parallel samples
     beam_width: int = 1
     prefix_id: int = -1  # which shared system prompt it starts with, -1 = none
@@ -56,14 +55,14 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     token_ids: list = field(default_factory=list)  # prompt + generated ids (serve only)
     num_cached: int = 0  # tokens whose KV a prefix-cache hit supplied at admission
-    first_token_s: Optional[float] = None
-    finish_s: Optional[float] = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
     num_preemptions: int = 0
-    parent: Optional["Sequence"] = None
+    parent: Sequence | None = None
     cumulative_logprob: float = 0.0
     # A request of width > 1 forks when its prompt is done; from then on its live sequences,
     # root first, are scheduled, preempted and finished together. None for a lone sequence.
-    group: Optional[list] = None
+    group: list | None = None
     sample_index: int = 0  # which of the request's samples / beam slots (seeds its sampling)
 
     @property

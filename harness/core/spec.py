@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from kvbench.errors import UserError
 
@@ -40,7 +40,7 @@ class ModelSpec:
     num_active_params: float = 0.0  # parameters one token uses (mixture of experts); 0 = all
 
     @classmethod
-    def from_cfg(cls, cfg: dict) -> "ModelSpec":
+    def from_cfg(cls, cfg: dict) -> ModelSpec:
         cfg = dict(cfg)
         cfg["layer_pattern"] = tuple(cfg.get("layer_pattern") or ())
         spec = _from_cfg(cls, cfg, f"model {cfg.get('name', '?')}")
@@ -115,7 +115,7 @@ class Hardware:
     num_gpus: int = 1
 
     @classmethod
-    def from_cfg(cls, cfg: dict) -> "Hardware":
+    def from_cfg(cls, cfg: dict) -> Hardware:
         hw = _from_cfg(cls, dict(cfg), f"hardware {cfg.get('name', '?')}")
         for name in ("hbm_bytes_per_s", "peak_flops", "memory_bytes", "pcie_bytes_per_s"):
             if getattr(hw, name) <= 0:

@@ -24,8 +24,8 @@ import os
 
 import numpy as np
 
-from kvbench.errors import UserError
 from kvbench.core.sequence import Request
+from kvbench.errors import UserError
 
 SHAREGPT_INPUT_KNOTS = ((0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0), (1, 12, 36, 140, 585, 1600, 2047))
 SHAREGPT_OUTPUT_KNOTS = ((0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0), (1, 112, 276, 488, 762, 1290, 2047))
@@ -128,7 +128,8 @@ def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
                 a = row.get(columns.get("arrival_s", "arrival_s"))
                 a = float(a) if a not in (None, "") else None
             except (TypeError, ValueError):
-                raise UserError(f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)") from None
+                raise UserError(f"trace {path} row {line}: {row} is not numbers "
+                                f"(input_len, output_len, arrival_s)") from None
             if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
                 raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
             rows.append((i, o, a, line))

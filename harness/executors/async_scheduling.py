@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 
-from kvbench.executors.base import StepResult
 from kvbench.errors import UserError
+from kvbench.executors.base import StepResult
 
 PLACEHOLDER = -1  # token id of a token the step in flight has not sampled yet
 

@@ -8,7 +8,7 @@ it; a real one runs the model, returns the sampled tokens, and the engine times 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kvbench.core.scheduler import Batch
@@ -19,7 +19,7 @@ class StepResult:
     duration_s: float
     # serve only, per scheduled sequence: its sampled token id; for a request that forks or
     # steps its beams, at the root's row, the list the engine applies; None for a prefill chunk
-    tokens: Optional[list] = None
+    tokens: list | None = None
 
 
 class Executor(Protocol):

@@ -16,11 +16,11 @@ from dataclasses import replace
 
 import torch
 
-from kvbench.model.attention_op import current_context, forward_context
-from kvbench.errors import UserError
-from kvbench.model.linear_state import StateContext, new_states, state_context
-from kvbench.executors.model_executor import ModelExecutor
 from kvbench.core.scheduler import Batch
+from kvbench.errors import UserError
+from kvbench.executors.model_executor import ModelExecutor
+from kvbench.model.attention_op import current_context, forward_context
+from kvbench.model.linear_state import StateContext, new_states, state_context
 
 
 class HybridModelExecutor(ModelExecutor):

@@ -19,15 +19,16 @@ from typing import Any
 
 import torch
 
-from kvbench.model.attention_op import ForwardContext, current_context, forward_context
+from kvbench.core.scheduler import Batch
 from kvbench.executors.base import StepResult
 from kvbench.executors.host_timing import DeviceClock, overhead_columns
+from kvbench.model.attention_op import ForwardContext, current_context, forward_context
 from kvbench.model.decoder import TinyDecoder
-from kvbench.plugins.backends.base import AttentionMetadata
-from kvbench.plugins.graphs.base import build as build_graph, padding_metadata
-from kvbench.plugins.graphs.eager import EagerGraph
 from kvbench.model.sampling import SamplingParams, beam_select, sample
-from kvbench.core.scheduler import Batch
+from kvbench.plugins.backends.base import AttentionMetadata
+from kvbench.plugins.graphs.base import build as build_graph
+from kvbench.plugins.graphs.base import padding_metadata
+from kvbench.plugins.graphs.eager import EagerGraph
 
 PHASES = ("copy", "prepare", "forward", "sample")
 

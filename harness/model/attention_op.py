@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -24,11 +23,11 @@ class ForwardContext:
     kv_caches: list  # per attention layer: (k_cache, v_cache)
     scale: float
     windows: list  # per attention layer: sliding window in tokens, 0 = full
-    layer_meta: Optional[list] = None  # per attention layer, where layer kinds have their own
+    layer_meta: list | None = None  # per attention layer, where layer kinds have their own
                                        # block tables (the hybrid allocator); None = `meta` for all
 
 
-_current: ContextVar[Optional[ForwardContext]] = ContextVar("kvbench_forward_context", default=None)
+_current: ContextVar[ForwardContext | None] = ContextVar("kvbench_forward_context", default=None)
 
 
 @contextlib.contextmanager

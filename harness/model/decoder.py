@@ -13,14 +13,12 @@ constructed as `cls(spec, cache_index, generator)`): "full" and "window" are att
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kvbench.errors import UserError
 from kvbench.core.spec import ModelSpec
+from kvbench.errors import UserError
 from kvbench.model.layers import ATTENTION_KINDS, AttentionLayer, RMSNorm, seeded_linear
 from kvbench.model.linear_state import LinearStateLayer
-
 
 LAYER_CLASSES: dict[str, type] = {"full": AttentionLayer, "window": AttentionLayer, "linear": LinearStateLayer}
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvbench.core.spec import ModelSpec
 from kvbench.model.attention_op import scoped
 from kvbench.model.layers import MLP, RMSNorm, seeded_linear
-from kvbench.core.spec import ModelSpec
 
 
 @dataclass
@@ -41,7 +40,7 @@ class StateContext:
     fresh: torch.Tensor  # [B] bool, True where the sequence starts from an empty state
 
 
-_current: ContextVar[Optional[StateContext]] = ContextVar("kvbench_state_context", default=None)
+_current: ContextVar[StateContext | None] = ContextVar("kvbench_state_context", default=None)
 
 
 def state_context(ctx: StateContext):

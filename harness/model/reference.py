@@ -7,16 +7,16 @@ Sampling uses the same per-token seeds as the engine, so a request's samples mus
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from kvbench.model.attention_op import ForwardContext, forward_context
-from kvbench.model.linear_state import from_scratch
 from kvbench.model.decoder import TinyDecoder
+from kvbench.model.linear_state import from_scratch
+from kvbench.model.sampling import SamplingParams, beam_select, sample
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.backends.eager import EagerBackend
-from kvbench.model.sampling import SamplingParams, beam_select, sample
 
 
 @torch.inference_mode()

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -181,7 +180,7 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="bench-compare", description="Compare a run against a baseline; exit 1 on a regression.",
         epilog="With --against REF the inputs are what to run on both trees: nothing (the hot-path "

@@ -13,7 +13,6 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from kvbench.errors import UserError
 from kvbench.reporting.results import ENVIRONMENT, collect, read_csv, write_atomic, write_csv
@@ -43,7 +42,7 @@ def load_rows(path: Path) -> list[dict]:
     return rows
 
 
-def summarize(sweep_dirs, out_dir: Optional[Path] = None) -> list[Path]:
+def summarize(sweep_dirs, out_dir: Path | None = None) -> list[Path]:
     """Write summary.csv, every plot the rows support and report.html; return the paths."""
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
     rows = []
@@ -122,7 +121,7 @@ def render_html(rows: list[dict], plots: list[Path], sources: list[Path]) -> str
     return "\n".join(parts)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html.")
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (or summary.csv files)")

@@ -1,9 +1,10 @@
 """The one place a composed config becomes plugins and an engine, for every scenario.
 
 Each builder checks what the plugin itself declares before constructing it: an allocator must
-hold every layer kind of the model, a backend must support the device / dtype / layout / window,
-a graph mode must be able to run the backend. The scenarios (simulate, serve, kernel) call
-these; nothing else looks plugins up in the registry.
+hold every layer kind of the model, a backend must support the device / dtype / layout / window.
+A graph mode wraps the model's forward, so it is constructed (and checked against the backend)
+where the executor wraps the model, by kvbench.plugins.graphs.base.build. The scenarios
+(simulate, serve, kernel) call these; nothing else looks plugins up in the registry.
 """
 
 from __future__ import annotations

@@ -18,12 +18,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.scenarios import batch_spec
-from kvbench.scenarios import kernel_case
+from kvbench.core.spec import Hardware, ModelSpec
 from kvbench.errors import UserError
 from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.scenarios import batch_spec, kernel_case
 from kvbench.scenarios.build import allocator_class, backend_class, load_specs, resolve_device
-from kvbench.core.spec import Hardware, ModelSpec
 
 QUANTILES = (0.1, 0.5, 0.9)
 # torch.cuda.get_device_name() fragment -> hardware profile (first match wins).

@@ -10,15 +10,14 @@ paging overhead is measured against.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
-from kvbench.scenarios.batch_spec import BatchSpec
-from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.core.sequence import Request, Sequence
 from kvbench.core.spec import ModelSpec
+from kvbench.plugins.allocators.base import KVAllocator
+from kvbench.plugins.backends.base import AttentionMetadata
+from kvbench.scenarios.batch_spec import BatchSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -29,7 +28,7 @@ class KernelCase:
     k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor
     meta: AttentionMetadata  # the allocator's layout
-    contiguous_meta: Optional[AttentionMetadata]  # reference layout; None when meta is contiguous
+    contiguous_meta: AttentionMetadata | None  # reference layout; None when meta is contiguous
     scale: float
 
 

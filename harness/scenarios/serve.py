@@ -38,6 +38,7 @@ from kvbench.scenarios.simulate import preemption_report
 from kvbench.scenarios.synthetic_steps import Shape, StepTimer
 
 
+
 def resolve_dtype(name: str, device: torch.device) -> str:
     if name == "auto":
         return "fp32" if device.type == "cpu" else "bf16"

@@ -6,8 +6,8 @@ from kvbench.hookspecs import hookimpl
 @hookimpl
 def kvbench_allocators():
     from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
-    from kvbench.plugins.allocators.pow2 import Pow2Allocator
-    from kvbench.plugins.allocators.paged import PagedAllocator
     from kvbench.plugins.allocators.hybrid import HybridAllocator
+    from kvbench.plugins.allocators.paged import PagedAllocator
+    from kvbench.plugins.allocators.pow2 import Pow2Allocator
 
     return [ContiguousAllocator, OracleAllocator, Pow2Allocator, PagedAllocator, HybridAllocator]

@@ -29,8 +29,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from kvbench.errors import UserError
 from kvbench.core.sequence import Sequence
+from kvbench.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvbench.core.sequence import Sequence
+from kvbench.core.spec import LAYER_KINDS
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAccounting, KVAllocator
 from kvbench.plugins.allocators.hybrid_attention import AttentionManager

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.block_pool import BlockPool
 from kvbench.core.spec import LAYER_KINDS, ModelSpec
+from kvbench.errors import UserError
 
 
 @dataclass(frozen=True)

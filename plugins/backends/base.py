@@ -10,7 +10,7 @@ sequence b lives at flat slot `seq_starts[b] + i` of the view `[num_blocks * blo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 
@@ -30,8 +30,8 @@ class AttentionMetadata:
     block_size: int
     max_query_len: int
     max_seq_len: int
-    block_tables: Optional[torch.Tensor] = None  # [B, max_blocks] int32 (paged layout)
-    seq_starts: Optional[torch.Tensor] = None  # [B] int64 (contiguous layout)
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32 (paged layout)
+    seq_starts: torch.Tensor | None = None  # [B] int64 (contiguous layout)
 
     @property
     def layout(self) -> str:
@@ -60,12 +60,12 @@ class AttentionBackend:
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str,
-                           window: int) -> Optional[str]:
+                           window: int) -> str | None:
         """None when the backend can run this combination, else why not (one line)."""
         return None
 
     @staticmethod
-    def layout_reason(layout: str, window: int) -> Optional[str]:
+    def layout_reason(layout: str, window: int) -> str | None:
         """The checks every backend shares: a known cache layout, a window that is not negative."""
         if layout not in ("paged", "contiguous"):
             return f"unknown cache layout {layout!r}; expected 'paged' or 'contiguous'"

@@ -14,8 +14,9 @@ for each step rather than mutate one in place.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -106,16 +107,16 @@ class FlashInferBackend(AttentionBackend):
 
     name = "flashinfer"
 
-    def __init__(self, make_wrapper: Optional[WrapperFactory] = None):
+    def __init__(self, make_wrapper: WrapperFactory | None = None):
         self._make_wrapper = make_wrapper or self._flashinfer_wrapper
         self._workspaces: dict = {}  # device -> the split-KV scratch every wrapper shares
         self._wrappers: dict = {}  # (decode?, plan key) -> wrapper, re-planned every step
-        self._step_meta: Optional[AttentionMetadata] = None
+        self._step_meta: AttentionMetadata | None = None
         self._step_plans: dict = {}  # plan key -> _PlannedStep, valid for _step_meta only
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str,
-                           window: int) -> Optional[str]:
+                           window: int) -> str | None:
         if importlib.util.find_spec("flashinfer") is None:
             return INSTALL_HINT
         if torch.device(device).type != "cuda":

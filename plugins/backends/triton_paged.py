@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import Optional
 
 import torch
 
@@ -39,7 +38,7 @@ class TritonPagedBackend(AttentionBackend):
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str,
-                           window: int) -> Optional[str]:
+                           window: int) -> str | None:
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed (pip install triton)"
         device = torch.device(device)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable, ClassVar, Optional
+from typing import ClassVar
 
 import torch
 
-from kvbench.model.attention_op import ForwardContext
 from kvbench.errors import UserError
+from kvbench.model.attention_op import ForwardContext
 from kvbench.plugins.backends.base import AttentionMetadata
 
 # vLLM's default CUDA-graph capture sizes: 1, 2, 4, then every multiple of 8 up to 256.
@@ -104,11 +105,11 @@ class GraphMode:
         self.eager_steps: Counter = Counter()  # why a step ran uncaptured -> how many did
 
     @classmethod
-    def unsupported_reason(cls, backend_cls: type, device: torch.device) -> Optional[str]:
+    def unsupported_reason(cls, backend_cls: type, device: torch.device) -> str | None:
         """None when this mode can run the attention backend on the device, else why not."""
         return None
 
-    def padded_size(self, num_tokens: int) -> Optional[int]:
+    def padded_size(self, num_tokens: int) -> int | None:
         """The capture size a batch of `num_tokens` runs at; None when it exceeds the largest."""
         i = bisect.bisect_left(self.capture_sizes, num_tokens)
         return self.capture_sizes[i] if i < len(self.capture_sizes) else None

@@ -11,7 +11,6 @@ cannot serve (a prefill, a batch above the largest size) run eagerly and are cou
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import torch
 
@@ -76,12 +75,12 @@ class FullGraph(GraphMode):
 
     def __init__(self, forward, device, max_seq_len: int, capture_sizes=None, **options):
         super().__init__(forward, device, max_seq_len, capture_sizes, **options)
-        self.static: Optional[StaticInputs] = None
+        self.static: StaticInputs | None = None
         self.captures: dict[int, Capture] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
 
     @classmethod
-    def unsupported_reason(cls, backend_cls: type, device: torch.device) -> Optional[str]:
+    def unsupported_reason(cls, backend_cls: type, device: torch.device) -> str | None:
         if getattr(backend_cls, "cuda_graph_capturable", False):
             return None
         return ("its forward is not declared cuda_graph_capturable (a replayed graph never "

@@ -11,7 +11,6 @@ every sequence); a step above the largest size runs the pieces uncaptured and is
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import torch
 from torch import fx
@@ -46,7 +45,7 @@ def split_at_attention(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
 class Piece(torch.nn.Module):
     """One piece between attention calls: captured per padded size, run as is when uncaptured."""
 
-    def __init__(self, submodule: torch.nn.Module, mode: "PiecewiseGraph"):
+    def __init__(self, submodule: torch.nn.Module, mode: PiecewiseGraph):
         super().__init__()
         self.submodule = submodule
         self.mode = mode
@@ -74,7 +73,7 @@ class PiecewiseGraph(GraphMode):
         torch.compiler.reset()
         self.pieces: list[int] = []  # pieces of each graph torch.compile handed to the backend
         self.piece_modules: list[Piece] = []
-        self.current_size: Optional[int] = None
+        self.current_size: int | None = None
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.static_ids = torch.zeros(self.capture_sizes[-1], dtype=torch.long, device=self.device)
         self.static_positions = torch.zeros_like(self.static_ids)
@@ -88,7 +87,7 @@ class PiecewiseGraph(GraphMode):
         self.piece_modules += [getattr(split, name) for name in names]
         return split
 
-    def _run(self, input_ids, positions, ctx: ForwardContext, size: Optional[int]) -> torch.Tensor:
+    def _run(self, input_ids, positions, ctx: ForwardContext, size: int | None) -> torch.Tensor:
         self.current_size = size
         try:
             with forward_context(ctx):

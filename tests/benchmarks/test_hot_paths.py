@@ -14,12 +14,12 @@ import itertools
 import pytest
 from hydra import compose, initialize_config_module
 
+from kvbench.core.scheduler import Scheduler
+from kvbench.core.sequence import Request, Sequence
 from kvbench.executors.cost_model import CostModelExecutor
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.scenarios.build import load_specs
-from kvbench.core.scheduler import Scheduler
-from kvbench.core.sequence import Request, Sequence
 
 from work_counter import count_work
 

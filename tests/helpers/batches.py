@@ -51,10 +51,21 @@ def scattered_slots(seq_lens: list, block_size: int, layout: str, gen: torch.Gen
     return slots, num_blocks, block_tables, seq_starts
 
 
-def make_batch(seq_lens: list, query_lens: list, block_size: int, layout: str, *, num_heads: int = 4,
-               num_kv_heads: int = 2, head_dim: int = 16, fill: float = float("nan"),
-               pad_tokens: int = 0, seed: int = 0, dtype: torch.dtype = torch.float32,
-               device="cpu") -> Batch:
+def make_batch(
+    seq_lens: list,
+    query_lens: list,
+    block_size: int,
+    layout: str,
+    *,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    fill: float = float("nan"),
+    pad_tokens: int = 0,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+) -> Batch:
     """Sequence b has `seq_lens[b]` tokens of context, its last `query_lens[b]` this step's."""
     gen = torch.Generator().manual_seed(seed)
     slots, num_blocks, block_tables, seq_starts = scattered_slots(seq_lens, block_size, layout, gen)
@@ -65,23 +76,29 @@ def make_batch(seq_lens: list, query_lens: list, block_size: int, layout: str, *
     context_values = [torch.randn(n, num_kv_heads, head_dim, generator=gen) for n in seq_lens]
     slot_mapping, new_keys, new_values = [], [], []
     for seq_slots, k, v, n, q_len in zip(slots, context_keys, context_values, seq_lens, query_lens):
-        flat_k[seq_slots[:n - q_len]], flat_v[seq_slots[:n - q_len]] = k[:n - q_len], v[:n - q_len]
-        slot_mapping += seq_slots[n - q_len:]
-        new_keys.append(k[n - q_len:])
-        new_values.append(v[n - q_len:])
+        flat_k[seq_slots[: n - q_len]], flat_v[seq_slots[: n - q_len]] = k[: n - q_len], v[: n - q_len]
+        slot_mapping += seq_slots[n - q_len :]
+        new_keys.append(k[n - q_len :])
+        new_values.append(v[n - q_len :])
     padding = torch.zeros(pad_tokens, num_kv_heads, head_dim)
     num_tokens = sum(query_lens) + pad_tokens
     meta = AttentionMetadata(
         query_start_loc=torch.tensor([0] + query_lens).cumsum(0).to(device, torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         slot_mapping=torch.tensor(slot_mapping + [-1] * pad_tokens, dtype=torch.int64, device=device),
-        block_size=block_size, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_size=block_size,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
         block_tables=None if block_tables is None else block_tables.to(device),
-        seq_starts=None if seq_starts is None else seq_starts.to(device))
+        seq_starts=None if seq_starts is None else seq_starts.to(device),
+    )
     return Batch(
         query=torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(device, dtype),
         key=torch.cat(new_keys + [padding]).to(device, dtype),
         value=torch.cat(new_values + [padding]).to(device, dtype),
-        k_cache=k_cache.to(device, dtype), v_cache=v_cache.to(device, dtype), meta=meta,
+        k_cache=k_cache.to(device, dtype),
+        v_cache=v_cache.to(device, dtype),
+        meta=meta,
         context_keys=[k.to(device) for k in context_keys],
-        context_values=[v.to(device) for v in context_values])
+        context_values=[v.to(device) for v in context_values],
+    )

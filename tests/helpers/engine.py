@@ -26,9 +26,21 @@ from kvbench.plugins.backends.eager import EagerBackend
 from kvbench.registry import default_registry
 
 # GQA, and a sliding-window layer beside a full one, so generation exercises both.
-SPEC = ModelSpec(name="test-tiny", num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2,
-                 head_dim=8, num_params=1e4, max_model_len=96, dtype="fp32", vocab_size=128,
-                 intermediate_size=64, layer_pattern=("window", "full"), window=6)
+SPEC = ModelSpec(
+    name="test-tiny",
+    num_layers=2,
+    hidden_size=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    num_params=1e4,
+    max_model_len=96,
+    dtype="fp32",
+    vocab_size=128,
+    intermediate_size=64,
+    layer_pattern=("window", "full"),
+    window=6,
+)
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
 
@@ -39,8 +51,9 @@ def tiny_model() -> TinyDecoder:
     return TinyDecoder(SPEC, seed=0).eval()
 
 
-def make_requests(count: int, output_len: int = 10, n: int = 1, beam_width: int = 1, seed: int = 0,
-                  prefix: int = 0) -> list[Request]:
+def make_requests(
+    count: int, output_len: int = 10, n: int = 1, beam_width: int = 1, seed: int = 0, prefix: int = 0
+) -> list[Request]:
     rng = np.random.default_rng(seed)
     shared = rng.integers(0, SPEC.vocab_size, prefix)
     requests = []
@@ -50,9 +63,20 @@ def make_requests(count: int, output_len: int = 10, n: int = 1, beam_width: int 
     return requests
 
 
-def run_engine(requests, allocator="paged", num_slots=400, block_size=4, preemption="recompute",
-               swap_slots=0, sampling=GREEDY, chunked_prefill=False, max_num_batched_tokens=512,
-               max_num_seqs=64, on_step=None, **options):
+def run_engine(
+    requests,
+    allocator="paged",
+    num_slots=400,
+    block_size=4,
+    preemption="recompute",
+    swap_slots=0,
+    sampling=GREEDY,
+    chunked_prefill=False,
+    max_num_batched_tokens=512,
+    max_num_seqs=64,
+    on_step=None,
+    **options,
+):
     """Serve `requests` through the real engine; returns (result row, engine).
 
     Every step checks the KV accounting: no part negative, none beyond the pool."""
@@ -84,7 +108,8 @@ def outputs(engine) -> dict:
     out: dict = {}
     for seq in engine.recorder.finished:
         out.setdefault(seq.request.request_id, []).append(
-            (seq.sample_index, seq.token_ids[seq.request.prompt_len:], seq.cumulative_logprob))
+            (seq.sample_index, seq.token_ids[seq.request.prompt_len :], seq.cumulative_logprob)
+        )
     return out
 
 
