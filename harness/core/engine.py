@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from itertools import repeat
 
 import numpy as np
 from tqdm import tqdm
@@ -107,20 +108,20 @@ class Engine:
         """Append each sampled token, fork requests whose prompt is done, step beams; retire
         the requests that are complete. Returns how many were retired."""
         finished = []
-        for i, seq in enumerate(batch.seqs):
-            if seq.num_computed < seq.num_tokens:
+        for seq, picked in zip(batch.seqs, repeat(None) if tokens is None else tokens):
+            num_tokens = seq.num_tokens
+            if seq.num_computed < num_tokens:
                 continue  # a prefill chunk: no token yet
-            request = seq.request
-            if request.width == 1:  # the common case, kept inline: one sequence per request
-                seq.num_tokens += 1
-                if tokens is not None:
-                    seq.token_ids.append(tokens[i])
+            if seq.width == 1:  # the common case, kept inline: one sequence per request
+                seq.num_tokens = num_tokens = num_tokens + 1
+                if picked is not None:
+                    seq.token_ids.append(picked)
                 if seq.first_token_s is None:
                     seq.first_token_s = clock
-                if seq.num_tokens >= request.max_tokens:
+                if num_tokens >= seq.max_tokens:
                     finished.append(seq)
                 continue
-            picked = tokens[i] if tokens is not None else None
+            request = seq.request
             if seq.group is None:
                 self._fork(seq, picked, clock)
             elif seq is not seq.group[0]:
