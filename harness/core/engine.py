@@ -18,7 +18,6 @@ from collections import deque
 from itertools import repeat
 
 import numpy as np
-from tqdm import tqdm
 
 from kvbench.errors import UserError
 from kvbench.core.recorder import Recorder
@@ -73,8 +72,12 @@ class Engine:
         scheduler, recorder = self.scheduler, self.recorder
         clock = requests[0].arrival_s if requests else 0.0
         total = len(requests)
-        bar = tqdm(total=total, unit="req", desc=f"{self.allocator.name}", disable=not self.progress,
-                   mininterval=1.0, leave=False)
+        bar = None
+        if self.progress:  # tqdm is imported only for a bar that is drawn
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="req", desc=f"{self.allocator.name}", mininterval=1.0, leave=False)
+        allocator, executor, simulated = self.allocator, self.executor, self.executor.simulated
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
                 scheduler.add(self.new_sequence(pending.popleft()))
@@ -87,14 +90,15 @@ class Engine:
                     continue
                 raise RuntimeError(f"{self.allocator.name}: no sequence can run with "
                                    f"{len(scheduler.waiting)} waiting and {len(scheduler.running)} running")
-            result = self.executor.execute(batch)
-            dt = result.duration_s if self.executor.simulated else time.perf_counter() - wall
+            result = executor.execute(batch)
+            dt = result.duration_s if simulated else time.perf_counter() - wall
             clock += dt
-            recorder.on_step(clock, dt, len(batch), self.allocator.accounting(), schedule_s)
+            recorder.on_step(clock, dt, len(batch.seqs), allocator.accounting(), schedule_s)
             done = self._advance(batch, result.tokens, clock)
-            if done:
+            if done and bar is not None:
                 bar.update(done)
-        bar.close()
+        if bar is not None:
+            bar.close()
         first = requests[0].arrival_s if requests else 0.0
         row = recorder.summary(total, scheduler.last_admit_s, first)
         row.update(preemptions=scheduler.num_preemptions,

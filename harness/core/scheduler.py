@@ -30,7 +30,7 @@ from kvbench.core.sequence import Sequence, SeqStatus
 PREEMPTION_MODES = ("recompute", "swap")
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """One step's work: `num_new_tokens[i]` tokens of `seqs[i]`, the last ones of its context."""
 
