@@ -139,8 +139,11 @@ class PagedAllocator(KVAllocator):
         pool = self.pool
         if not pool.fits(pool.admission_need(-(-seq.num_tokens // self.block_size), hits), reserve=True):
             return False
+        ref_count = self.ref_count
         for block in hits:
-            if pool.hold(block):
+            if ref_count[block]:  # held by a live sequence: one holder more (pool.hold, inlined)
+                ref_count[block] += 1
+            elif pool.hold(block):
                 self._allocated += self.block_size
                 self._token += self.block_fill[block]
         self.block_tables[seq.seq_id] = hits
@@ -239,8 +242,12 @@ class PagedAllocator(KVAllocator):
 
     def _release(self, seq: Sequence) -> None:
         self._settle(seq)
+        ref_count = self.ref_count
         for block in reversed(self.block_tables.pop(seq.seq_id)):
-            self._drop_block(block)
+            if ref_count[block] > 1:  # still held by another sequence (pool.drop, inlined)
+                ref_count[block] -= 1
+            else:
+                self._drop_block(block)
         self._reserved -= self._seq_reserved.pop(seq.seq_id)
         self._granted.pop(seq.seq_id, None)
         seq.room = 0
