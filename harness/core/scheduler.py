@@ -111,6 +111,7 @@ class Scheduler:
         append = seqs.append
         num_tokens = context_tokens = attention_pairs = decode_context = 0
         others = []  # (index in batch, tokens) of running sequences scheduled for more than 1
+        room_ran_out = allocator.room_ran_out
         swapped_before = allocator.swapped_blocks
         took = 0
         # Iterating a list while preemption pops from its end: the iterator stops where it ends.
@@ -123,6 +124,8 @@ class Scheduler:
                 if context == seq.num_tokens:  # a decode step into room the allocator granted
                     seq.room = room - 1
                     seq.num_computed = context
+                    if room == 1:
+                        room_ran_out(seq)
                     append(seq)
                     decode_context += context
                     took += 1

@@ -11,8 +11,10 @@ scheduler calls, per sequence and step, only O(1) or O(blocks touched) operation
 
 Optional, room for decode steps: an allocator may set `seq.room` to the number of coming
 single-token grows of `seq` it has already made room for; the scheduler then takes them without
-calling grow (a decode step costs it no allocator call) and reports the total with
-took_room(n) in the same step. Any other operation on `seq` first settles what was taken.
+calling grow (a decode step costs it no allocator call), calls room_ran_out(seq) where it
+takes the last of a sequence's room (in batch order, as grow would have been called) and
+reports the total with took_room(n) in the same step. Any other operation on `seq` first
+settles what was taken.
 
 Optional, for preemption by swapping (`supports_swap`): swap_out(seqs) moves a request's
 blocks to a CPU pool (False = the pool is full: recompute instead), swap_in(seqs) brings them
@@ -113,6 +115,10 @@ class KVAllocator(ABC):
 
     def took_room(self, num_tokens: int) -> None:
         """The scheduler took `num_tokens` steps of room (`Sequence.room`) this step."""
+        raise NotImplementedError(f"{self.name} grants no room")
+
+    def room_ran_out(self, seq: Sequence) -> None:
+        """The scheduler took the last of `seq`'s room."""
         raise NotImplementedError(f"{self.name} grants no room")
 
     supports_swap: ClassVar[bool] = False

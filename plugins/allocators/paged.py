@@ -11,11 +11,11 @@ cached blocks that starts the sequence, never covering its last token (whose log
 needed). Freed blocks keep their content until the pool evicts them (block_pool states the order).
 
 Decode steps cost no call: whenever a sequence's last block is its own, the allocator grants the
-sequence room (`Sequence.room`) for the single tokens that block still takes before it fills
-(with prefix caching, before the token that fills it, which names the block) and that the
+sequence room (`Sequence.room`) for the single tokens that block still takes and that the
 sequence will really produce. The scheduler takes that room itself; the totals are counted at
-once (`took_room`), each block's fill and each sequence's reservation when anything else
-touches the sequence (`_settle`).
+once (`took_room`), a block that the room filled is named when it fills (`room_ran_out`),
+each block's fill and each sequence's reservation when anything else touches the
+sequence (`_settle`).
 
 Swapping (`enable_swap`): a preempted request's computed blocks are copied to a CPU pool of the
 same block size, a block shared within the request once, and copied back when it resumes.
@@ -85,8 +85,7 @@ class PagedAllocator(KVAllocator):
         self._reserved += new - self._seq_reserved[seq_id]
         self._seq_reserved[seq_id] = new
         # the scheduler takes room only for sequences it schedules alone (not a request's samples)
-        room = (min(new, bs - num_tokens % bs - self.prefix_caching)
-                if new and num_tokens % bs and seq.group is None else 0)
+        room = min(new, bs - num_tokens % bs) if new and num_tokens % bs and seq.group is None else 0
         seq.room = self._granted[seq_id] = room
 
     def _settle(self, seq: Sequence) -> None:
@@ -101,6 +100,13 @@ class PagedAllocator(KVAllocator):
     def took_room(self, num_tokens: int) -> None:
         self._token += num_tokens
         self._reserved -= num_tokens
+
+    def room_ran_out(self, seq: Sequence) -> None:
+        if self.prefix_caching:  # the room may have filled the last block: name it now
+            self._settle(seq)
+            table = self.block_tables[seq.seq_id]
+            if self.block_fill[table[-1]] == self.block_size:
+                self._name_last_block(seq, table[-1], len(table) * self.block_size)
 
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
@@ -167,9 +173,12 @@ class PagedAllocator(KVAllocator):
         return True
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
-        if num_tokens == 1 and seq.room:  # what the scheduler takes itself, when it asks
-            seq.room -= 1
+        room = seq.room
+        if num_tokens == 1 and room:  # what the scheduler takes itself, when it asks
+            seq.room = room - 1
             self.took_room(1)
+            if room == 1:
+                self.room_ran_out(seq)
             return True
         self._settle(seq)
         before, bs = seq.num_computed, self.block_size
