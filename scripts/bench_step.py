@@ -35,7 +35,9 @@ PROMPT = 100
 
 
 def use_tree(tree: Path) -> None:
-    """Import `kvbench` from `tree` (setuptools' package-dir mapping, rebuilt by hand)."""
+    """Import `kvbench` from `tree` (setuptools' package-dir mapping, rebuilt by hand); an
+    editable install's finder would map names missing from `tree` onto this checkout."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
     for name, folder in PACKAGES.items():
         path = tree / folder
         spec = importlib.util.spec_from_file_location(name, path / "__init__.py",

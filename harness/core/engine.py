@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from itertools import repeat
 
 import numpy as np
-from tqdm import tqdm
 
 from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Batch, Scheduler
@@ -73,8 +73,12 @@ class Engine:
         scheduler, recorder = self.scheduler, self.recorder
         clock = requests[0].arrival_s if requests else 0.0
         total = len(requests)
-        bar = tqdm(total=total, unit="req", desc=f"{self.allocator.name}", disable=not self.progress,
-                   mininterval=1.0, leave=False)
+        bar = None
+        if self.progress:  # tqdm is imported only for a bar that is drawn
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="req", desc=f"{self.allocator.name}", mininterval=1.0, leave=False)
+        allocator, executor, simulated = self.allocator, self.executor, self.executor.simulated
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
                 scheduler.add(self.new_sequence(pending.popleft()))
@@ -87,14 +91,15 @@ class Engine:
                     continue
                 raise RuntimeError(f"{self.allocator.name}: no sequence can run with "
                                    f"{len(scheduler.waiting)} waiting and {len(scheduler.running)} running")
-            result = self.executor.execute(batch)
-            dt = result.duration_s if self.executor.simulated else self.step_clock() - started
+            result = executor.execute(batch)
+            dt = result.duration_s if simulated else self.step_clock() - started
             clock += dt
-            recorder.on_step(clock, dt, len(batch), self.allocator.accounting(), schedule_s)
+            recorder.on_step(clock, dt, len(batch.seqs), allocator.accounting(), schedule_s)
             done = self._advance(batch, result.tokens, clock)
-            if done:
+            if done and bar is not None:
                 bar.update(done)
-        bar.close()
+        if bar is not None:
+            bar.close()
         first = requests[0].arrival_s if requests else 0.0
         row = recorder.summary(total, scheduler.last_admit_s, first)
         row.update(preemptions=scheduler.num_preemptions,
@@ -108,20 +113,20 @@ class Engine:
         """Append each sampled token, fork requests whose prompt is done, step beams; retire
         the requests that are complete. Returns how many were retired."""
         finished = []
-        for i, seq in enumerate(batch.seqs):
-            if seq.num_computed < seq.num_tokens:
+        for seq, picked in zip(batch.seqs, repeat(None) if tokens is None else tokens):
+            num_tokens = seq.num_tokens
+            if seq.num_computed < num_tokens:
                 continue  # a prefill chunk: no token yet
-            request = seq.request
-            if request.width == 1:  # the common case, kept inline: one sequence per request
-                seq.num_tokens += 1
-                if tokens is not None:
-                    seq.token_ids.append(tokens[i])
+            if seq.width == 1:  # the common case, kept inline: one sequence per request
+                seq.num_tokens = num_tokens = num_tokens + 1
+                if picked is not None:
+                    seq.token_ids.append(picked)
                 if seq.first_token_s is None:
                     seq.first_token_s = clock
-                if seq.num_tokens >= request.max_tokens:
+                if num_tokens >= seq.max_tokens:
                     finished.append(seq)
                 continue
-            picked = tokens[i] if tokens is not None else None
+            request = seq.request
             if seq.group is None:
                 self._fork(seq, picked, clock)
             elif seq is not seq.group[0]:

@@ -29,8 +29,10 @@ class Recorder:
         self.step_dt.append(dt)
         self.batch_size.append(batch_size)
         self.kv.append((accounting.token, accounting.reserved, accounting.internal, accounting.rounding))
-        for kind, acc in getattr(accounting, "by_kind", {}).items():
-            self.kv_by_kind.setdefault(kind, []).append(acc.fractions()[:3])
+        by_kind = getattr(accounting, "by_kind", None)  # hybrid models only
+        if by_kind:
+            for kind, acc in by_kind.items():
+                self.kv_by_kind.setdefault(kind, []).append(acc.fractions()[:3])
         self.num_slots = accounting.num_slots
         self.schedule_s.append(schedule_s)
 

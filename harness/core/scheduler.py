@@ -18,7 +18,9 @@ A request with n samples or beams is one entry in `running` / `waiting` / `swapp
 sequence, whose `group` lists the live sequences. It counts as its width against `max_num_seqs`
 from admission on (as in vLLM), so its forks never overrun the limit. Groups are scheduled whole
 (all members in the same step, consecutively in the batch, root first), so beams always step
-together. Per step the work is O(scheduled sequences); nothing scans the KV pool.
+together. Per step the work is O(scheduled sequences); nothing scans the KV pool. A decode step
+for which the allocator already made room (`Sequence.room`) is taken in a tight run without an
+allocator call: most running sequences, most steps.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from kvbench.plugins.allocators.base import KVAllocator
 PREEMPTION_MODES = ("recompute", "swap")
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """One step's work: `num_new_tokens[i]` tokens of `seqs[i]`, the last ones of its context."""
 
@@ -111,25 +113,41 @@ class Scheduler:
         batch = Batch()
         budget = self.max_num_batched_tokens
         allocator, running = self.allocator, self.running
-        seqs, counts = batch.seqs, batch.num_new_tokens
-        num_tokens = context_tokens = attention_pairs = 0
+        seqs = batch.seqs
+        append = seqs.append
+        num_tokens = context_tokens = attention_pairs = decode_context = 0
+        others = []  # (index in batch, tokens) of running sequences scheduled for more than 1
+        room_ran_out = allocator.room_ran_out
         swapped_before = allocator.swapped_blocks
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
+        took = 0
+        # Iterating a list while preemption pops from its end: the iterator stops where it ends.
+        for seq in running:
+            if budget <= 0:
+                break
+            room = seq.room
+            if room:  # the allocator grants room only to sequences scheduled alone
+                context = seq.num_computed + 1
+                if context == seq.num_tokens:  # a decode step into room the allocator granted
+                    seq.room = room - 1
+                    seq.num_computed = context
+                    if room == 1:
+                        room_ran_out(seq)
+                    append(seq)
+                    decode_context += context
+                    took += 1
+                    budget -= 1
+                    continue
             if seq.group is not None:  # a request's samples or beams: one decode token each
                 group = seq.group
                 if len(group) > budget or not self._grow_group(group, batch):
                     break
                 for member in group:
                     member.num_computed = context = member.num_computed + 1
-                    seqs.append(member)
-                    counts.append(1)
+                    append(member)
                     context_tokens += context
                     attention_pairs += context
                 num_tokens += len(group)
                 budget -= len(group)
-                i += 1
                 continue
             n = seq.num_tokens - seq.num_computed
             if n > budget:
@@ -140,17 +158,24 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                # inlined _add_to_batch: this loop runs for every running sequence every step
                 seq.num_computed = context = seq.num_computed + n
-                seqs.append(seq)
-                counts.append(n)
+                if n != 1:
+                    others.append((len(seqs), n))
+                append(seq)
                 num_tokens += n
                 context_tokens += context
                 attention_pairs += n * context
                 budget -= n
-                i += 1
                 continue
             break
+        if took:
+            allocator.took_room(took)
+        counts = batch.num_new_tokens = [1] * len(seqs)
+        for index, n in others:
+            counts[index] = n
+        num_tokens += took
+        context_tokens += decode_context
+        attention_pairs += decode_context
         batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
         batch.attention_pairs = attention_pairs
         swapped = self.swapped

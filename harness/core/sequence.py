@@ -39,7 +39,7 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: its counters are read and written every step
 class Sequence:
     """Token state of one sequence.
 
@@ -64,10 +64,18 @@ class Sequence:
     # root first, are scheduled, preempted and finished together. None for a lone sequence.
     group: list | None = None
     sample_index: int = 0  # which of the request's samples / beam slots (seeds its sampling)
+    # Single-token steps the allocator has already made room for (KVAllocator.grant_room): the
+    # scheduler takes them without asking it, one a step, and reports how many it took.
+    room: int = 0
+    # the request's final_len, max_tokens and width, read on every step
+    final_len: int = field(init=False)
+    max_tokens: int = field(init=False)
+    width: int = field(init=False)
 
     @property
     def num_generated(self) -> int:
         return self.num_tokens - self.request.prompt_len
 
     def __post_init__(self):
-        self.final_len = self.request.final_len  # read on every step: a plain attribute
+        request = self.request
+        self.final_len, self.max_tokens, self.width = request.final_len, request.max_tokens, request.width

@@ -9,6 +9,13 @@ scheduler calls, per sequence and step, only O(1) or O(blocks touched) operation
     fork(parent, child) the child shares (paged) or copies (contiguous) the parent's tokens
     free(seq)           give everything back
 
+Optional, room for decode steps: an allocator may set `seq.room` to the number of coming
+single-token grows of `seq` it has already made room for; the scheduler then takes them without
+calling grow (a decode step costs it no allocator call), calls room_ran_out(seq) where it
+takes the last of a sequence's room (in batch order, as grow would have been called) and
+reports the total with took_room(n) in the same step. Any other operation on `seq` first
+settles what was taken.
+
 Optional, for preemption by swapping (`supports_swap`): swap_out(seqs) moves a request's
 blocks to a CPU pool (False = the pool is full: recompute instead), swap_in(seqs) brings them
 back (False = not yet). Data movement the executor must replay before the next forward (copy-on-
@@ -118,6 +125,14 @@ class KVAllocator(ABC):
     @abstractmethod
     def capacity(self, seq: Sequence) -> int:
         """Slots set aside for `seq` now (its block table's slots, or its reservation)."""
+
+    def took_room(self, num_tokens: int) -> None:
+        """The scheduler took `num_tokens` steps of room (`Sequence.room`) this step."""
+        raise NotImplementedError(f"{self.name} grants no room")
+
+    def room_ran_out(self, seq: Sequence) -> None:
+        """The scheduler took the last of `seq`'s room."""
+        raise NotImplementedError(f"{self.name} grants no room")
 
     supports_swap: ClassVar[bool] = False
 

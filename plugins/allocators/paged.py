@@ -10,6 +10,13 @@ its parent block's hash and its own token ids (block_pool). Admission reuses the
 cached blocks that starts the sequence, never covering its last token (whose logits are
 needed). Freed blocks keep their content until the pool evicts them (block_pool states the order).
 
+Decode steps cost no call: whenever a sequence's last block is its own, the allocator grants the
+sequence room (`Sequence.room`) for the single tokens that block still takes and that the
+sequence will really produce. The scheduler takes that room itself; the totals are counted at
+once (`took_room`), a block that the room filled is named when it fills (`room_ran_out`),
+each block's fill and each sequence's reservation when anything else touches the
+sequence (`_settle`).
+
 Swapping (`enable_swap`): a preempted request's computed blocks are copied to a CPU pool of the
 same block size, a block shared within the request once, and copied back when it resumes.
 """
@@ -42,6 +49,7 @@ class PagedAllocator(KVAllocator):
         self.ref_count, self.block_fill = self.pool.ref_count, self.pool.fill
         self.block_tables: dict[int, list[int]] = {}
         self._seq_reserved: dict[int, int] = {}
+        self._granted: dict[int, int] = {}  # seq_id -> its room when last counted
         self.prefix_caching = bool(prefix_caching)
         self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
@@ -69,12 +77,36 @@ class PagedAllocator(KVAllocator):
         return need
 
     def _update_reserved(self, seq: Sequence, num_tokens: int) -> None:
-        table = self.block_tables[seq.seq_id]
+        """Recount `seq`'s reservation once it holds `num_tokens` tokens, and grant its room."""
+        seq_id, table, bs = seq.seq_id, self.block_tables[seq.seq_id], self.block_size
         # Empty slots of a shared last block belong to nobody yet: the writer copies it first.
         own = bool(table) and self.ref_count[table[-1]] == 1
-        new = self._reserved_for(len(table) * self.block_size, num_tokens, seq.final_len) if own else 0
-        self._reserved += new - self._seq_reserved[seq.seq_id]
-        self._seq_reserved[seq.seq_id] = new
+        new = self._reserved_for(len(table) * bs, num_tokens, seq.final_len) if own else 0
+        self._reserved += new - self._seq_reserved[seq_id]
+        self._seq_reserved[seq_id] = new
+        # the scheduler takes room only for sequences it schedules alone (not a request's samples)
+        room = min(new, bs - num_tokens % bs) if new and num_tokens % bs and seq.group is None else 0
+        seq.room = self._granted[seq_id] = room
+
+    def _settle(self, seq: Sequence) -> None:
+        """Count the room `seq` took since it was last counted: its last block's fill, its reservation."""
+        seq_id = seq.seq_id
+        taken = self._granted.get(seq_id, 0) - seq.room
+        if taken:
+            self.block_fill[self.block_tables[seq_id][-1]] += taken
+            self._seq_reserved[seq_id] -= taken
+            self._granted[seq_id] = seq.room
+
+    def took_room(self, num_tokens: int) -> None:
+        self._token += num_tokens
+        self._reserved -= num_tokens
+
+    def room_ran_out(self, seq: Sequence) -> None:
+        if self.prefix_caching:  # the room may have filled the last block: name it now
+            self._settle(seq)
+            table = self.block_tables[seq.seq_id]
+            if self.block_fill[table[-1]] == self.block_size:
+                self._name_last_block(seq, table[-1], len(table) * self.block_size)
 
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
@@ -98,14 +130,27 @@ class PagedAllocator(KVAllocator):
         for index in range(known, len(hashes)):
             self.pool.name(table[index], hashes[index])
 
+    def _name_last_block(self, seq: Sequence, block: int, num_tokens: int) -> None:
+        """`seq`'s last block `block` just filled at `num_tokens` tokens: name it (the common
+        case of _cache_full_blocks, once a block on every decoding sequence's way)."""
+        hashes, tokens, bs = self._hashes[seq.seq_id], seq.token_ids, self.block_size
+        if len(hashes) * bs + bs != num_tokens or len(tokens) < num_tokens:
+            return self._cache_full_blocks(seq, num_tokens)
+        block_hash = hash_block(hashes[-1] if hashes else ROOT_HASH, tokens[num_tokens - bs:num_tokens])
+        hashes.append(block_hash)
+        self.pool.name(block, block_hash)
+
     def _admit_cached(self, seq: Sequence) -> bool:
         hits, hashes = self._cached_prefix(seq)
         pool = self.pool
         if not pool.fits(pool.admission_need(-(-seq.num_tokens // self.block_size), hits),
                          reserve=not self.watermark_exempt):
             return False
+        ref_count = self.ref_count
         for block in hits:
-            if pool.hold(block):
+            if ref_count[block]:  # held by a live sequence: one holder more (pool.hold, inlined)
+                ref_count[block] += 1
+            elif pool.hold(block):
                 self._allocated += self.block_size
                 self._token += self.block_fill[block]
         self.block_tables[seq.seq_id] = hits
@@ -125,29 +170,50 @@ class PagedAllocator(KVAllocator):
             return False
         self.block_tables[seq.seq_id] = []
         self._seq_reserved[seq.seq_id] = 0
+        seq.room = 0
         return True
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
-        before = seq.num_computed
-        if num_tokens == 1 and before % self.block_size:
-            # The decode fast path: room in an unshared last block, which this token fills by one.
-            # The slot was counted as reserved (a sequence never stores more than final_len)
-            # unless the block was shared at the last count and a sibling has since copied it.
-            seq_id, seq_reserved, block_fill = seq.seq_id, self._seq_reserved, self.block_fill
-            block = self.block_tables[seq_id][-1]
-            if self.ref_count[block] == 1 and seq_reserved[seq_id]:
-                block_fill[block] += 1
+        room = seq.room
+        if num_tokens == 1 and room:  # what the scheduler takes itself, when it asks
+            seq.room = room - 1
+            self.took_room(1)
+            if room == 1:
+                self.room_ran_out(seq)
+            return True
+        self._settle(seq)
+        before, bs = seq.num_computed, self.block_size
+        if num_tokens == 1:  # the decode steps that end or start a block, kept short
+            seq_id, block_fill = seq.seq_id, self.block_fill
+            table = self.block_tables[seq_id]
+            if before % bs:
+                block = table[-1]
+                if self.ref_count[block] == 1 and self._seq_reserved[seq_id]:
+                    # the token that fills the last block, which prefix caching then names
+                    block_fill[block] += 1
+                    self._token += 1
+                    self._reserved -= 1
+                    self._seq_reserved[seq_id] -= 1
+                    if self.prefix_caching and block_fill[block] == bs:
+                        self._name_last_block(seq, block, before + 1)
+                    return True
+            elif len(table) * bs == before:  # the token starts a new block
+                pool = self.pool
+                if not (pool.free or pool.evictable):
+                    return False
+                block = pool.take()
+                table.append(block)
+                block_fill[block] = 1
+                self._allocated += bs
                 self._token += 1
-                self._reserved -= 1
-                seq_reserved[seq_id] -= 1
-                if self.prefix_caching and block_fill[block] == self.block_size:
+                self._update_reserved(seq, before + 1)
+                if self.prefix_caching and bs == 1:
                     self._cache_full_blocks(seq, before + 1)
                 return True
         after = before + num_tokens
         if not self.pool.fits(self._blocks_needed(seq, after), reserve=False):
             return False
         table = self.block_tables[seq.seq_id]
-        bs = self.block_size
         if before % bs and self.ref_count[table[-1]] > 1:
             src = table[-1]
             dst = table[-1] = self.pool.copy_on_write(src)
@@ -168,6 +234,7 @@ class PagedAllocator(KVAllocator):
         return True
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
+        self._settle(parent)
         table = list(self.block_tables[parent.seq_id])
         for block in table:
             self.ref_count[block] += 1
@@ -184,9 +251,16 @@ class PagedAllocator(KVAllocator):
         self._hashes.pop(seq.seq_id, None)
 
     def _release(self, seq: Sequence) -> None:
+        self._settle(seq)
+        ref_count = self.ref_count
         for block in reversed(self.block_tables.pop(seq.seq_id)):
-            self._drop_block(block)
+            if ref_count[block] > 1:  # still held by another sequence (pool.drop, inlined)
+                ref_count[block] -= 1
+            else:
+                self._drop_block(block)
         self._reserved -= self._seq_reserved.pop(seq.seq_id)
+        self._granted.pop(seq.seq_id, None)
+        seq.room = 0
 
     def capacity(self, seq: Sequence) -> int:
         return len(self.block_tables[seq.seq_id]) * self.block_size
