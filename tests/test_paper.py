@@ -87,3 +87,13 @@ def test_an_unknown_experiment_is_one_line_with_the_known_ones(tmp_path):
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: unknown experiment 'fig99'; known: ") and "fig12" in line
+
+
+def test_a_target_latency_of_zero_is_refused_before_the_sweep_runs(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=paged",
+                             "report.slo_s_per_token=0", "hydra.sweep.dir=sweep"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: report.slo_s_per_token=0 must be a number > 0 (seconds per output token)")
+    assert not list((tmp_path / "sweep").glob("*/metrics.csv"))

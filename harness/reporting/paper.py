@@ -52,10 +52,6 @@ FIG12 = {  # request rate vLLM sustains at similar normalized latency, ShareGPT 
     ("paged", "oracle"): (1.7, 2.7),
     ("paged", "contiguous"): (2.7, 8.0),
 }
-FIG14_15 = {  # % of KV blocks that sharing saves (Figs. 14, 15): (workload, knob) -> range
-    ("alpaca", "workload.n"): (6.1, 9.8), ("alpaca", "workload.beam_width"): (37.6, 55.2),
-    ("sharegpt", "workload.n"): (16.2, 30.5), ("sharegpt", "workload.beam_width"): (44.3, 66.3),
-}
 
 
 def _num(row: dict, key: str) -> float:
@@ -163,18 +159,6 @@ def fig12(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
-def fig14_15(rows: list[dict], cfg) -> list[dict]:
-    out = []
-    for (workload, knob), paper in FIG14_15.items():
-        widths = sorted({_num(r, knob) for r in _ok(rows) if r.get("workload") == workload
-                         and _num(r, knob) > 1})
-        for width in widths:
-            value, runs = mean_over_seeds(rows, "kv_sharing_saved_frac", workload=workload, **{knob: width})
-            out.append(comparison_row("fig14_15", workload, f"vLLM, {knob.split('.')[-1]}={width:g}",
-                                      "% KV blocks saved by sharing", paper, 100 * value, runs))
-    return out
-
-
 def fig18(rows: list[dict], cfg) -> list[dict]:
     out = []
     for workload in sorted({r.get("workload") for r in _ok(rows)}):
@@ -206,7 +190,7 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
                            (16.0, 64.0), float(even[-1]), len(by_block))]
 
 
-FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig14_15": fig14_15, "fig18": fig18, "fig19": fig19}
+FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig18": fig18, "fig19": fig19}
 
 
 def report_settings(report) -> dict:
