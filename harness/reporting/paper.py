@@ -78,11 +78,12 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     if isinstance(paper, tuple):
         low, high = paper
         delta = 0.0 if low <= value <= high else (value - high if value > high else value - low)
-        paper_text = f"{low:g}-{high:g}"
+        paper_text, relative = f"{low:g}-{high:g}", delta / (high if value > high else low)
     else:
-        delta, paper_text = value - paper, f"{paper:g}"
+        delta, paper_text, relative = value - paper, f"{paper:g}", (value - paper) / paper
     return {"figure": figure, "workload": workload, "system": system, "quantity": quantity,
-            "paper": paper_text, "kvbench": round(value, 4), "delta": round(delta, 4), "runs": runs}
+            "paper": paper_text, "kvbench": round(value, 4), "delta": round(delta, 4),
+            "delta_pct": round(100 * relative, 2), "runs": runs}
 
 
 def fig2(rows: list[dict], cfg) -> list[dict]:
@@ -209,11 +210,11 @@ def report_settings(report) -> dict:
 
 
 def markdown(rows: list[dict], title: str) -> str:
-    lines = [f"# {title}", "", "| figure | workload | system | quantity | paper | kvbench | delta |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"# {title}", "", "| figure | workload | system | quantity | paper | kvbench | delta | delta % |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['figure']} | {r['workload']} | {r['system']} | {r['quantity']} | {r['paper']} "
-                     f"| {r['kvbench']:.4g} | {r['delta']:+.3g} |")
+                     f"| {r['kvbench']:.4g} | {r['delta']:+.3g} | {r['delta_pct']:+.1f} |")
     return "\n".join(lines) + "\n"
 
 
