@@ -66,11 +66,13 @@ def _ok(rows: list[dict]) -> list[dict]:
 
 
 def mean_over_seeds(rows: list[dict], key: str, **where) -> tuple[float, int]:
-    """The mean of `key` over the ok rows matching `where` (numbers compared as numbers)."""
-    def match(row):
-        return all(str(row.get(k)) == str(v) or _num(row, k) == v for k, v in where.items())
-    values = [_num(r, key) for r in _ok(rows) if match(r)]
+    """The mean of `key` over the ok rows whose columns equal `where`, and how many there were."""
+    values = [_num(r, key) for r in _ok(rows) if all(r.get(k) == v for k, v in where.items())]
     return (float(np.mean(values)) if values else float("nan")), len(values)
+
+
+def _workloads(rows: list[dict]) -> str:
+    return "+".join(sorted({str(r.get("workload")) for r in _ok(rows)}))
 
 
 def comparison_row(figure, workload, system, quantity, paper, value, runs) -> dict:
@@ -92,8 +94,9 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
         for (part, columns), paper in zip(FIG2_PARTS.items(), FIG2[allocator]):
             if paper is None:
                 continue
-            values = [mean_over_seeds(rows, c, allocator=allocator, workload="sharegpt") for c in columns]
-            out.append(comparison_row("fig2", "sharegpt", SYSTEMS[allocator], f"% {part}", paper,
+            # whatever the lengths come from (the built-in sharegpt workload or a ShareGPT trace)
+            values = [mean_over_seeds(rows, c, allocator=allocator) for c in columns]
+            out.append(comparison_row("fig2", _workloads(rows), SYSTEMS[allocator], f"% {part}", paper,
                                       100 * sum(v for v, _ in values), values[0][1]))
     return out
 
@@ -101,11 +104,16 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
 def fig13(rows: list[dict], cfg) -> list[dict]:
     out = []
     for (workload, rate), papers in FIG13.items():
+        # matched by rate, so that a trace of the paper's dataset compares as well
+        at_rate = [r for r in _ok(rows) if _num(r, "rate") == rate]
+        if not at_rate:
+            continue
         for allocator in PAPER_ORDER:
-            value, runs = mean_over_seeds(rows, "mean_batch_size", allocator=allocator,
-                                          workload=workload, rate=rate)
-            out.append(comparison_row("fig13", workload, SYSTEMS[allocator], f"mean batch at {rate:g} req/s",
-                                      papers[allocator], value, runs))
+            value, runs = mean_over_seeds(at_rate, "mean_batch_size", allocator=allocator)
+            ours = _workloads(at_rate)
+            label = workload if ours == workload else f"{workload} ({ours})"
+            out.append(comparison_row("fig13", label, SYSTEMS[allocator],
+                                      f"mean batch at {rate:g} req/s", papers[allocator], value, runs))
     return out
 
 
