@@ -97,3 +97,14 @@ def test_a_target_latency_of_zero_is_refused_before_the_sweep_runs(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "error: report.slo_s_per_token=0 must be a number > 0 (seconds per output token)")
     assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
+
+
+def test_a_rate_sweep_too_short_for_a_knee_is_one_line_exit_2_and_keeps_its_summary(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=paged", "workload.rate=0.5,1",
+                             "workload.num_requests=20", "workload.duration_s=null", "report.paper=fig12",
+                             "progress=false", "hydra.sweep.dir=sweep"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "paged on sharegpt (rates 0.5, 1) never exceeds" in errors[0]
+    assert (tmp_path / "sweep" / "summary.csv").is_file()
