@@ -68,8 +68,8 @@ def test_fig2_files_rounding_under_external_and_other_as_the_paper_does():
 @pytest.mark.parametrize("overrides, rate, duration", [
     (["+experiment=fig2"], 4.0, 900),
     (["+experiment=fig13", "workload=alpaca"], 30.0, 300),
-    (["+experiment=fig12", "workload=sharegpt", "fig12.point=r6"], 2.0, 600),
-    (["+experiment=fig12", "workload=alpaca", "fig12.point=r4"], 32, 200),
+    (["+experiment=fig12", "workload=sharegpt", "fig12.point=r6"], 2.0, 450),
+    (["+experiment=fig12", "workload=alpaca", "fig12.point=r4"], 32, 100),
 ])
 def test_an_experiment_fixes_the_paper_s_setup_and_its_sweep(overrides, rate, duration):
     with initialize_config_module("kvbench.conf", version_base="1.3"):
