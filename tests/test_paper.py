@@ -68,8 +68,8 @@ def test_fig2_files_rounding_under_external_and_other_as_the_paper_does():
 @pytest.mark.parametrize("overrides, rate, duration", [
     (["+experiment=fig2"], 4.0, 900),
     (["+experiment=fig13", "workload=alpaca"], 30.0, 300),
-    (["+experiment=fig12", "workload=sharegpt", "fig12.point=r6"], 2.0, 600),
-    (["+experiment=fig12", "workload=alpaca", "fig12.point=r4"], 32, 200),
+    (["+experiment=fig12", "workload=sharegpt", "fig12.point=r6"], 2.0, 450),
+    (["+experiment=fig12", "workload=alpaca", "fig12.point=r4"], 32, 100),
 ])
 def test_an_experiment_fixes_the_paper_s_setup_and_its_sweep(overrides, rate, duration):
     with initialize_config_module("kvbench.conf", version_base="1.3"):
@@ -87,3 +87,24 @@ def test_an_unknown_experiment_is_one_line_with_the_known_ones(tmp_path):
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: unknown experiment 'fig99'; known: ") and "fig12" in line
+
+
+def test_a_target_latency_of_zero_is_refused_before_the_sweep_runs(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=paged",
+                             "report.slo_s_per_token=0", "hydra.sweep.dir=sweep"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: report.slo_s_per_token=0 must be a number > 0 (seconds per output token)")
+    assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
+
+
+def test_a_rate_sweep_too_short_for_a_knee_is_one_line_exit_2_and_keeps_its_summary(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=paged", "workload.rate=0.5,1",
+                             "workload.num_requests=20", "workload.duration_s=null", "report.paper=fig12",
+                             "progress=false", "hydra.sweep.dir=sweep"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "paged on sharegpt (rates 0.5, 1) never exceeds" in errors[0]
+    assert (tmp_path / "sweep" / "summary.csv").is_file()

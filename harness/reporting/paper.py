@@ -52,10 +52,6 @@ FIG12 = {  # request rate vLLM sustains at similar normalized latency, ShareGPT 
     ("paged", "oracle"): (1.7, 2.7),
     ("paged", "contiguous"): (2.7, 8.0),
 }
-FIG14_15 = {  # % of KV blocks that sharing saves (Figs. 14, 15): (workload, knob) -> range
-    ("alpaca", "workload.n"): (6.1, 9.8), ("alpaca", "workload.beam_width"): (37.6, 55.2),
-    ("sharegpt", "workload.n"): (16.2, 30.5), ("sharegpt", "workload.beam_width"): (44.3, 66.3),
-}
 
 
 def _num(row: dict, key: str) -> float:
@@ -70,11 +66,13 @@ def _ok(rows: list[dict]) -> list[dict]:
 
 
 def mean_over_seeds(rows: list[dict], key: str, **where) -> tuple[float, int]:
-    """The mean of `key` over the ok rows matching `where` (numbers compared as numbers)."""
-    def match(row):
-        return all(str(row.get(k)) == str(v) or _num(row, k) == v for k, v in where.items())
-    values = [_num(r, key) for r in _ok(rows) if match(r)]
+    """The mean of `key` over the ok rows whose columns equal `where`, and how many there were."""
+    values = [_num(r, key) for r in _ok(rows) if all(r.get(k) == v for k, v in where.items())]
     return (float(np.mean(values)) if values else float("nan")), len(values)
+
+
+def _workloads(rows: list[dict]) -> str:
+    return "+".join(sorted({str(r.get("workload")) for r in _ok(rows)}))
 
 
 def comparison_row(figure, workload, system, quantity, paper, value, runs) -> dict:
@@ -82,11 +80,12 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     if isinstance(paper, tuple):
         low, high = paper
         delta = 0.0 if low <= value <= high else (value - high if value > high else value - low)
-        paper_text = f"{low:g}-{high:g}"
+        paper_text, relative = f"{low:g}-{high:g}", delta / (high if value > high else low)
     else:
-        delta, paper_text = value - paper, f"{paper:g}"
+        delta, paper_text, relative = value - paper, f"{paper:g}", (value - paper) / paper
     return {"figure": figure, "workload": workload, "system": system, "quantity": quantity,
-            "paper": paper_text, "kvbench": round(value, 4), "delta": round(delta, 4), "runs": runs}
+            "paper": paper_text, "kvbench": round(value, 4), "delta": round(delta, 4),
+            "delta_pct": round(100 * relative, 2), "runs": runs}
 
 
 def fig2(rows: list[dict], cfg) -> list[dict]:
@@ -95,8 +94,9 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
         for (part, columns), paper in zip(FIG2_PARTS.items(), FIG2[allocator]):
             if paper is None:
                 continue
-            values = [mean_over_seeds(rows, c, allocator=allocator, workload="sharegpt") for c in columns]
-            out.append(comparison_row("fig2", "sharegpt", SYSTEMS[allocator], f"% {part}", paper,
+            # whatever the lengths come from (the built-in sharegpt workload or a ShareGPT trace)
+            values = [mean_over_seeds(rows, c, allocator=allocator) for c in columns]
+            out.append(comparison_row("fig2", _workloads(rows), SYSTEMS[allocator], f"% {part}", paper,
                                       100 * sum(v for v, _ in values), values[0][1]))
     return out
 
@@ -104,11 +104,16 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
 def fig13(rows: list[dict], cfg) -> list[dict]:
     out = []
     for (workload, rate), papers in FIG13.items():
+        # matched by rate, so that a trace of the paper's dataset compares as well
+        at_rate = [r for r in _ok(rows) if _num(r, "rate") == rate]
+        if not at_rate:
+            continue
         for allocator in PAPER_ORDER:
-            value, runs = mean_over_seeds(rows, "mean_batch_size", allocator=allocator,
-                                          workload=workload, rate=rate)
-            out.append(comparison_row("fig13", workload, SYSTEMS[allocator], f"mean batch at {rate:g} req/s",
-                                      papers[allocator], value, runs))
+            value, runs = mean_over_seeds(at_rate, "mean_batch_size", allocator=allocator)
+            ours = _workloads(at_rate)
+            label = workload if ours == workload else f"{workload} ({ours})"
+            out.append(comparison_row("fig13", label, SYSTEMS[allocator],
+                                      f"mean batch at {rate:g} req/s", papers[allocator], value, runs))
     return out
 
 
@@ -163,18 +168,6 @@ def fig12(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
-def fig14_15(rows: list[dict], cfg) -> list[dict]:
-    out = []
-    for (workload, knob), paper in FIG14_15.items():
-        widths = sorted({_num(r, knob) for r in _ok(rows) if r.get("workload") == workload
-                         and _num(r, knob) > 1})
-        for width in widths:
-            value, runs = mean_over_seeds(rows, "kv_sharing_saved_frac", workload=workload, **{knob: width})
-            out.append(comparison_row("fig14_15", workload, f"vLLM, {knob.split('.')[-1]}={width:g}",
-                                      "% KV blocks saved by sharing", paper, 100 * value, runs))
-    return out
-
-
 def fig18(rows: list[dict], cfg) -> list[dict]:
     out = []
     for workload in sorted({r.get("workload") for r in _ok(rows)}):
@@ -189,24 +182,30 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
 
 
 def fig19(rows: list[dict], cfg) -> list[dict]:
-    """The paper states no number for Fig. 19, only where the two curves meet: 16-64."""
-    time_of = {"swap": "swap_time_model_s", "recompute": "recompute_time_model_s"}
-    by_block = defaultdict(dict)
-    for r in _ok(rows):
-        mode = r.get("engine.preemption")
-        if mode in time_of:
-            by_block[int(_num(r, "block_size"))][mode] = _num(r, time_of[mode])
-    even = [b for b, t in sorted(by_block.items()) if len(t) == 2 and t["recompute"] > 0
-            and 0.5 <= t["swap"] / t["recompute"] <= 2.0]
-    if not even:
-        raise UserError("fig19: no block size where swap and recompute both ran and cost within 2x")
-    return [comparison_row("fig19", "sharegpt", "vLLM", "smallest block where swap costs <= 2x recompute",
-                           (16.0, 64.0), float(even[0]), len(by_block)),
-            comparison_row("fig19", "sharegpt", "vLLM", "largest block where swap costs >= recompute / 2",
-                           (16.0, 64.0), float(even[-1]), len(by_block))]
+    """The paper states where the two curves meet (blocks of 16-64), not their values: compared is
+    the smallest block from which swapping costs no more than recomputing, in modelled
+    preemption time and in normalized latency."""
+    measures = {"preemption time": {"swap": "swap_time_model_s", "recompute": "recompute_time_model_s"},
+                "normalized latency": {"swap": "normalized_latency_s_per_tok",
+                                       "recompute": "normalized_latency_s_per_tok"}}
+    out = []
+    for measure, column_of in measures.items():
+        by_block = defaultdict(dict)
+        for r in _ok(rows):
+            mode = r.get("engine.preemption")
+            if mode in column_of:
+                by_block[int(_num(r, "block_size"))][mode] = _num(r, column_of[mode])
+        both = sorted(b for b, t in by_block.items() if len(t) == 2)
+        crossover = next((b for b in both if by_block[b]["swap"] <= by_block[b]["recompute"]), None)
+        if crossover is None:
+            raise UserError(f"fig19: swapping costs more {measure} than recomputing at every block size "
+                            f"swept ({', '.join(map(str, both))}): no crossover to compare")
+        out.append(comparison_row("fig19", "sharegpt", "vLLM", f"smallest block where swap {measure} "
+                                  f"<= recompute", (16.0, 64.0), float(crossover), len(both)))
+    return out
 
 
-FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig14_15": fig14_15, "fig18": fig18, "fig19": fig19}
+FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig18": fig18, "fig19": fig19}
 
 
 def report_settings(report) -> dict:
@@ -225,11 +224,11 @@ def report_settings(report) -> dict:
 
 
 def markdown(rows: list[dict], title: str) -> str:
-    lines = [f"# {title}", "", "| figure | workload | system | quantity | paper | kvbench | delta |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"# {title}", "", "| figure | workload | system | quantity | paper | kvbench | delta | delta % |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['figure']} | {r['workload']} | {r['system']} | {r['quantity']} | {r['paper']} "
-                     f"| {r['kvbench']:.4g} | {r['delta']:+.3g} |")
+                     f"| {r['kvbench']:.4g} | {r['delta']:+.3g} | {r['delta_pct']:+.1f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,7 @@ KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),
     ("kv_reserved_frac", "reserved", "#f08c00"),
     ("kv_internal_frag_frac", "internal fragmentation", "#c92a2a"),
+    ("kv_rounding_frac", "rounding (blocks, buddy chunks)", "#e599f7"),
     ("kv_external_frag_frac", "external fragmentation & free", "#868e96"),
 ]
 
@@ -54,7 +55,7 @@ def kv_breakdown(rows: list[dict], out: Path) -> Path:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_ylabel("% of KV cache slots (time-averaged)")
     ax.set_ylim(0, 100)
-    ax.set_title("Where KV memory goes (internal = reservation beyond use, incl. rounding)")
+    ax.set_title("Where KV memory goes (the five categories of docs/paper.md)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
     return save_figure(fig, out / "kv_breakdown.png")

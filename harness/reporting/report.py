@@ -20,7 +20,7 @@ from kvbench.reporting.results import ENVIRONMENT, collect, read_csv, write_atom
 # The columns a reader looks at first, in this order; the full table is one click away.
 KEY_METRICS = [
     "throughput_req_s", "throughput_tok_s", "mean_batch_size", "kv_token_util", "kv_reserved_frac",
-    "kv_internal_frag_frac", "kv_external_frag_frac", "normalized_latency_s_per_tok", "ttft_p50_s",
+    "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac", "normalized_latency_s_per_tok", "ttft_p50_s",
     "tpot_p50_s", "preemptions", "prefix_hit_rate", "cpu_overhead_frac",
     "latency_us_p50", "achieved_gbps", "roofline_frac", "max_abs_err_vs_eager",
 ]

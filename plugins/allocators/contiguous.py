@@ -55,9 +55,6 @@ class ReservingAllocator(KVAllocator):
         wanted = min(request.prompt_len + self.estimate(request.output_len), self.max_model_len)
         return max(0, wanted - request.max_tokens)
 
-    def _held(self, request: Request) -> int:
-        return self._space.held(self.reservation(request.prompt_len, request.output_len))
-
     def footprint(self, request_len: int) -> int:
         # the most any split of `request_len` tokens into prompt + output holds (once per run)
         return max(self._space.held(self.reservation(request_len - output, output))
