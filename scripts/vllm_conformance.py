@@ -488,7 +488,7 @@ def main(argv: list | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", action="append", help="a case name (repeatable; default: all)")
     parser.add_argument("--preset", default="vllm", help="kvbench preset to check (default vllm; 'none': "
-                        "kvbench's own defaults with the case's pool and budgets)")
+                        "kvbench's own defaults, with chunked prefill on and the case's pool and budgets)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a kvbench config override on top of the preset (repeatable)")
     parser.add_argument("--max-steps", type=int, default=None)
