@@ -176,7 +176,7 @@ def test_benchmark_runs_are_samples_a_25pc_slowdown_regresses_noise_does_not(tmp
     benchmark_json(tmp_path / "slower.json", {"test_step": [m * 1.25 for m in noisy], "test_cost": [2.0e-6] * 5})
     result = run_compare(tmp_path / "base.json", tmp_path / "same.json")
     assert result.returncode == 0, result.stdout
-    assert "no significant change in the measured metrics" in result.stdout
+    assert "measured metrics: no significant change" in result.stdout
     result = run_compare(tmp_path / "base.json", tmp_path / "slower.json")
     assert result.returncode == 1, result.stdout
     assert "benchmark=test_step: median_s" in result.stdout.split("REGRESSION:")[1]
