@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_module
 
 import kvbench.scenarios.build
 import kvbench.scenarios.run
-from kvbench.reporting.compare import compare
+from kvbench.errors import UserError
+from kvbench.reporting.compare import compare, main
 from kvbench.reporting.policy import Rule, SignificanceTest, load_policy
 from kvbench.reporting.significance import judge
 from kvbench.hookspecs import hookimpl
@@ -22,6 +23,7 @@ from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.registry import Registry
 from kvbench.reporting.compare import Rule, compare, load_policy
 from kvbench.reporting.results import write_csv
+from kvbench.scenarios.repeats import run_interleaved
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]
 
@@ -175,7 +177,7 @@ def test_benchmark_runs_are_samples_a_25pc_slowdown_regresses_noise_does_not(tmp
     benchmark_json(tmp_path / "slower.json", {"test_step": [m * 1.25 for m in noisy], "test_cost": [2.0e-6] * 5})
     result = run_compare(tmp_path / "base.json", tmp_path / "same.json")
     assert result.returncode == 0, result.stdout
-    assert "no significant change in the measured metrics" in result.stdout
+    assert "measured metrics: no significant change" in result.stdout
     result = run_compare(tmp_path / "base.json", tmp_path / "slower.json")
     assert result.returncode == 1, result.stdout
     assert "benchmark=test_step: median_s" in result.stdout.split("REGRESSION:")[1]
@@ -256,3 +258,97 @@ def test_policy_with_an_invalid_test_or_effect_size_is_a_user_error(tmp_path, po
     message = one_line_error(run_compare(tmp_path / "base.json", tmp_path / "base.json",
                                          "--policy", tmp_path / "policy.yaml"))
     assert complaint in message
+
+
+SERVE = ["scenario=serve", "model=tiny", "workload=fixed", "workload.input_len=32", "workload.output_len=48",
+         "scenario.num_requests=4", "+allocator=paged", "progress=false"]
+
+
+def serve_once() -> list[dict]:
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        rows = kvbench.scenarios.run.run_point(compose("bench", overrides=SERVE))
+    return [{**row, "status": "ok"} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def serve_sweeps():
+    """Two identical serve sweeps and one 40 % slower, 5 repeats each, measured interleaved."""
+    from slowdown import slowed
+
+    from kvbench.executors.model_executor import ModelExecutor
+
+    def slower():
+        execute = ModelExecutor.execute
+        ModelExecutor.execute = slowed(execute, 0.4)
+        try:
+            return serve_once()
+        finally:
+            ModelExecutor.execute = execute
+
+    return run_interleaved({"base": serve_once, "same": serve_once, "slower": slower}, 5)
+
+
+def test_a_repeated_serve_point_stores_every_repeat_and_reports_the_median(serve_sweeps):
+    (point,) = serve_sweeps["base"]
+    samples = json.loads(point["samples"])
+    assert point["repeats"] == 5 and len(samples["throughput_req_s"]) == 5
+    assert point["throughput_req_s"] == sorted(samples["throughput_req_s"])[2]
+    assert samples["completed"] == [4.0] * 5
+
+
+def test_identical_serve_sweeps_show_no_significant_change_a_40pc_slower_one_regresses(tmp_path, serve_sweeps):
+    for name, rows in serve_sweeps.items():
+        write_csv(tmp_path / f"{name}.csv", rows)
+    result = run_compare(tmp_path / "base.csv", tmp_path / "same.csv")
+    assert result.returncode == 0, result.stdout
+    assert "REGRESSED" not in result.stdout and "no significant change" in result.stdout
+    result = run_compare(tmp_path / "base.csv", tmp_path / "slower.csv")
+    assert result.returncode == 1, result.stdout
+    assert "rate=inf: throughput_req_s" in result.stdout.split("REGRESSION:")[1]
+
+
+def test_a_serve_point_run_with_repeats_holds_its_samples():
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        (point,) = kvbench.scenarios.run.run_point(compose("bench", overrides=[*SERVE, "repeats=2"]))
+    assert point["repeats"] == 2 and len(json.loads(point["samples"])["duration_s"]) == 2
+
+
+def test_repeats_must_be_a_whole_number():
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        with pytest.raises(UserError, match="repeats=0 must be a whole number >= 1"):
+            kvbench.scenarios.run.run_point(compose("bench", overrides=[*SERVE, "repeats=0"]))
+
+
+def run_against(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "kvbench.reporting.compare", "--against", *map(str, args)],
+                          capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def test_ab_bad_ref_and_too_few_repeats_are_user_errors():
+    assert "no such commit" in one_line_error(run_against("no-such-ref-anywhere"))
+    assert "--repeats 1: the significance test needs at least 2" in one_line_error(
+        run_against("HEAD", "--repeats", "1"))
+
+
+def test_ab_worktree_that_cannot_be_created_is_a_user_error(tmp_path, monkeypatch, capsys):
+    import kvbench.reporting.ab as ab
+
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "in-the-way").write_text("")  # git refuses a non-empty worktree folder
+    monkeypatch.setattr(ab.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--against", "HEAD", "--repeats", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot create a git worktree of HEAD" in err[0]
+
+
+def test_ab_against_head_runs_both_sides_interleaved_and_finds_no_change(tmp_path):
+    target = "tests/benchmarks/test_hot_paths.py::test_cost_model_step_256_running"
+    result = run_against("HEAD", "--repeats", "2", "--out", tmp_path, target)
+    assert result.returncode == 0, result.stdout + result.stderr
+    order = [line.split(": ")[0].split()[-1] for line in result.stdout.splitlines() if line.startswith("  run ")]
+    assert order == ["baseline", "current", "current", "baseline"]  # ABBA
+    merged = json.loads((tmp_path / "current.json").read_text())
+    assert len(merged["benchmarks"][0]["runs"]) == 2 and merged["benchmarks"][0]["runs"][0]["data"]
+    assert "A/B against HEAD" in result.stdout

@@ -28,7 +28,7 @@ from kvbench.errors import UserError
 from kvbench.reporting.compare import benchmark_frame, compare
 from kvbench.reporting.policy import Policy
 from kvbench.reporting.report import load_rows
-from kvbench.scenarios.repeats import aggregate
+from kvbench.scenarios.repeats import aggregate, interleaved_order
 
 HOT_PATHS = ["tests/benchmarks"]
 # Rounds within one run are not independent samples; runs are. A short run leaves time for more.
@@ -182,23 +182,21 @@ def run_ab(ref: str, repeats: int, what: list[str], policy: Policy, out_dir: Opt
                  "current": Side("this tree", {**os.environ, "PYTHONHASHSEED": "0", **extra}, tree, work / "current")}
         print(f"A/B: {sides['baseline'].name} vs {tree} ({'bench ' + ' '.join(bench_overrides) if bench_overrides else ' '.join(targets)}), "
               f"{repeats} runs a side, interleaved", file=out)
-        for index in range(repeats):
-            order = ("baseline", "current") if index % 2 == 0 else ("current", "baseline")
-            for name in order:
-                side = sides[name]
-                try:
-                    if bench_overrides:
-                        _bench_run(side, bench_overrides, index)
-                    else:
-                        _benchmark_run(side, targets, index)
-                except RuntimeError as err:
-                    if name == "current" or side.cwd == ref_tree or bench_overrides:
-                        print(f"error: the {name} side failed in run {index + 1}: {err}", file=out)
-                        return 1
-                    print(f"note: {ref} cannot run this tree's benchmarks ({err}); using its own", file=out)
-                    side.cwd = ref_tree
+        for index, name in interleaved_order(list(sides), repeats):
+            side = sides[name]
+            try:
+                if bench_overrides:
+                    _bench_run(side, bench_overrides, index)
+                else:
                     _benchmark_run(side, targets, index)
-                print(f"  run {index + 1}/{repeats} {name}: {side.seconds[-1]:.1f} s", file=out)
+            except RuntimeError as err:
+                if name == "current" or side.cwd == ref_tree or bench_overrides:
+                    print(f"error: the {name} side failed in run {index + 1}: {err}", file=out)
+                    return 1
+                print(f"note: {ref} cannot run this tree's benchmarks ({err}); using its own", file=out)
+                side.cwd = ref_tree
+                _benchmark_run(side, targets, index)
+            print(f"  run {index + 1}/{repeats} {name}: {side.seconds[-1]:.1f} s", file=out)
         keep = Path(out_dir) if out_dir else work
         keep.mkdir(parents=True, exist_ok=True)
         frames = {}

@@ -175,7 +175,10 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
         for line in problems:
             print(f"  {line}", file=out)
         return 1
-    measured = f"; {NO_CHANGE} in the measured metrics" if tally["tested"] and not tally.get("better") else ""
+    measured = ""
+    if tally["tested"]:
+        measured = (f"; measured metrics: {NO_CHANGE}" if tally[NO_CHANGE] == tally["tested"]
+                    else "; no measured metric got significantly worse by its min_effect")
     print(f"OK: {len(matched)} point(s) match the baseline within tolerance{measured}", file=out)
     return 0
 

@@ -4,7 +4,8 @@ Wall-clock metrics (serve, kernel) vary from run to run on a shared host, so one
 say whether a change moved them. A point run `repeats=N` times keeps all N values of every
 numeric metric in its `samples` column (JSON, metric -> list), which bench-compare's
 significance test reads; the metric's own column holds the median of the N. Simulated points
-are exact for a seed, so they run once whatever `repeats` says.
+are exact for a seed, so they run once whatever `repeats` says. Configurations measured
+together (run_interleaved, and bench-compare --against) alternate repeat by repeat.
 """
 
 from __future__ import annotations
@@ -26,25 +27,31 @@ def _is_number(value) -> bool:
 
 
 def aggregate(repeats: list[list[dict]]) -> list[dict]:
-    """One row per point from N repeats of the same rows: medians, and the N values as samples."""
+    """One row per point from N repeats of the same rows: medians, and every value as samples.
+
+    A repeat whose row already holds samples (a run that was itself repeated) contributes all
+    of them, so runs of `repeats=K` pool into K x N samples."""
     if len({len(rows) for rows in repeats}) != 1:
         raise ValueError("every repeat of a point must produce the same rows")
     merged = []
     for rows in zip(*repeats):
-        row = dict(rows[0])
+        row = {k: v for k, v in rows[0].items() if k not in (SAMPLES, "repeats")}
         samples = {}
-        for key in rows[0]:
+        held = [samples_of(r.get(SAMPLES)) for r in rows]
+        for key in row:
             values = [r.get(key) for r in rows]
             if not all(_is_number(v) for v in values):
                 continue
-            if all(v == values[0] for v in values):  # a count, a parameter: keep its type
-                if math.isfinite(values[0]):
-                    samples[key] = [float(v) for v in values]
+            pooled = [x for r, h in zip(rows, held) for x in h.get(key, [r[key]])]
+            if all(v == values[0] for v in values) and all(x == pooled[0] for x in pooled):
+                if math.isfinite(values[0]):  # a count, a parameter: keep its type
+                    samples[key] = [float(x) for x in pooled]
                 continue
-            finite = [float(v) for v in values if math.isfinite(v)]
+            finite = [float(x) for x in pooled if math.isfinite(x)]
             row[key] = statistics.median(finite) if finite else math.nan
-            samples[key] = [float(v) for v in values]
-        row.update(repeats=len(rows), **{SAMPLES: json.dumps(samples, separators=(",", ":"))})
+            samples[key] = [float(x) for x in pooled]
+        row.update(repeats=len(next(iter(samples.values()), rows)),
+                   **{SAMPLES: json.dumps(samples, separators=(",", ":"))})
         merged.append(row)
     return merged
 
@@ -60,6 +67,22 @@ def run_repeated(scenario: str, repeats, run_once: Callable[[], list[dict]]) -> 
     if count == 1 or scenario not in MEASURED:
         return run_once()
     return aggregate([run_once() for _ in range(count)])
+
+
+def interleaved_order(names: list[str], repeats: int):
+    """(repeat, name) pairs, the order reversed every other repeat (ABBA): drift in the host's
+    load during the measurement then falls on every configuration alike."""
+    for index in range(repeats):
+        for name in (names if index % 2 == 0 else names[::-1]):
+            yield index, name
+
+
+def run_interleaved(runs: dict[str, Callable[[], list[dict]]], repeats: int) -> dict[str, list[dict]]:
+    """Several configurations measured together: repeat by repeat, in ABBA order, aggregated."""
+    results: dict[str, list[list[dict]]] = {name: [] for name in runs}
+    for _, name in interleaved_order(list(runs), repeats):
+        results[name].append(runs[name]())
+    return {name: aggregate(rows) for name, rows in results.items()}
 
 
 def samples_of(cell) -> dict[str, list[float]]:
