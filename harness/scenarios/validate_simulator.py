@@ -137,7 +137,8 @@ def run(cfg: DictConfig) -> list[dict]:
     model, _ = load_specs(cfg)
     profile = scenario.get("profile")
     if not profile:
-        profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.merge(scenario.profiling, {"out_dir": str(folder)}))
+        changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
+        profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
         profile = run_profile(profile_cfg)[0]["profile"]
     kv_bytes = int(scenario.kv_cache_tokens) * model.kv_bytes_per_token
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
