@@ -84,13 +84,13 @@ def table(measured: list[dict], simulated: list[dict]) -> list[dict]:
         rows.append({"metric": label, "column": column,
                      **{f"measured_{i + 1}": v for i, v in enumerate(real)},
                      **{f"simulated_{i + 1}": v for i, v in enumerate(sim)},
-                     "measured_spread": spread(real),
+                     "measured_spread": spread(real), "simulated_spread": spread(sim),
                      "rel_error": relative_error(float(np.mean(sim)), float(np.mean(real)))})
     return rows
 
 
 def markdown(rows: list[dict], head: str) -> str:
-    lines = [head, "", "| metric | measured (runs) | simulated | run-to-run spread | simulator error |",
+    lines = [head, "", "| metric | measured (runs) | simulated | measured run-to-run spread | simulator error |",
              "|---|---|---|---|---|"]
     for row in rows:
         real = " / ".join(f"{row[k]:.4g}" for k in row if k.startswith("measured_") and k[9:].isdigit())
