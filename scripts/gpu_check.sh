@@ -48,9 +48,9 @@ else
   GRAPH_BATCHES=2
   GRAPH_EXTRA=(workload.input_len=4 workload.output_len=2 ++graph.capture_sizes=[1,2,4])
   LIMIT_TESTS=0 LIMIT_KERNEL=300 LIMIT_FLASHINFER=0 LIMIT_GRAPHS=300
-  VALIDATE=(model=tiny workload.num_requests=12 scenario.runs=1 scenario.profiling.repeats=1
-            scenario.profiling.warmup=0 "scenario.profiling.decode_batch=[1,8]" "scenario.profiling.prefill_seqs=[1]"
-            "scenario.profiling.mixed_batch=[4]")
+  VALIDATE=(model=tiny workload.num_requests=12 scenario.runs=1 ++scenario.profiling.repeats=1
+            ++scenario.profiling.warmup=0 "++scenario.profiling.decode_batch=[1,8]" "++scenario.profiling.prefill_seqs=[1]"
+            "++scenario.profiling.mixed_batch=[4]")
   LIMIT_VALIDATE=300
 fi
 specs() {  # decode specs: every batch at every context, comma-separated
