@@ -8,7 +8,9 @@
 # Writes under $OUT (default results/gpu): tests.txt, kernel.csv (every kernel point),
 # graphs.csv (every serve point), latency_vs_context.png and figures.txt, the numbers the
 # issue asks for: triton_paged's bandwidth at 64 x 4k against the H200's measured ~4.3 TB/s,
-# its paging overhead, and full / piecewise step time against eager at batch 1, 8 and 64.
+# its paging overhead, and full / piecewise step time against eager at batch 1, 8 and 64; and
+# the calibrated simulator against the real engine: profile.csv, validation.md / .csv (relative
+# errors next to the measured run-to-run spread) and step_time.png.
 # Every stage has a time limit; a stage that runs out leaves what it finished and says so.
 set -uo pipefail
 
@@ -32,6 +34,10 @@ if [[ $MODE == gpu ]]; then
   GRAPH_BATCHES=1,8,64
   GRAPH_EXTRA=(workload.input_len=32 workload.output_len=64 scenario.kv_cache_tokens=16384)
   LIMIT_TESTS=120 LIMIT_KERNEL=180 LIMIT_FLASHINFER=45 LIMIT_GRAPHS=90
+  # a Llama-3-8B layer shape (random bf16 weights), 4 of its 32 layers so both sides run in minutes
+  VALIDATE=(model=llama-3-8b model.num_layers=4 +backend=triton_paged workload.num_requests=300
+            scenario.kv_cache_tokens=65536 scenario.serve.clock=wall scenario.profiling.clock=wall)
+  LIMIT_VALIDATE=240
 else
   export TRITON_INTERPRET=1            # Triton on CPU: correctness only, ~10 ms per program
   MODEL=tiny
@@ -42,6 +48,10 @@ else
   GRAPH_BATCHES=2
   GRAPH_EXTRA=(workload.input_len=4 workload.output_len=2 ++graph.capture_sizes=[1,2,4])
   LIMIT_TESTS=0 LIMIT_KERNEL=300 LIMIT_FLASHINFER=0 LIMIT_GRAPHS=300
+  VALIDATE=(model=tiny workload.num_requests=12 scenario.runs=1 ++scenario.profiling.repeats=1
+            ++scenario.profiling.warmup=0 "++scenario.profiling.decode_batch=[1,8]" "++scenario.profiling.prefill_seqs=[1]"
+            "++scenario.profiling.mixed_batch=[4]")
+  LIMIT_VALIDATE=300
 fi
 specs() {  # decode specs: every batch at every context, comma-separated
   local out=() b c
@@ -95,7 +105,16 @@ sweep graphs "$LIMIT_GRAPHS" scenario=serve model=tiny +backend=triton_paged \
   +graph=eager,full,piecewise "workload.num_requests=$GRAPH_BATCHES" engine.async_scheduling=false,true \
   workload=fixed workload.rate=inf "${GRAPH_EXTRA[@]}"
 
-# ---- 5. results ------------------------------------------------------------------------------
+# ---- 5. the calibrated simulator against the real engine -----------------------------------
+stage "profile + validate the calibrated simulator"
+timeout "$LIMIT_VALIDATE" "${BENCH[@]}" +experiment=validate_simulator "${VALIDATE[@]}" progress=false \
+  "hydra.run.dir=$WORK/validate" >"$WORK/validate.log" 2>&1 || echo "validate stopped early (exit $?): $WORK/validate.log"
+for f in profile.csv profile_fit.json validation.csv validation.md step_time.png; do
+  [[ -f "$WORK/validate/$f" ]] && cp "$WORK/validate/$f" "$OUT/"
+done
+[[ -f "$OUT/validation.md" ]] && cat "$OUT/validation.md"
+
+# ---- 6. results ------------------------------------------------------------------------------
 stage "results in $OUT"
 "$PY" scripts/gpu_figures.py "$WORK" "$OUT" | tee "$OUT/figures.txt"
 stage "done"

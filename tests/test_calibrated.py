@@ -191,3 +191,19 @@ def test_a_measured_profile_calibrates_a_simulation(tmp_path):
     sim, _ = calibrated(str(tmp_path / "profile.csv"))
     assert sim["executor_profile_sha256"] == row["profile_sha256"]
     assert sim["completed"] == 40
+
+
+def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(tmp_path):
+    rows = run_point(compose_cfg("+experiment=validate_simulator", "model=tiny", "workload.num_requests=8",
+                                 f"scenario.out_dir={tmp_path}", "scenario.runs=1", "++scenario.serve.warmup_steps=0",
+                                 "++scenario.profiling.repeats=1", "++scenario.profiling.warmup=0",
+                                 "++scenario.profiling.prefill_len=[16,128]", "++scenario.profiling.prefill_seqs=[1,2]",
+                                 "++scenario.profiling.decode_batch=[1,8]", "++scenario.profiling.decode_context=[16,max]",
+                                 "++scenario.profiling.mixed_batch=[4]", "++scenario.profiling.mixed_prefill_len=[32]"))
+    assert [r["metric"] for r in rows][:3] == ["throughput (req/s)", "throughput (tok/s)", "mean batch"]
+    for name in ("profile.csv", "validation.csv", "validation.md", "step_time.png"):
+        assert (tmp_path / name).is_file()
+    by_metric = {r["metric"]: r for r in rows}
+    served = by_metric["throughput (tok/s)"]
+    assert served["rel_error"] == pytest.approx(served["simulated_1"] / served["measured_1"] - 1)
+    assert rows[0]["clock"] == "cpu"

@@ -136,9 +136,9 @@ def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
 def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     _, _, heldout_frac = validate(scenario)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     rows, skipped = profile_rows(cfg, bool(cfg.progress))
-    profile_s = time.perf_counter() - started
+    profile_s, profile_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     times = np.array([r["time_s_median"] for r in rows])
     held = heldout_split(rows, heldout_frac, int(cfg.seed))
     report = fit(rows, times, held)
@@ -149,7 +149,8 @@ def run(cfg: DictConfig) -> list[dict]:
     write_csv(path, rows)
     sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     summary = {"profile": str(path), "profile_sha256": sha256, "profile_shapes": len(rows),
-               "profile_shapes_skipped": skipped, "profile_s": profile_s, "fit_form": report.model.form,
+               "profile_shapes_skipped": skipped, "profile_s": profile_s, "profile_cpu_s": profile_cpu_s,
+               "fit_form": report.model.form,
                "fit_heldout_median_err": report.heldout_median, "fit_heldout_max_err": report.heldout_max,
                "fit_heldout_shapes": report.num_heldout}
     fit_doc = {**summary, "model": report.model.as_dict(),

@@ -84,13 +84,13 @@ def table(measured: list[dict], simulated: list[dict]) -> list[dict]:
         rows.append({"metric": label, "column": column,
                      **{f"measured_{i + 1}": v for i, v in enumerate(real)},
                      **{f"simulated_{i + 1}": v for i, v in enumerate(sim)},
-                     "measured_spread": spread(real),
+                     "measured_spread": spread(real), "simulated_spread": spread(sim),
                      "rel_error": relative_error(float(np.mean(sim)), float(np.mean(real)))})
     return rows
 
 
 def markdown(rows: list[dict], head: str) -> str:
-    lines = [head, "", "| metric | measured (runs) | simulated | run-to-run spread | simulator error |",
+    lines = [head, "", "| metric | measured (runs) | simulated | measured run-to-run spread | simulator error |",
              "|---|---|---|---|---|"]
     for row in rows:
         real = " / ".join(f"{row[k]:.4g}" for k in row if k.startswith("measured_") and k[9:].isdigit())
@@ -137,7 +137,8 @@ def run(cfg: DictConfig) -> list[dict]:
     model, _ = load_specs(cfg)
     profile = scenario.get("profile")
     if not profile:
-        profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.merge(scenario.profiling, {"out_dir": str(folder)}))
+        changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
+        profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
         profile = run_profile(profile_cfg)[0]["profile"]
     kv_bytes = int(scenario.kv_cache_tokens) * model.kv_bytes_per_token
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
