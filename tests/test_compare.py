@@ -69,14 +69,14 @@ def test_degraded_paged_plugin_fails_the_comparison_and_names_the_metric(tmp_pat
     degraded = sweep_rows(["oracle", "paged"])
     base_paged = next(r for r in baseline_rows if r["allocator"] == "paged")
     worse_paged = next(r for r in degraded if r["allocator"] == "paged")
-    assert worse_paged["throughput_req_s"] < base_paged["throughput_req_s"]
+    assert worse_paged["request_throughput"] < base_paged["request_throughput"]
     write_csv(tmp_path / "current.csv", degraded)
 
     result = run_compare(tmp_path / "baseline.csv", tmp_path / "current.csv")
 
     assert result.returncode == 1, result.stdout + result.stderr
     summary = result.stdout.split("REGRESSION:")[1]
-    assert "allocator=paged: throughput_req_s" in summary
+    assert "allocator=paged: request_throughput" in summary
     assert "allocator=paged: mean_batch_size" in summary
     assert "allocator=oracle" not in summary  # the untouched plugin is not blamed
 
@@ -110,7 +110,7 @@ def test_zero_baseline_needs_absolute_slack_and_report_only_never_fails():
 
 def row(allocator, throughput, **extra):
     return {"scenario": "simulate", "allocator": allocator, "seed": "0", "status": "ok",
-            "throughput_req_s": str(throughput), "torch": "2.13.0", **extra}
+            "request_throughput": str(throughput), "torch": "2.13.0", **extra}
 
 
 def test_missing_point_fails_new_point_and_environment_change_are_reported():
@@ -140,7 +140,7 @@ def test_swept_parameters_are_part_of_a_points_identity():
     base = [row("paged", 2.0, **{"workload.rate": "2"}), row("paged", 4.0, **{"workload.rate": "8"})]
     cur = [row("paged", 4.0, **{"workload.rate": "8"}), row("paged", 1.0, **{"workload.rate": "2"})]
     assert compare(base, cur, load_policy(), out=out) == 1
-    assert "workload.rate=2: throughput_req_s 2 -> 1" in out.getvalue()
+    assert "workload.rate=2: request_throughput 2 -> 1" in out.getvalue()
 
 
 def test_measured_serve_rows_get_loose_tolerances_simulated_rows_tight_ones():
@@ -149,7 +149,7 @@ def test_measured_serve_rows_get_loose_tolerances_simulated_rows_tight_ones():
     out = io.StringIO()
     assert compare(base, cur, load_policy(), out=out) == 1
     regressions = out.getvalue().split("REGRESSION:")[1]
-    assert "scenario=simulate: throughput_req_s" in regressions
+    assert "scenario=simulate: request_throughput" in regressions
     assert "scenario=serve" not in regressions
 
 
@@ -192,10 +192,10 @@ def test_baseline_without_matching_points_is_a_user_error(tmp_path):
 
 def test_policy_naming_an_unknown_metric_is_a_user_error(tmp_path):
     write_csv(tmp_path / "base.csv", [row("paged", 2.0)])
-    (tmp_path / "policy.yaml").write_text("metrics:\n  thruput_req_s: {better: higher, tolerance: 0.1}\n")
+    (tmp_path / "policy.yaml").write_text("metrics:\n  thruput_req: {better: higher, tolerance: 0.1}\n")
     message = one_line_error(run_compare(tmp_path / "base.csv", tmp_path / "base.csv",
                                          "--policy", tmp_path / "policy.yaml"))
-    assert "unknown metric 'thruput_req_s'" in message and "throughput_req_s" in message
+    assert "unknown metric 'thruput_req'" in message and "request_throughput" in message
 
 
 def test_sweep_directory_without_results_is_a_user_error(tmp_path):

@@ -76,7 +76,7 @@ def run_engine(requests, allocator="paged", num_slots=400, block_size=4, preempt
 
     executor.execute = checked
     scheduler = Scheduler(pool, max_num_seqs, max_num_batched_tokens, chunked_prefill, preemption)
-    engine = Engine(scheduler, executor, Recorder(), progress=False)
+    engine = Engine(scheduler, executor, Recorder(keep_sequences=True), progress=False)
     row = engine.run(requests)
     assert pool.accounting().free == pool.num_slots  # everything given back
     return row, engine
@@ -208,4 +208,4 @@ def test_serve_scenario_reports_the_host_time_split():
     phases = ("schedule", "copy", "prepare", "forward", "sample")
     assert all(row[f"{p}_s"] > 0 for p in ("schedule", "prepare", "forward", "sample"))
     assert sum(row[f"{p}_frac"] for p in phases) == pytest.approx(1.0)
-    assert row["throughput_tok_s"] == pytest.approx(5 * 6 / row["duration_s"])
+    assert row["output_throughput"] == pytest.approx(5 * 6 / row["duration_s"])

@@ -115,12 +115,15 @@ class Engine:
                 seq.num_tokens += 1
                 if tokens is not None:
                     seq.token_ids.append(tokens[i])
+                seq.token_times.append(clock)
                 if seq.first_token_s is None:
                     seq.first_token_s = clock
                 if seq.num_tokens >= request.max_tokens:
                     finished.append(seq)
                 continue
             picked = tokens[i] if tokens is not None else None
+            if seq.group is None or seq is seq.group[0]:
+                seq.token_times.append(clock)  # the root's times are the request's
             if seq.group is None:
                 self._fork(seq, picked, clock)
             elif seq is not seq.group[0]:

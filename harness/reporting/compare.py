@@ -116,7 +116,7 @@ def read_side(path: str) -> list[dict]:
     p = Path(path)
     if not p.exists():
         raise UserError(f"{path} does not exist; give a summary.csv, a sweep directory or a benchmark JSON")
-    rows = benchmark_rows(p) if p.suffix == ".json" else load_rows(p)
+    rows = benchmark_rows(p) if p.suffix == ".json" else load_rows(p).to_dict("records")
     if not rows:
         raise UserError(f"{path} has no result rows")
     return rows
