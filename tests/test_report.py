@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -12,10 +13,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib.image
+import pandas as pd
 import pytest
 
 from kvbench.reporting import plots, report
 from kvbench.reporting.results import read_csv, write_csv
+from kvbench.reporting.winners import winners
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -130,7 +133,8 @@ def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted
     assert "allocator.block_size=300 is not allowed for pow2" in reason
     assert f"<li><b>other, pow2, block_size=300</b>: {reason}</li>" in verdict
     results = page.split("<h2>Results</h2>")[1].split("<h2>Plots</h2>")[0]
-    assert results.count("<tr class='failed'>") == 1 and results.count("<tr>") == 4  # header + 3 ok rows
+    assert results.count("<tr>") == 5  # the header and four points
+    assert re.findall(r'class="data (row\d+) col0 failed"', results) == ["row1"]  # the failed one, highlighted
 
 
 def scaled_copy(sweep: Path, to: Path, factor: dict) -> Path:
@@ -200,3 +204,16 @@ def test_a_directory_without_results_is_one_line_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'empty'} has no results (no */metrics.csv, metrics.csv or summary.csv in it)"]
+
+
+def test_the_winner_at_each_rate_with_ties_shared_and_a_failed_baseline_said():
+    rows = pd.DataFrame([
+        {"allocator": a, "rate": rate, "status": status, "normalized_latency_s_per_tok": latency, "request_throughput": tput}
+        for a, rate, status, latency, tput in [
+            ("contiguous", 1, "ok", 0.30, 0.5), ("pow2", 1, "ok", 0.10, 0.9), ("paged", 1, "ok", 0.10, 0.9),
+            ("contiguous", 2, "failed", None, None), ("pow2", 2, "ok", 0.40, 1.0), ("paged", 2, "ok", 0.05, 1.8)]])
+    found = winners(rows, "contiguous").set_index("setting")
+    assert found.at["rate=1", "winner"] == "pow2 = paged"
+    assert found.at["rate=1", "latency_vs_baseline"] == pytest.approx(3.0)
+    assert found.at["rate=1", "throughput_vs_baseline"] == pytest.approx(1.8)
+    assert found.at["rate=2", "winner"] == "paged" and found["latency_vs_baseline"].isna().tolist() == [False, True]

@@ -44,7 +44,7 @@ def headless(*args) -> subprocess.CompletedProcess:
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("rates")
     result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=contiguous,paged",
-                             f"workload.rate={RATES}", "workload.num_requests=30", "workload.duration_s=null",
+                             f"workload.rate={RATES}", "workload.num_requests=20", "workload.duration_s=null",
                              "progress=false", "hydra.sweep.dir=sweep"],
                             cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr

@@ -31,7 +31,8 @@ RUN_LINES = [
       ("Mean batch size (sequences)", "mean_batch_size", "{:.2f}"), ("Preemptions", "preemptions", "{:.0f}")]),
     ("Attention kernel",
      [("Latency p50 (us)", "latency_us_p50", "{:.2f}"), ("Achieved bandwidth (GB/s)", "achieved_gbps", "{:.1f}"),
-      ("Share of the roofline", "roofline_frac", "{:.1%}"), ("Max abs error vs eager", "max_abs_err_vs_eager", "{:.2e}")]),
+      ("Share of the roofline", "roofline_frac", "{:.1%}"),
+      ("Max abs error vs eager", "max_abs_err_vs_eager", "{:.2e}")]),
 ]
 # the sweep table's columns: (header, column, format)
 SWEEP_COLUMNS = [("req/s", "request_throughput", "{:.3f}"), ("out tok/s", "output_throughput", "{:.1f}"),

@@ -40,9 +40,10 @@ def _rate_axis(frame: pd.DataFrame) -> str | None:
     return "rate" if np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all() else None
 
 
-def _series(frame: pd.DataFrame, exclude: tuple = ("rate",)):
-    """(name, colour, line style, rows) of each group of points that share every key but `exclude`."""
-    keys = [k for k in varying_keys(frame) if k not in exclude]
+def _series(frame: pd.DataFrame):
+    """(name, colour, line style, rows) of each group of points that share every key but rate:
+    one colour per system, one line style per setting of the other keys."""
+    keys = [k for k in varying_keys(frame) if k != "rate"]
     if not keys:
         yield point_labels(frame.iloc[:1], []).iloc[0], _color(frame), "-", frame
         return
@@ -63,16 +64,16 @@ def bar_table(frame: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str]
     keys = [k for k in varying_keys(frame) if k != "allocator"]
     group = frame.groupby(keys, sort=False, dropna=False).ngroup() if keys else pd.Series(0, index=frame.index)
     names = point_labels(frame, keys).groupby(group).first().tolist() if keys else [""]
-    systems = frame["allocator"] if "allocator" in frame else pd.Series("", index=frame.index)
-    bars = pd.DataFrame({"group": group, "system": systems, metric: frame[metric]})
-    return bars.pivot(index="group", columns="system", values=metric)[list(dict.fromkeys(systems))], names
+    bars = pd.DataFrame({"group": group, "system": frame["allocator"], metric: frame[metric]})
+    return bars.pivot(index="group", columns="system", values=metric)[list(dict.fromkeys(frame["allocator"]))], names
 
 
 def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
     values, names = bar_table(frame, metric)
     values.plot.bar(ax=ax, width=0.8, legend=False, rot=0,
                     color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns])
-    ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 3 else 0, ha="right" if len(names) > 3 else "center")
+    crowded = len(names) > 3
+    ax.set_xticks(range(len(names)), names, rotation=20 if crowded else 0, ha="right" if crowded else "center")
     ax.set_xlabel("")
 
 

@@ -84,7 +84,7 @@ def summarize(sweep_dirs, out_dir: Optional[Path] = None, baseline: Optional[str
 def _cell(value) -> str:
     if isinstance(value, (float, np.floating)) and np.isfinite(value) and value != int(value):
         return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    return html.escape(cell_text(value))
+    return cell_text(value)
 
 
 def _reason(value) -> str:
@@ -92,16 +92,16 @@ def _reason(value) -> str:
     return text.splitlines()[0] if text else "no reason recorded"
 
 
-def _table(frame: pd.DataFrame, columns: list[str], classes: Optional[pd.Series] = None) -> str:
-    # headers break after underscores, so long metric names do not widen their columns
-    head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in columns)
-    body = []
-    for index, row in frame.iterrows():
-        css = f" class='{classes[index]}'" if classes is not None and classes[index] else ""
-        cells = "".join(f"<td class='reason'>{html.escape(_reason(row[c]))}</td>" if c == "reason" and css
-                        else f"<td>{_cell(row.get(c, ''))}</td>" for c in columns)
-        body.append(f"<tr{css}>{cells}</tr>")
-    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+def _table(frame: pd.DataFrame, columns: list[str], failed: Optional[pd.Series] = None) -> str:
+    """A pandas Styler table in a box that scrolls sideways; `failed` rows get class `failed`.
+    Headers break after underscores, so long metric names do not widen their columns."""
+    styler = frame[columns].rename(columns=lambda c: html.escape(c).replace("_", "_<wbr>")).style
+    styler.hide(axis="index").format(_cell, na_rep="", escape="html")
+    if failed is not None:
+        classes = pd.DataFrame("", index=frame.index, columns=styler.columns)
+        classes[failed.to_numpy()] = "failed"
+        styler.set_td_classes(classes)
+    return f"<div class='scroll'>{styler.to_html()}</div>"
 
 
 def _image(path: Path) -> str:
@@ -117,7 +117,7 @@ th,td{border-bottom:1px solid #dee2e6;padding:3px 8px;text-align:right;white-spa
 th{background:#f1f3f5;white-space:normal;vertical-align:bottom;min-width:4em}
 th:first-child,td:first-child{position:sticky;left:0;z-index:1;text-align:left;background:#fff;
 border-right:1px solid #ced4da}th:first-child{background:#f1f3f5}
-tr.failed td{background:#fff5f5;color:#c92a2a}td.reason{white-space:normal;min-width:24em;text-align:left}
+td.failed{background:#fff5f5;color:#c92a2a}td.failed:last-child{white-space:normal;min-width:24em;text-align:left}
 img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{margin:.2em 0}"""
 
 
@@ -127,15 +127,17 @@ def _verdict(frame: pd.DataFrame, baseline: Optional[str], asked: str) -> list[s
     if found.empty:
         parts.append("<p>No point measured normalized latency, so there is no winner to name.</p>")
     elif baseline is None:
-        parts.append(f"<p>One system only ({html.escape(', '.join(found['winner'].unique()))}): nothing to compare.</p>")
+        only = html.escape(", ".join(found["winner"].unique()))
+        parts.append(f"<p>One system only ({only}): nothing to compare.</p>")
     else:
         note = "" if baseline == asked else f" (report.baseline={html.escape(asked)} is not in the sweep)"
         parts.append(f"<p>Winner = lowest normalized latency (s/token) at each setting; ratios against "
                      f"<b>{html.escape(baseline)}</b>{note}.</p><ul>")
         for row in found.itertuples():
-            margin = (f"{row.latency_vs_baseline:.2f}× lower normalized latency than {html.escape(baseline)}, "
-                      f"{row.throughput_vs_baseline:.2f}× its request throughput"
-                      if row.latency_vs_baseline == row.latency_vs_baseline else f"{html.escape(baseline)} has no successful point here")
+            margin = f"{html.escape(baseline)} has no successful point here"
+            if row.latency_vs_baseline == row.latency_vs_baseline:
+                margin = (f"{row.latency_vs_baseline:.2f}× lower normalized latency than {html.escape(baseline)}, "
+                          f"{row.throughput_vs_baseline:.2f}× its request throughput")
             parts.append(f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
                          f"({getattr(row, METRIC):.4g} s/token); {margin}</li>")
         parts.append("</ul>")
@@ -152,12 +154,13 @@ def _verdict(frame: pd.DataFrame, baseline: Optional[str], asked: str) -> list[s
 def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], baseline: Optional[str] = None,
                 asked: str = "contiguous") -> str:
     ok = ok_rows(frame)
-    named = frame.assign(point=point_labels(frame, varying_keys(frame)) if len(frame) > 1 else point_labels(frame, []))
-    status = named["status"].fillna("ok") if "status" in named else pd.Series("ok", index=named.index)
+    status = frame["status"].fillna("ok") if "status" in frame else pd.Series("ok", index=frame.index)
+    named = frame.rename(columns={"point": "directory"}).assign(
+        point=point_labels(frame, varying_keys(frame) if len(frame) > 1 else []),
+        reason=frame["reason"].map(_reason).where(status != "ok", "") if "reason" in frame else "")
     metrics = [m for m in KEY_METRICS if m in ok and ok[m].notna().any()]
-    columns = ["point"] + (["status"] if (status != "ok").any() else []) + metrics
-    if (status != "ok").any():
-        columns.append("reason")
+    failed = status != "ok"
+    columns = ["point", *(["status"] if failed.any() else []), *metrics, *(["reason"] if failed.any() else [])]
     env = [c for c in ENVIRONMENT if c in frame and frame[c].notna().any()]
     title = context_title(frame)
     parts = [
@@ -168,12 +171,13 @@ def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], bas
         f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Data: <a href='summary.csv'>summary.csv</a>; "
         f"column definitions: docs/metrics.md.</p>",
         *_verdict(frame, baseline, asked),
-        "<h2>Results</h2>", _table(named, columns, status.map(lambda s: "" if s == "ok" else "failed")),
+        "<h2>Results</h2>", _table(named, columns, failed),
         "<h2>Plots</h2>", *(_image(p) for p in plots),
     ]
     if env:
         parts += ["<h2>Environment</h2>", _table(frame[env].drop_duplicates(), env)]
-    parts += ["<details><summary>Every column</summary>", _table(named, ["point", *frame.columns]), "</details>",
+    every = list(dict.fromkeys(["point", *named.columns]))
+    parts += ["<details><summary>Every column</summary>", _table(named, every, failed), "</details>",
               "</body></html>"]
     return "\n".join(parts)
 

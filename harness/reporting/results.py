@@ -103,8 +103,8 @@ def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Serie
     keys = varying_keys(frame) if keys is None else keys
     if not keys:
         return frame.get("allocator", pd.Series("point", index=frame.index)).map(cell_text)
-    parts = [frame[k].map(cell_text) if k in ("sweep", "allocator") else f"{k.rsplit('.', 1)[-1]}=" + frame[k].map(cell_text)
-             for k in keys]
+    parts = [frame[k].map(cell_text) if k in ("sweep", "allocator") else f"{k.rsplit('.', 1)[-1]}="
+             + frame[k].map(cell_text) for k in keys]
     return functools.reduce(lambda a, b: a + ", " + b, parts)
 
 

@@ -18,6 +18,7 @@ from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, va
 
 METRIC = "normalized_latency_s_per_tok"
 DEFAULT_BASELINE = "contiguous"
+TIE = 1e-3  # systems within 0.1 % of the best share the win (an unloaded server serves all alike)
 
 
 def configured_baseline(sweep_dir: Path) -> tuple[str, bool]:
@@ -47,8 +48,8 @@ def resolve_baseline(frame: pd.DataFrame, name: str, explicit: bool) -> str | No
 
 
 def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
-    """One row per setting: the winner, its normalized latency and throughput, and both as ratios
-    to the baseline's (NaN where the baseline has no successful point there)."""
+    """One row per setting: the winner (`a = b` for a tie), its normalized latency and throughput,
+    and both as ratios to the baseline's (NaN where the baseline has no successful point there)."""
     ok = ok_rows(frame)
     ok = ok[ok[METRIC].notna()] if METRIC in ok else ok.iloc[0:0]
     if ok.empty or "allocator" not in ok:
@@ -58,9 +59,10 @@ def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     result = []
     for _, rows in groups:
         best = rows.loc[rows[METRIC].idxmin()]
+        tied = rows.loc[rows[METRIC] <= best[METRIC] * (1 + TIE), "allocator"]
         base = rows[rows["allocator"] == baseline]
         entry = {"setting": point_labels(rows.iloc[:1], keys).iloc[0] if keys else "all points",
-                 "winner": best["allocator"], METRIC: best[METRIC],
+                 "winner": " = ".join(tied), METRIC: best[METRIC],
                  "request_throughput": best.get("request_throughput"),
                  "latency_vs_baseline": float("nan"), "throughput_vs_baseline": float("nan")}
         if len(base):
