@@ -19,6 +19,7 @@ log = logging.getLogger("kvbench")
 class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from kvbench.errors import UserError
+        from kvbench.reporting.console import sweep_table
         from kvbench.reporting.report import summarize
         from kvbench.reporting.results import collect
 
@@ -31,10 +32,11 @@ class SweepSummary(Callback):
         for path in written:
             log.info("wrote %s", path)
         rows = collect(sweep_dir)
-        failed = [row for row in rows if row.get("status") == "failed"]
-        for row in failed:
-            log.warning("point %s failed: %s", row.get("point"), row.get("reason"))
-        if failed and len(failed) == len(rows):
-            print(f"error: every point of the sweep failed; the first: {failed[0].get('reason')}",
+        print(sweep_table(rows))
+        failed = rows[rows["status"] == "failed"]
+        for row in failed.itertuples():
+            log.warning("point %s failed: %s", row.point, row.reason)
+        if len(failed) and len(failed) == len(rows):
+            print(f"error: every point of the sweep failed; the first: {failed['reason'].iloc[0]}",
                   file=sys.stderr)
             sys.exit(2)

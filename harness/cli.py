@@ -62,7 +62,7 @@ def point_complete(metrics: Path) -> bool:
     if not metrics.is_file():
         return False
     rows = read_csv(metrics)
-    return bool(rows) and all(row.get("status") == "ok" for row in rows)
+    return "status" in rows and not rows.empty and bool((rows["status"] == "ok").all())
 
 
 def failed_point(cfg: DictConfig, out_dir: Path, reason: str) -> tuple[list[dict], str, str]:
@@ -108,9 +108,12 @@ def _main(cfg: DictConfig) -> None:
     write_csv(out_dir / "metrics.csv", rows)
     if status == "ok":
         log.info("wrote %s", out_dir / "metrics.csv")
-    if not multirun:  # a sweep draws its comparison plots once, at its end
+    if not multirun:  # a sweep prints its table and draws its comparison plots once, at its end
+        from kvbench.reporting.console import run_table
         from kvbench.reporting.plots import draw_all
 
+        for row in rows:
+            print(run_table(row))
         for path in draw_all(rows, out_dir):
             log.info("wrote %s", path)
 

@@ -28,7 +28,7 @@ def num(row: dict, key: str) -> float:
 
 
 def ok_rows(path: Path) -> list[dict]:
-    return [r for r in read_csv(path) if r.get("status") == "ok"] if path.is_file() else []
+    return [r for r in read_csv(path).to_dict("records") if r.get("status") == "ok"] if path.is_file() else []
 
 
 def kernel_figures(rows: list[dict]) -> list[str]:
@@ -68,7 +68,7 @@ def kernel_figures(rows: list[dict]) -> list[str]:
 def graph_figures(rows: list[dict]) -> list[str]:
     """Decode step time (TPOT p50) of each graph mode against eager's, per batch size."""
     lines = []
-    by_point = {(int(num(r, "requests")), r["graph"], r.get("async_scheduling", "False")): r for r in rows}
+    by_point = {(int(num(r, "requests")), r["graph"], str(r.get("async_scheduling", False))): r for r in rows}
     for batch in sorted({key[0] for key in by_point}):
         eager = by_point.get((batch, "eager", "False"))
         for graph in ("eager", "full", "piecewise"):
@@ -76,8 +76,8 @@ def graph_figures(rows: list[dict]) -> list[str]:
                 r = by_point.get((batch, graph, async_))
                 if r is None:
                     continue
-                tpot = num(r, "tpot_p50_s")
-                versus = f"({tpot / num(eager, 'tpot_p50_s'):.2f}x eager)" if eager else ""
+                tpot = num(r, "median_tpot_ms") / 1e3
+                versus = f"({tpot * 1e3 / num(eager, 'median_tpot_ms'):.2f}x eager)" if eager else ""
                 lines.append(f"batch {batch:3d} {graph:9s} async={async_:5s}: {tpot * 1e3:8.3f} ms/decode step "
                              f"{versus}, launch {num(r, 'launch_s') * 1e3:.3f} ms, device "
                              f"{num(r, 'device_s') * 1e3:.3f} ms, cpu_overhead_frac "

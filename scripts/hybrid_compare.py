@@ -33,8 +33,8 @@ MODELS = {  # model -> hardware overrides (qwen3-next-like's 160 GB of bf16 weig
     "qwen3-next-like": ["hardware=h200", "hardware.num_gpus=2"],
 }
 POLICIES = {"as_full": "paged-as-full", "static": "static partition", "shared": "hybrid (shared)"}
-COLUMNS = ["model", "policy", "max_batch_size", "mean_batch_size", "throughput_req_s",
-           "throughput_tok_s", "kv_token_util", "kv_internal_frag_frac", "waste_pct", "preemptions"]
+COLUMNS = ["model", "policy", "max_batch_size", "mean_batch_size", "request_throughput",
+           "output_throughput", "kv_token_util", "kv_internal_frag_frac", "waste_pct", "preemptions"]
 
 
 def workload(args) -> list[str]:
@@ -55,7 +55,7 @@ def run_all(args) -> list[dict]:
                 row["waste_pct"] = 100 * (1 - row["kv_token_util"] - row["kv_reserved_frac"])
                 rows.append(row)
                 print(f"{model:16s} {policy:8s} max batch {row['max_batch_size']:4d}  "
-                      f"{row['throughput_tok_s']:8.1f} tok/s  waste {row['waste_pct']:5.1f}%", flush=True)
+                      f"{row['output_throughput']:8.1f} tok/s  waste {row['waste_pct']:5.1f}%", flush=True)
     return rows
 
 
@@ -65,15 +65,15 @@ def markdown(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         lines.append(f"| {r['model']} | {POLICIES[r['policy']]} | {r['max_batch_size']} | "
-                     f"{r['mean_batch_size']:.1f} | {r['throughput_req_s']:.3f} | "
-                     f"{r['throughput_tok_s']:.0f} | {100 * r['kv_token_util']:.1f}% | "
+                     f"{r['mean_batch_size']:.1f} | {r['request_throughput']:.3f} | "
+                     f"{r['output_throughput']:.0f} | {100 * r['kv_token_util']:.1f}% | "
                      f"{100 * r['kv_internal_frag_frac']:.1f}% | {r['waste_pct']:.1f}% | "
                      f"{r['preemptions']} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    metrics = [("max_batch_size", "max concurrent requests"), ("throughput_tok_s", "output tokens / s"),
+    metrics = [("max_batch_size", "max concurrent requests"), ("output_throughput", "output tokens / s"),
                ("waste_pct", "KV waste %")]
     fig, axes = plt.subplots(1, len(metrics), figsize=(14, 4))
     models, width = list(MODELS), 0.27

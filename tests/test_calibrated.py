@@ -151,7 +151,7 @@ def test_a_malformed_profile_names_the_row(tiny_profile):
 
 def test_a_file_that_is_not_a_profile_is_refused(tmp_path):
     path = tmp_path / "metrics.csv"
-    write_csv(path, [{"scenario": "simulate", "throughput_req_s": 1.0}])
+    write_csv(path, [{"scenario": "simulate", "request_throughput": 1.0}])
     with pytest.raises(UserError, match="lacks column"):
         load_profile(str(path))
 

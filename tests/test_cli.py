@@ -21,7 +21,7 @@ def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_
     assert identity == ("simulate", "pow2", "opt-13b", "a100-40gb")
     assert row["completed"] == "30" and row["status"] == "ok"
     assert (metrics.parent / "kv_breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for column in ("kv_token_util", "normalized_latency_s_per_tok", "ttft_p99_s", "tpot_p50_s",
+    for column in ("kv_token_util", "normalized_latency_s_per_tok", "p99_ttft_ms", "median_tpot_ms",
                    "kvbench_version", "git_sha", "torch", "device", "workload.num_requests"):
         assert column in row
 

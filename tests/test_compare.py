@@ -74,14 +74,14 @@ def test_degraded_paged_plugin_fails_the_comparison_and_names_the_metric(tmp_pat
     degraded = sweep_rows(["oracle", "paged"])
     base_paged = next(r for r in baseline_rows if r["allocator"] == "paged")
     worse_paged = next(r for r in degraded if r["allocator"] == "paged")
-    assert worse_paged["throughput_req_s"] < base_paged["throughput_req_s"]
+    assert worse_paged["request_throughput"] < base_paged["request_throughput"]
     write_csv(tmp_path / "current.csv", degraded)
 
     result = run_compare(tmp_path / "baseline.csv", tmp_path / "current.csv")
 
     assert result.returncode == 1, result.stdout + result.stderr
     summary = result.stdout.split("REGRESSION:")[1]
-    assert "allocator=paged: throughput_req_s" in summary
+    assert "allocator=paged: request_throughput" in summary
     assert "allocator=paged: mean_batch_size" in summary
     assert "allocator=oracle" not in summary  # the untouched plugin is not blamed
 
@@ -115,7 +115,7 @@ def test_zero_baseline_needs_absolute_slack_and_report_only_never_fails():
 
 def row(allocator, throughput, **extra):
     return {"scenario": "simulate", "allocator": allocator, "seed": "0", "status": "ok",
-            "throughput_req_s": str(throughput), "torch": "2.13.0", **extra}
+            "request_throughput": str(throughput), "torch": "2.13.0", **extra}
 
 
 def test_missing_point_fails_new_point_and_environment_change_are_reported():
@@ -145,7 +145,7 @@ def test_swept_parameters_are_part_of_a_points_identity():
     base = [row("paged", 2.0, **{"workload.rate": "2"}), row("paged", 4.0, **{"workload.rate": "8"})]
     cur = [row("paged", 4.0, **{"workload.rate": "8"}), row("paged", 1.0, **{"workload.rate": "2"})]
     assert compare(base, cur, load_policy(), out=out) == 1
-    assert "workload.rate=2: throughput_req_s 2 -> 1" in out.getvalue()
+    assert "workload.rate=2: request_throughput 2 -> 1" in out.getvalue()
 
 
 def test_measured_serve_rows_are_judged_by_the_test_simulated_rows_exactly():
@@ -155,7 +155,7 @@ def test_measured_serve_rows_are_judged_by_the_test_simulated_rows_exactly():
     assert compare(base, cur, load_policy(), out=out) == 1
     text = out.getvalue()
     regressions = text.split("REGRESSION:")[1]
-    assert "scenario=simulate: throughput_req_s" in regressions
+    assert "scenario=simulate: request_throughput" in regressions
     assert "scenario=serve" not in regressions
     assert "not statistically meaningful (1 vs 1 samples" in text
 
@@ -233,10 +233,10 @@ def test_baseline_without_matching_points_is_a_user_error(tmp_path):
 
 def test_policy_naming_an_unknown_metric_is_a_user_error(tmp_path):
     write_csv(tmp_path / "base.csv", [row("paged", 2.0)])
-    (tmp_path / "policy.yaml").write_text("metrics:\n  thruput_req_s: {better: higher, tolerance: 0.1}\n")
+    (tmp_path / "policy.yaml").write_text("metrics:\n  thruput_req: {better: higher, tolerance: 0.1}\n")
     message = one_line_error(run_compare(tmp_path / "base.csv", tmp_path / "base.csv",
                                          "--policy", tmp_path / "policy.yaml"))
-    assert "unknown metric 'thruput_req_s'" in message and "throughput_req_s" in message
+    assert "unknown metric 'thruput_req'" in message and "request_throughput" in message
 
 
 def test_sweep_directory_without_results_is_a_user_error(tmp_path):
@@ -291,8 +291,8 @@ def serve_sweeps():
 def test_a_repeated_serve_point_stores_every_repeat_and_reports_the_median(serve_sweeps):
     (point,) = serve_sweeps["base"]
     samples = json.loads(point["samples"])
-    assert point["repeats"] == 5 and len(samples["throughput_req_s"]) == 5
-    assert point["throughput_req_s"] == sorted(samples["throughput_req_s"])[2]
+    assert point["repeats"] == 5 and len(samples["request_throughput"]) == 5
+    assert point["request_throughput"] == sorted(samples["request_throughput"])[2]
     assert samples["completed"] == [4.0] * 5
 
 
@@ -304,7 +304,7 @@ def test_identical_serve_sweeps_show_no_significant_change_a_40pc_slower_one_reg
     assert "REGRESSED" not in result.stdout and "no significant change" in result.stdout
     result = run_compare(tmp_path / "base.csv", tmp_path / "slower.csv")
     assert result.returncode == 1, result.stdout
-    assert "rate=inf: throughput_req_s" in result.stdout.split("REGRESSION:")[1]
+    assert "rate=inf: request_throughput" in result.stdout.split("REGRESSION:")[1]
 
 
 def test_a_serve_point_run_with_repeats_holds_its_samples():

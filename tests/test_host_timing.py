@@ -81,7 +81,7 @@ def serve(async_scheduling: bool, temperature: float, num_slots: int = 48):
     model = TinyDecoder(spec, seed=0).eval()
     executor = ModelExecutor(model, allocator, EagerBackend(), SamplingParams(temperature, 1.0, seed=3),
                              async_scheduling=async_scheduling)
-    recorder = Recorder()
+    recorder = Recorder(keep_sequences=True)
     engine = Engine(Scheduler(allocator, max_num_seqs=4, max_num_batched_tokens=32), executor, recorder,
                     progress=False)
     if async_scheduling:

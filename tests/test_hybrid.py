@@ -306,7 +306,7 @@ def serve(name: str, requests: list, num_slots: int, **options):
         return execute(batch)
 
     executor.execute = watched
-    engine = Engine(Scheduler(allocator, 16, 12, chunked_prefill=True), executor, Recorder(), progress=False)
+    engine = Engine(Scheduler(allocator, 16, 12, chunked_prefill=True), executor, Recorder(keep_sequences=True), progress=False)
     row = engine.run(requests)
     assert allocator.accounting().free == allocator.accounting().num_slots
     return row, engine, held

@@ -1,16 +1,24 @@
-"""bench-report: sweep directories become summary.csv, plots and one HTML page with no broken image."""
+"""bench-report: sweep directories become summary.csv, plots and one HTML page that opens with
+its verdict, names every bar by its real point, and has no broken image."""
 
 from __future__ import annotations
 
 import base64
-import csv
 import io
+import re
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import matplotlib.image
+import pandas as pd
 import pytest
+
+from kvbench.reporting import plots, report
+from kvbench.reporting.results import read_csv, write_csv
+from kvbench.reporting.winners import winners
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,14 +35,18 @@ def bench_report(*args):
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     result = bench(root, "-m", "+allocator=oracle,paged", *SMALL, "hydra.sweep.dir=sweep")
     assert result.returncode == 0, result.stderr
-    with open(root / "sweep" / "summary.csv") as f:
-        failed = [r["reason"] for r in csv.DictReader(f) if r["status"] != "ok"]
-    assert not failed, failed
-    return root / "sweep"
+    summary = read_csv(root / "sweep" / "summary.csv")
+    assert (summary["status"] == "ok").all(), summary["reason"].tolist()
+    return root / "sweep", result.stdout
+
+
+@pytest.fixture(scope="module")
+def sweep(swept):
+    return swept[0]
 
 
 class Images(HTMLParser):
@@ -71,35 +83,119 @@ def test_report_of_a_sweep_embeds_every_plot_as_a_png(sweep, tmp_path):
     for data in images:
         assert data.startswith(PNG_MAGIC)
         height, width, _ = matplotlib.image.imread(io.BytesIO(data), format="png").shape
-        assert height > 100 and width > 100
+        assert 100 < height and 100 < width <= 1400  # a figure fits the page unscaled
     assert {p.read_bytes() for p in pngs} == set(images)
-    with open(tmp_path / "summary.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert sorted(r["allocator"] for r in rows) == ["oracle", "paged"]
+    assert read_csv(tmp_path / "summary.csv")["allocator"].tolist() == ["oracle", "paged"]  # the paper's order
     assert {"oracle", "paged"} <= set(cells)
 
 
-def test_sweep_end_writes_the_report_into_the_sweep_directory(sweep):
+def test_sweep_end_writes_the_report_and_prints_the_sweep_table(swept):
+    sweep, stdout = swept
     images, _ = decoded_images(sweep / "report.html")
     assert len(images) >= 2 and all(data.startswith(PNG_MAGIC) for data in images)
+    table = stdout.split("kvbench sweep: 2 point(s)")[1].splitlines()
+    assert table[1].split()[:4] == ["point", "status", "req/s", "out"]
+    summary = read_csv(sweep / "summary.csv")
+    for line, (_, row) in zip(table[2:4], summary.iterrows()):
+        assert line.split()[:3] == [row["allocator"], "ok", f"{row['request_throughput']:.3f}"]
 
 
-def test_two_sweeps_make_one_report_with_a_sweep_column_and_failed_points_apart(sweep, tmp_path):
+def test_the_verdict_comes_first_and_names_the_winner_and_its_margin(sweep, tmp_path):
+    assert bench_report(sweep, "--out", tmp_path).returncode == 0
+    page = (tmp_path / "report.html").read_text()
+    summary = read_csv(tmp_path / "summary.csv").set_index("allocator")
+    ratio = summary.at["oracle", "normalized_latency_s_per_tok"] / summary.at["paged", "normalized_latency_s_per_tok"]
+    assert ratio > 1.5
+    verdict = page.split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
+    assert page.index("<h2>Verdict</h2>") < page.index("<h2>Results</h2>") < page.index("<h2>Plots</h2>")
+    # no contiguous point: the ratios are taken against the first system of the paper's order
+    assert "ratios against <b>oracle</b> (report.baseline=contiguous is not in the sweep)" in verdict
+    assert f"<b>all points</b>: <b>paged</b>" in verdict
+    assert f"{ratio:.2f}× lower normalized latency than oracle" in verdict
+    assert "<h1>kvbench report: opt-13b on a100-40gb, sharegpt workload (simulate)</h1>" in page
+
+
+def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted(sweep, tmp_path):
     other = tmp_path / "other"
     result = bench(tmp_path, "-m", "+allocator=pow2", "allocator.block_size=16,300", *SMALL,
                    f"hydra.sweep.dir={other}")
     assert result.returncode == 0, result.stderr
     result = bench_report(other, sweep)
     assert result.returncode == 0, result.stderr
-    with open(other / "summary.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert sorted((r["sweep"], r["allocator"], r["status"]) for r in rows) == [
-        ("other", "pow2", "failed"), ("other", "pow2", "ok"), ("sweep", "oracle", "ok"), ("sweep", "paged", "ok")]
+    rows = read_csv(other / "summary.csv")
+    assert list(zip(rows["sweep"], rows["allocator"], rows["status"])) == [
+        ("other", "pow2", "ok"), ("other", "pow2", "failed"), ("sweep", "oracle", "ok"), ("sweep", "paged", "ok")]
     _, cells = decoded_images(other / "report.html")
     assert "sweep" in cells
     page = (other / "report.html").read_text()
-    assert "<h2>Failed points</h2>" in page
-    assert "allocator.block_size=300 is not allowed for pow2" in page
+    verdict = page.split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
+    reason = rows.loc[rows["status"] == "failed", "reason"].iloc[0]
+    assert "allocator.block_size=300 is not allowed for pow2" in reason
+    assert f"<li><b>other, pow2, block_size=300</b>: {reason}</li>" in verdict
+    results = page.split("<h2>Results</h2>")[1].split("<h2>Plots</h2>")[0]
+    assert results.count("<tr>") == 5  # the header and four points
+    assert re.findall(r'class="data (row\d+) col0 failed"', results) == ["row1"]  # the failed one, highlighted
+
+
+def scaled_copy(sweep: Path, to: Path, factor: dict) -> Path:
+    """The same sweep as if measured by other code: each allocator's numbers times its factor."""
+    for metrics in sweep.glob("*/metrics.csv"):
+        rows = read_csv(metrics)
+        f = rows["allocator"].map(factor)
+        for column in ("request_throughput", "mean_batch_size", "median_ttft_ms", "median_tpot_ms"):
+            rows[column] = rows[column] * f
+        rows["kv_token_util"] = rows["kv_token_util"] * f / 4
+        write_csv(to / metrics.parent.name / "metrics.csv", rows)
+    return to
+
+
+def bars(ax) -> dict:
+    """(tick label, bar label) -> height of every bar of an axes."""
+    ticks = list(zip(ax.get_xticks(), (t.get_text() for t in ax.get_xticklabels())))
+    found = {}
+    for container in ax.containers:
+        for patch in container:
+            center = patch.get_x() + patch.get_width() / 2
+            tick = min(ticks, key=lambda t: abs(t[0] - center))[1]
+            assert (tick, container.get_label()) not in found, "two bars share a label"
+            found[tick, container.get_label()] = patch.get_height()
+    return found
+
+
+def test_bench_report_of_two_sweeps_of_the_same_allocators_labels_every_bar(sweep, tmp_path, monkeypatch):
+    first = shutil.copytree(sweep, tmp_path / "first", ignore=shutil.ignore_patterns("*.png", "*.html"))
+    second = scaled_copy(sweep, tmp_path / "second", {"oracle": 0.5, "paged": 3.0})
+    figures, save = {}, plots.save_figure
+
+    def keep(fig, path):
+        figures[Path(path).name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    report.summarize([first, second], tmp_path / "out")
+
+    truth = read_csv(tmp_path / "out" / "summary.csv").set_index(["sweep", "allocator"])
+    panels = {ax.get_ylabel(): ax for ax in figures["throughput_latency.png"].axes}
+    for column, text, _ in plots.PANELS:
+        drawn = bars(panels[text])
+        assert drawn == pytest.approx({key: truth.at[key, column] for key in truth.index}), column
+    assert truth.at[("second", "paged"), "request_throughput"] == pytest.approx(
+        3 * truth.at[("first", "paged"), "request_throughput"])
+    (kv,) = figures["kv_breakdown.png"].axes
+    tokens = {tick: height for (tick, part), height in bars(kv).items() if part == "token states"}
+    assert tokens == pytest.approx({f"{s}, {a}": 100 * truth.at[(s, a), "kv_token_util"] for s, a in truth.index})
+
+
+def test_a_baseline_not_in_the_sweep_is_one_line_exit_2(sweep, tmp_path):
+    result = bench_report(sweep, "--out", tmp_path, "--baseline", "pow2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: report.baseline='pow2' is not in the sweep; its allocators: oracle, paged"]
+    result = bench(tmp_path, "-m", "+allocator=oracle,paged", "report.baseline=contiguous", *SMALL,
+                   "workload.num_requests=10", "hydra.sweep.dir=named")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: report.baseline='contiguous' is not in the sweep; its allocators: oracle, paged"]
 
 
 def test_a_directory_without_results_is_one_line_exit_2(tmp_path):
@@ -108,3 +204,16 @@ def test_a_directory_without_results_is_one_line_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'empty'} has no results (no */metrics.csv, metrics.csv or summary.csv in it)"]
+
+
+def test_the_winner_at_each_rate_with_ties_shared_and_a_failed_baseline_said():
+    rows = pd.DataFrame([
+        {"allocator": a, "rate": rate, "status": status, "normalized_latency_s_per_tok": latency, "request_throughput": tput}
+        for a, rate, status, latency, tput in [
+            ("contiguous", 1, "ok", 0.30, 0.5), ("pow2", 1, "ok", 0.10, 0.9), ("paged", 1, "ok", 0.10, 0.9),
+            ("contiguous", 2, "failed", None, None), ("pow2", 2, "ok", 0.40, 1.0), ("paged", 2, "ok", 0.05, 1.8)]])
+    found = winners(rows, "contiguous").set_index("setting")
+    assert found.at["rate=1", "winner"] == "pow2 = paged"
+    assert found.at["rate=1", "latency_vs_baseline"] == pytest.approx(3.0)
+    assert found.at["rate=1", "throughput_vs_baseline"] == pytest.approx(1.8)
+    assert found.at["rate=2", "winner"] == "paged" and found["latency_vs_baseline"].isna().tolist() == [False, True]

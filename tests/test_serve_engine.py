@@ -118,4 +118,4 @@ def test_serve_scenario_reports_the_host_time_split():
     phases = ("schedule", "copy", "prepare", "forward", "sample")
     assert all(row[f"{p}_s"] > 0 for p in ("schedule", "prepare", "forward", "sample"))
     assert sum(row[f"{p}_frac"] for p in phases) == pytest.approx(1.0)
-    assert row["throughput_tok_s"] == pytest.approx(5 * 6 / row["duration_s"])
+    assert row["output_throughput"] == pytest.approx(5 * 6 / row["duration_s"])

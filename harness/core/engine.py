@@ -121,12 +121,15 @@ class Engine:
                 seq.num_tokens = num_tokens = num_tokens + 1
                 if picked is not None:
                     seq.token_ids.append(picked)
+                seq.token_times.append(clock)
                 if seq.first_token_s is None:
                     seq.first_token_s = clock
                 if num_tokens >= seq.max_tokens:
                     finished.append(seq)
                 continue
             request = seq.request
+            if seq.group is None or seq is seq.group[0]:
+                seq.token_times.append(clock)  # the root's times are the request's
             if seq.group is None:
                 self._fork(seq, picked, clock)
             elif seq is not seq.group[0]:

@@ -1,19 +1,26 @@
-"""The recorder: watches steps and requests, and turns them into the serving metrics (docs/metrics.md).
+"""The recorder: watches steps and requests, and turns them into the serving metrics of
+docs/metrics.md (vLLM's names, beside the paper's normalized latency and KV accounting).
 
 It only watches. Per step it appends a few numbers (O(1)); time-averaged metrics are taken over
 the measurement window at the end: from `warmup_frac` of the run to the last admission (after
-which the batch only drains), or to the end when the last admission came earlier.
+which the batch only drains), or to the end when the last admission came earlier. Request
+metrics cover every completed request. A finished request is reduced to a few numbers and, when
+a `request_log` is given, one line of requests.jsonl; its sequences are let go unless
+`keep_sequences` (tests that read their tokens).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kvbench.core.request_log import RequestLog
 from kvbench.core.sequence import Sequence
+from kvbench.core.serving_metrics import ValueCounts, latency_stats, meets_slos
 
 
 class Recorder:
-    def __init__(self, warmup_frac: float = 1 / 3):
+    def __init__(self, warmup_frac: float = 1 / 3, request_log: RequestLog | None = None,
+                 goodput: dict | None = None, keep_sequences: bool = False):
         self.warmup_frac = warmup_frac
         self.step_end: list[float] = []
         self.step_dt: list[float] = []
@@ -21,8 +28,24 @@ class Recorder:
         self.kv: list[tuple[int, int, int, int]] = []  # token, reserved, internal, rounding slots
         self.kv_by_kind: dict[str, list] = {}  # hybrid models: layer kind -> per-step fractions
         self.schedule_s: list[float] = []
-        self.finished: list[Sequence] = []
         self.num_slots = 1
+        self.request_log = request_log
+        self.goodput = goodput or {}
+        self.finished: list[Sequence] = []  # only with keep_sequences
+        self.keep_sequences = keep_sequences
+        self.num_finished = 0  # sequences
+        # per completed request, in finishing order
+        self.ttft: list[float] = []
+        self.e2el: list[float] = []
+        self.input_len: list[int] = []
+        self.output_len: list[int] = []
+        self.generated = 0  # tokens, every sequence of every request
+        self.num_good = 0
+        self.itl = ValueCounts()
+        # Finishes wait one step before they are read: async scheduling stamps a step's token
+        # times when the step after it collects the tokens.
+        self._finishing: list[Sequence] = []
+        self._finishing_step = -1
 
     def on_step(self, end_s: float, dt: float, batch_size: int, accounting, schedule_s: float) -> None:
         self.step_end.append(end_s)
@@ -37,7 +60,36 @@ class Recorder:
         self.schedule_s.append(schedule_s)
 
     def on_finish(self, seq: Sequence) -> None:
-        self.finished.append(seq)
+        self.num_finished += 1
+        self.generated += seq.num_generated
+        if self.keep_sequences:
+            self.finished.append(seq)
+        if seq.group is not None and seq is not seq.group[0]:
+            return  # a request's sequences finish together; its root speaks for it
+        if self._finishing_step != len(self.step_end):
+            self._read_finished()
+            self._finishing_step = len(self.step_end)
+        self._finishing.append(seq)
+
+    def _read_finished(self) -> None:
+        for root in self._finishing:
+            r = root.request
+            ttft, e2el = root.first_token_s - r.arrival_s, root.finish_s - r.arrival_s
+            itl = np.diff(root.token_times)
+            self.ttft.append(ttft)
+            self.e2el.append(e2el)
+            self.input_len.append(r.prompt_len)
+            self.output_len.append(r.output_len)
+            self.itl.add(itl)
+            tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
+            self.num_good += meets_slos(self.goodput, ttft, tpot, e2el)
+            if self.request_log is not None:
+                self.request_log.write({
+                    "request_id": r.request_id, "arrival_s": r.arrival_s, "first_token_s": root.first_token_s,
+                    "finish_s": root.finish_s, "input_len": r.prompt_len, "output_len": r.output_len,
+                    "num_sequences": r.width, "cached_tokens": root.num_cached,
+                    "preemptions": root.num_preemptions, "itl_s": np.round(itl, 9).tolist()})  # to the ns
+        self._finishing.clear()
 
     def window(self, last_admit_s: float) -> tuple[float, float]:
         end = self.step_end[-1] if self.step_end else 0.0
@@ -66,27 +118,27 @@ class Recorder:
         kv = np.asarray(self.kv, dtype=float).reshape(-1, 4) / self.num_slots
         token, reserved, internal, rounding = (np.average(kv[:, i], weights=weight) for i in range(4))
 
-        requests = {}
-        for seq in self.finished:  # a request ends with its last sequence
-            r = seq.request
-            first, last = requests.get(r.request_id, (seq.first_token_s, seq.finish_s))
-            requests[r.request_id] = (min(first, seq.first_token_s), max(last, seq.finish_s))
-        by_id = {s.request.request_id: s.request for s in self.finished}
-        ttft = np.array([requests[i][0] - by_id[i].arrival_s for i in requests])
-        e2e = np.array([requests[i][1] - by_id[i].arrival_s for i in requests])
-        out = np.array([by_id[i].output_len for i in requests], dtype=float)
-        multi = out > 1
-        tpot = (e2e[multi] - ttft[multi]) / (out[multi] - 1)
+        self._read_finished()
+        if self.request_log is not None:
+            self.request_log.close()
         duration = (ends[-1] - first_arrival_s) if len(ends) else 0.0
-        generated = sum(s.num_generated for s in self.finished)
-        pct = lambda a, q: float(np.percentile(a, q)) if len(a) else float("nan")
+        per_s = (lambda count: count / duration) if duration else (lambda count: 0.0)
+        ttft, e2el = np.asarray(self.ttft), np.asarray(self.e2el)
+        out = np.asarray(self.output_len, dtype=float)
+        multi = out > 1
+        tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
+        input_tokens = int(sum(self.input_len))
         sched = np.asarray(self.schedule_s)
         return {
             "requests": num_requests,
-            "completed": len(requests),
+            "completed": len(e2el),
             "duration_s": duration,
-            "throughput_req_s": len(requests) / duration if duration else 0.0,
-            "throughput_tok_s": generated / duration if duration else 0.0,
+            "total_input_tokens": input_tokens,
+            "total_output_tokens": self.generated,
+            "request_throughput": per_s(len(e2el)),
+            **({"request_goodput": per_s(self.num_good)} if self.goodput else {}),
+            "output_throughput": per_s(self.generated),
+            "total_token_throughput": per_s(input_tokens + self.generated),
             "mean_batch_size": float(np.average(self.batch_size, weights=weight)) if len(ends) else 0.0,
             "kv_token_util": token,
             "kv_reserved_frac": reserved,
@@ -95,11 +147,11 @@ class Recorder:
             "kv_external_frag_frac": 1.0 - token - reserved - internal - rounding,
             **self._kind_fractions(weight),
             "max_batch_size": max(self.batch_size, default=0),
-            "normalized_latency_s_per_tok": float(np.mean(e2e / out)) if len(out) else float("nan"),
-            "ttft_p50_s": pct(ttft, 50),
-            "ttft_p99_s": pct(ttft, 99),
-            "tpot_p50_s": pct(tpot, 50),
-            "tpot_p99_s": pct(tpot, 99),
+            "normalized_latency_s_per_tok": float(np.mean(e2el / out)) if len(out) else float("nan"),
+            **latency_stats("ttft", ttft),
+            **latency_stats("tpot", tpot),
+            **self.itl.stats("itl"),
+            **latency_stats("e2el", e2el),
             "steps": len(ends),
             "window_start_s": start,
             "window_end_s": stop,

@@ -56,6 +56,7 @@ class Sequence:
     token_ids: list = field(default_factory=list)  # prompt + generated ids (serve only)
     num_cached: int = 0  # tokens whose KV a prefix-cache hit supplied at admission
     first_token_s: float | None = None
+    token_times: list = field(default_factory=list)  # when each generated token came (a group's root)
     finish_s: float | None = None
     num_preemptions: int = 0
     parent: Sequence | None = None

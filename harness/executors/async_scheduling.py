@@ -83,6 +83,8 @@ class AsyncScheduling:
         for seq, token in zip(batch.seqs, tokens):
             if seq.token_ids and seq.token_ids[-1] == PLACEHOLDER and token is not None:
                 seq.token_ids[-1] = token
+            if seq.token_times and seq.token_times[-1] == launched_clock:
+                seq.token_times[-1] = now
             if seq.first_token_s == launched_clock:
                 seq.first_token_s = now
             if seq.finish_s == launched_clock:
@@ -92,4 +94,4 @@ class AsyncScheduling:
         """True when every request is complete once this step's tokens are in."""
         finishing = sum(1 for seq, n in zip(batch.seqs, batch.num_new_tokens)
                         if seq.num_computed == seq.num_tokens and seq.num_tokens + 1 >= seq.request.max_tokens)
-        return len(self.recorder.finished) + finishing >= self.num_requests
+        return self.recorder.num_finished + finishing >= self.num_requests

@@ -1,20 +1,25 @@
-"""The comparison plots of a sweep: where KV memory goes (the paper's Fig. 2), throughput and
-normalized latency per point, and normalized latency against request rate (Fig. 12)."""
+"""The comparison plots of a sweep: where KV memory goes (the paper's Fig. 2), throughput,
+batch size and latency per point or against request rate, and normalized latency against
+request rate (Fig. 12).
+
+Points are grouped by the real key columns (sweep, allocator, every swept parameter), never by
+their printed label, so two sweeps of the same allocators draw as separate bars and lines.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 
-from kvbench.reporting.figures import number, save_figure  # noqa: E402
-from kvbench.reporting.results import IDENTITY  # noqa: E402
+from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, save_figure  # noqa: E402
+from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, table, varying_keys  # noqa: E402
 
-ALLOCATOR_ORDER = ("contiguous", "pow2", "oracle", "paged", "hybrid")
 KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),
     ("kv_reserved_frac", "reserved", "#f08c00"),
@@ -22,93 +27,149 @@ KV_PARTS = [
     ("kv_rounding_frac", "rounding (blocks, buddy chunks)", "#e599f7"),
     ("kv_external_frag_frac", "external fragmentation & free", "#868e96"),
 ]
+# (column, axis label, log scale) of the throughput / latency figure
+PANELS = [("request_throughput", "request throughput (req/s)", False),
+          ("mean_batch_size", "mean batch size (sequences)", False),
+          ("median_ttft_ms", "median TTFT (ms)", True),
+          ("median_tpot_ms", "median TPOT (ms)", True)]
 
 
-def varying_keys(rows: list[dict]) -> list[str]:
-    """The columns that tell points apart. A swept `group.key` whose `key` is already an identity
-    column (workload.rate -> rate, allocator.block_size -> block_size) is not named twice."""
-    named = IDENTITY + ["block_size", "rate"]
-    columns = dict.fromkeys(k for row in rows for k in row)
-    swept = sorted(k for k in columns if "." in k and k.rsplit(".", 1)[-1] not in named)
-    return [k for k in named + swept if len({r.get(k, "") for r in rows}) > 1]
+def _rate_axis(frame: pd.DataFrame) -> str | None:
+    """`rate` when the points were taken at several finite request rates."""
+    if "rate" not in varying_keys(frame):
+        return None
+    return "rate" if np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all() else None
 
 
-def label(row: dict, keys: list[str]) -> str:
+def _series(frame: pd.DataFrame):
+    """(name, colour, line style, rows) of each group of points that share every key but rate:
+    one colour per system, one line style per setting of the other keys."""
+    keys = [k for k in varying_keys(frame) if k != "rate"]
     if not keys:
-        return row.get("allocator", "point")
-    return ", ".join(str(row.get(k, "")) if k == "allocator" else f"{k.split('.')[-1]}={row.get(k, '')}"
-                     for k in keys)
+        yield point_labels(frame.iloc[:1], []).iloc[0], _color(frame), "-", frame
+        return
+    others = [k for k in keys if k != "allocator"]
+    styles = {}
+    for _, rows in frame.groupby(keys, sort=False, dropna=False):
+        style = styles.setdefault(tuple(rows[others].iloc[0].astype(str)), LINE_STYLES[len(styles) % len(LINE_STYLES)])
+        yield point_labels(rows.iloc[:1], keys).iloc[0], _color(rows), style, rows
 
 
-
-def kv_breakdown(rows: list[dict], out: Path) -> Path:
-    keys = varying_keys(rows)
-    names = [label(r, keys) for r in rows]
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(rows) + 2), 4))
-    bottom = [0.0] * len(rows)
-    for key, text, color in KV_PARTS:
-        values = [100 * number(r, key) for r in rows]
-        ax.bar(names, values, bottom=bottom, label=text, color=color)
-        for i, v in enumerate(values):
-            if v >= 4:
-                ax.text(i, bottom[i] + v / 2, f"{v:.1f}", ha="center", va="center", fontsize=8, color="white")
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("% of KV cache slots (time-averaged)")
-    ax.set_ylim(0, 100)
-    ax.set_title("Where KV memory goes (the five categories of docs/paper.md)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    return save_figure(fig, out / "kv_breakdown.png")
+def _color(rows: pd.DataFrame):
+    return SYSTEM_COLORS.get(rows["allocator"].iloc[0]) if "allocator" in rows else None
 
 
-def throughput_latency(rows: list[dict], out: Path) -> Path:
-    keys = varying_keys(rows)
-    names = [label(r, keys) for r in rows]
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(max(10, 1.6 * len(rows) + 6), 3.8))
-    a.bar(names, [number(r, "throughput_req_s") for r in rows], color="#1971c2")
-    a.set_ylabel("throughput (req/s)")
-    b.bar(names, [number(r, "mean_batch_size") for r in rows], color="#5f3dc4")
-    b.set_ylabel("mean batch size (sequences)")
-    c.bar(names, [number(r, "normalized_latency_s_per_tok") for r in rows], color="#e8590c")
-    c.set_ylabel("normalized latency (s/token)")
-    for ax in (a, b, c):
-        plt.setp(ax.get_xticklabels(), rotation=25, ha="right")
-    fig.tight_layout()
-    return save_figure(fig, out / "throughput_latency.png")
+def bar_table(frame: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str]]:
+    """`metric` as one row per group of points that differ only in allocator, one column per
+    allocator (the paper's order), and each row's name."""
+    keys = [k for k in varying_keys(frame) if k != "allocator"]
+    group = frame.groupby(keys, sort=False, dropna=False).ngroup() if keys else pd.Series(0, index=frame.index)
+    names = point_labels(frame, keys).groupby(group).first().tolist() if keys else [""]
+    bars = pd.DataFrame({"group": group, "system": frame["allocator"], metric: frame[metric]})
+    return bars.pivot(index="group", columns="system", values=metric)[list(dict.fromkeys(frame["allocator"]))], names
 
 
-def latency_vs_rate(rows: list[dict], out: Path) -> Path:
-    series = defaultdict(list)
-    others = [k for k in varying_keys(rows) if k not in ("rate", "workload.rate")]
-    for r in rows:
-        series[label(r, others)].append((number(r, "rate"), number(r, "normalized_latency_s_per_tok")))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in sorted(series.items()):
-        points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
+    values, names = bar_table(frame, metric)
+    values.plot.bar(ax=ax, width=0.8, legend=False, rot=0,
+                    color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns])
+    crowded = len(names) > 3
+    ax.set_xticks(range(len(names)), names, rotation=20 if crowded else 0, ha="right" if crowded else "center")
+    ax.set_xlabel("")
+
+
+def _legend_below(fig, ax) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    rows = -(-len(labels) // 5)
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 5), frameon=False)
+    fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
+
+
+def kv_breakdown(frame: pd.DataFrame):
+    """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep."""
+    x = _rate_axis(frame)
+    groups = list(_series(frame)) if x else [("", None, "-", frame)]
+    cols = min(len(groups), 2)
+    rows_n = -(-len(groups) // cols)
+    bars = frame.groupby(x).ngroups if x else len(frame)
+    width = min(MAX_WIDTH_IN, max(6.0, (0.45 * bars + 1.5) * cols + 2))
+    fig, axes = plt.subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
+    for ax, (name, _, _, rows) in zip(axes.flat, groups):
+        labels = pd.to_numeric(rows[x]).map("{:g}".format) if x else point_labels(rows)
+        bottom = np.zeros(len(rows))
+        for key, text, color in KV_PARTS:
+            values = 100 * pd.to_numeric(rows[key], errors="coerce").fillna(0).to_numpy()
+            drawn = ax.bar(range(len(rows)), values, bottom=bottom, label=text, color=color)
+            ax.bar_label(drawn, labels=[f"{v:.0f}" if v >= 8 else "" for v in values], label_type="center",
+                         fontsize=7, color="white")
+            bottom += values
+        ax.set_xticks(range(len(rows)), list(labels), rotation=0 if x else 20, ha="center" if x else "right")
+        ax.set_ylim(0, 100)
+        ax.set_title(name, fontsize=10)
+        if x:
+            ax.set_xlabel("request rate (req/s)")
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("% of KV slots (time-averaged)")
+    fig.suptitle(f"Where KV memory goes: {context_title(frame)}\n"
+                 "(internal fragmentation includes block and buddy rounding)", fontsize=11)
+    _legend_below(fig, axes.flat[0])
+    return fig
+
+
+def throughput_latency(frame: pd.DataFrame):
+    """Throughput, batch size and latency medians: lines against rate in a rate sweep, else
+    grouped bars (one group per setting, one bar per system)."""
+    x = _rate_axis(frame)
+    panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(MAX_WIDTH_IN, 3.9), squeeze=False)
+    for ax, (metric, text, log) in zip(axes.flat, panels):
+        if x:
+            for name, color, style, rows in _series(frame):
+                ax.plot(pd.to_numeric(rows[x]), rows[metric], style, marker="o", markersize=3, color=color,
+                        label=name)
+            ax.set_xlabel("request rate (req/s)")
+        else:
+            _draw_bars(ax, frame, metric)
+        ax.set_ylabel(text)
+        values = pd.to_numeric(frame[metric], errors="coerce")
+        if log and values.min() > 0 and values.max() > 20 * values.min():  # latencies that span decades
+            ax.set_yscale("log")
+    fig.suptitle(f"Throughput and latency: {context_title(frame)}", fontsize=11)
+    _legend_below(fig, axes.flat[0])
+    return fig
+
+
+def latency_vs_rate(frame: pd.DataFrame):
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for name, color, style, rows in _series(frame):
+        ax.plot(pd.to_numeric(rows["rate"]), rows["normalized_latency_s_per_tok"], style, marker="o",
+                color=color, label=name)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")
-    ax.set_title("Normalized latency against request rate")
+    ax.set_title(f"Normalized latency against request rate\n{context_title(frame)}", fontsize=11)
     ax.legend(fontsize=8)
-    return save_figure(fig, out / "latency_vs_rate.png")
+    return fig
 
 
-def draw_all(rows: list[dict], out: Path) -> list[Path]:
+def draw_all(rows, out: Path) -> list[Path]:
     """Every plot the rows support; scenarios without serving metrics contribute their own."""
-    ok = [r for r in rows if r.get("status", "ok") == "ok"]
-    # the paper's order: the more an allocator reserves, the further left
-    rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
-    serving = sorted((r for r in ok if r.get("kv_token_util") not in (None, "")),
-                     key=lambda r: rank.get(r.get("allocator"), len(rank)))
+    frame = ok_rows(table(rows))
+    out = Path(out)
     written = []
-    if serving:
-        written += [kv_breakdown(serving, out), throughput_latency(serving, out)]
-        if len({r.get("rate") for r in serving}) > 1:
-            written.append(latency_vs_rate(serving, out))
-    kernel = [r for r in ok if r.get("latency_us_p50") not in (None, "")]
-    if kernel:
-        from kvbench.reporting.kernel_plots import latency_vs_context
+    if "kv_token_util" in frame:
+        serving = in_paper_order(frame[frame["kv_token_util"].notna()])
+        if len(serving):
+            written.append(save_figure(kv_breakdown(serving), out / "kv_breakdown.png"))
+            written.append(save_figure(throughput_latency(serving), out / "throughput_latency.png"))
+            if _rate_axis(serving):
+                written.append(save_figure(latency_vs_rate(serving), out / "latency_vs_rate.png"))
+    if "latency_us_p50" in frame:
+        kernel = frame[frame["latency_us_p50"].notna()]
+        if len(kernel):
+            from kvbench.reporting.kernel_plots import latency_vs_context
 
-        written.append(latency_vs_context(kernel, out))
+            written.append(latency_vs_context(kernel, out))
     return written

@@ -1,7 +1,9 @@
 """Turn sweep directories into summary.csv, the comparison plots and a self-contained HTML page.
 
-`bench-report DIR... [--out OUT]` writes into the first directory unless `--out` says otherwise;
-a sweep's end (the SweepSummary callback) writes the same three things into the sweep directory.
+`bench-report DIR... [--out OUT] [--baseline NAME]` writes into the first directory unless
+`--out` says otherwise; a sweep's end (the SweepSummary callback) writes the same three things
+into the sweep directory. The page opens with its verdict: the winner at each swept setting
+and its margin over the baseline allocator, and why each failed point failed.
 """
 
 from __future__ import annotations
@@ -9,73 +11,97 @@ from __future__ import annotations
 import argparse
 import base64
 import html
-import math
 import sys
 import time
 from pathlib import Path
 
-from kvbench.errors import UserError
-from kvbench.reporting.results import ENVIRONMENT, collect, read_csv, write_atomic, write_csv
+import numpy as np
+import pandas as pd
 
-# The columns a reader looks at first, in this order; the full table is one click away.
+from kvbench.errors import UserError
+from kvbench.reporting.figures import context_title
+from kvbench.reporting.results import (ENVIRONMENT, cell_text, collect, in_paper_order, ok_rows, point_labels,
+                                       read_csv, varying_keys, write_atomic, write_csv)
+from kvbench.reporting.winners import METRIC, configured_baseline, resolve_baseline, winners
+
+# The columns a reader looks at first, in this order; every column is one click away.
 KEY_METRICS = [
-    "throughput_req_s", "throughput_tok_s", "mean_batch_size", "kv_token_util", "kv_reserved_frac",
-    "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac", "normalized_latency_s_per_tok", "ttft_p50_s",
-    "tpot_p50_s", "preemptions", "prefix_hit_rate", "cpu_overhead_frac",
-    "latency_us_p50", "achieved_gbps", "roofline_frac", "max_abs_err_vs_eager",
+    "request_throughput", "request_goodput", "output_throughput", "mean_batch_size", "kv_token_util",
+    "kv_reserved_frac", "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac",
+    "normalized_latency_s_per_tok",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "preemptions", "prefix_hit_rate",
+    "cpu_overhead_frac", "latency_us_p50", "achieved_gbps", "roofline_frac", "max_abs_err_vs_eager",
 ]
 
 
-def load_rows(path: Path) -> list[dict]:
+def load_rows(path: Path) -> pd.DataFrame:
     """A sweep's point rows (fresh from */metrics.csv), a run's metrics.csv, or a summary.csv."""
     path = Path(path)
     if path.is_file():
         return read_csv(path)
     if not path.is_dir():
         raise UserError(f"{path} does not exist")
-    rows = collect(path)
+    frame = collect(path)
     for name in ("metrics.csv", "summary.csv"):
-        if not rows and (path / name).is_file():
-            rows = read_csv(path / name)
-    if not rows:
+        if frame.empty and (path / name).is_file():
+            frame = read_csv(path / name)
+    if frame.empty:
         raise UserError(f"{path} has no results (no */metrics.csv, metrics.csv or summary.csv in it)")
-    return rows
+    return frame
 
 
-def summarize(sweep_dirs, out_dir: Path | None = None) -> list[Path]:
-    """Write summary.csv, every plot the rows support and report.html; return the paths."""
+def load_sweeps(sweep_dirs: list[Path]) -> pd.DataFrame:
+    """Every point of every directory; with several, a `sweep` column names each one's points."""
+    if len(sweep_dirs) == 1:
+        return load_rows(sweep_dirs[0])
+    names = [d.name for d in sweep_dirs]
+    if len(set(names)) < len(names):  # results/a/sweep and results/b/sweep
+        names = [str(d) for d in sweep_dirs]
+    frames = [load_rows(d).drop(columns="sweep", errors="ignore").assign(sweep=n)
+              for d, n in zip(sweep_dirs, names)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarize(sweep_dirs, out_dir: Optional[Path] = None, baseline: Optional[str] = None) -> list[Path]:
+    """Write summary.csv, every plot the rows support and report.html; return the paths.
+    `baseline` (an allocator) defaults to the first sweep's report.baseline."""
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
-    rows = []
-    for sweep_dir in sweep_dirs:
-        for row in load_rows(sweep_dir):
-            rows.append({"sweep": sweep_dir.name, **row} if len(sweep_dirs) > 1 else row)
+    frame = in_paper_order(load_sweeps(sweep_dirs))
+    name, explicit = (baseline, True) if baseline else configured_baseline(sweep_dirs[0])
+    chosen = resolve_baseline(frame, name, explicit)
     from kvbench.reporting.plots import draw_all  # matplotlib takes a second to load; bench-compare needs none of it
 
     out_dir = Path(out_dir or sweep_dirs[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.csv"
-    write_csv(summary, rows)
-    plots = draw_all(rows, out_dir)
+    write_csv(summary, frame)
+    plots = draw_all(frame, out_dir)
     page = out_dir / "report.html"
-    write_atomic(page, render_html(rows, plots, sweep_dirs))
+    write_atomic(page, render_html(frame, plots, sweep_dirs, chosen, name))
     return [summary, *plots, page]
 
 
 def _cell(value) -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return html.escape(str(value))
-    if math.isfinite(number) and number == int(number) and abs(number) < 1e6:
-        return html.escape(str(value))
-    return f"{number:.4g}"
+    if isinstance(value, (float, np.floating)) and np.isfinite(value) and value != int(value):
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return cell_text(value)
 
 
-def _table(rows: list[dict], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in columns) + "</tr>"
-                   for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _reason(value) -> str:
+    text = cell_text(value).strip()
+    return text.splitlines()[0] if text else "no reason recorded"
+
+
+def _table(frame: pd.DataFrame, columns: list[str], failed: Optional[pd.Series] = None) -> str:
+    """A pandas Styler table in a box that scrolls sideways; `failed` rows get class `failed`.
+    Headers break after underscores, so long metric names do not widen their columns."""
+    styler = frame[columns].rename(columns=lambda c: html.escape(c).replace("_", "_<wbr>")).style
+    styler.hide(axis="index").format(_cell, na_rep="", escape="html")
+    if failed is not None:
+        classes = pd.DataFrame("", index=frame.index, columns=styler.columns)
+        classes[failed.to_numpy()] = "failed"
+        styler.set_td_classes(classes)
+    return f"<div class='scroll'>{styler.to_html()}</div>"
 
 
 def _image(path: Path) -> str:
@@ -84,39 +110,74 @@ def _image(path: Path) -> str:
             f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
 
 
-STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#212529}
-table{border-collapse:collapse;font-size:13px;margin:1em 0}
-th,td{border:1px solid #dee2e6;padding:3px 8px;text-align:right;white-space:nowrap}th{background:#f1f3f5}
-td:first-child,th:first-child{text-align:left}img{max-width:100%}figure{margin:1.5em 0}
-.failed td{background:#fff5f5}"""
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1340px;padding:0 1em;color:#212529}
+.scroll{max-width:100%;overflow-x:auto;border:1px solid #dee2e6;margin:1em 0}
+table{border-collapse:separate;border-spacing:0;font-size:13px}
+th,td{border-bottom:1px solid #dee2e6;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#f1f3f5;white-space:normal;vertical-align:bottom;min-width:4em}
+th:first-child,td:first-child{position:sticky;left:0;z-index:1;text-align:left;background:#fff;
+border-right:1px solid #ced4da}th:first-child{background:#f1f3f5}
+td.failed{background:#fff5f5;color:#c92a2a}td.failed:last-child{white-space:normal;min-width:24em;text-align:left}
+img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{margin:.2em 0}"""
 
 
-def render_html(rows: list[dict], plots: list[Path], sources: list[Path]) -> str:
-    from kvbench.reporting.plots import label, varying_keys
+def _verdict(frame: pd.DataFrame, baseline: Optional[str], asked: str) -> list[str]:
+    parts = ["<h2>Verdict</h2><div class='verdict'>"]
+    found = winners(frame, baseline)
+    if found.empty:
+        parts.append("<p>No point measured normalized latency, so there is no winner to name.</p>")
+    elif baseline is None:
+        only = html.escape(", ".join(found["winner"].unique()))
+        parts.append(f"<p>One system only ({only}): nothing to compare.</p>")
+    else:
+        note = "" if baseline == asked else f" (report.baseline={html.escape(asked)} is not in the sweep)"
+        parts.append(f"<p>Winner = lowest normalized latency (s/token) at each setting; ratios against "
+                     f"<b>{html.escape(baseline)}</b>{note}.</p><ul>")
+        for row in found.itertuples():
+            margin = f"{html.escape(baseline)} has no successful point here"
+            if row.latency_vs_baseline == row.latency_vs_baseline:
+                margin = (f"{row.latency_vs_baseline:.2f}× lower normalized latency than {html.escape(baseline)}, "
+                          f"{row.throughput_vs_baseline:.2f}× its request throughput")
+            parts.append(f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
+                         f"({getattr(row, METRIC):.4g} s/token); {margin}</li>")
+        parts.append("</ul>")
+    failed = frame[frame["status"].fillna("ok") != "ok"] if "status" in frame else frame.iloc[0:0]
+    if len(failed):
+        names = point_labels(frame).loc[failed.index]
+        parts.append(f"<p>{len(failed)} point(s) failed:</p><ul>")
+        parts += [f"<li><b>{html.escape(names[i])}</b>: {html.escape(_reason(failed.at[i, 'reason']))}</li>"
+                  for i in failed.index]
+        parts.append("</ul>")
+    return parts + ["</div>"]
 
-    ok = [r for r in rows if r.get("status", "ok") == "ok"]
-    failed = [r for r in rows if r.get("status", "ok") != "ok"]
-    names = varying_keys(ok) if len(ok) > 1 else []
-    point = ["sweep"] if len(sources) > 1 else []
-    named = [{**r, "point": label(r, names)} for r in ok]
-    metrics = [m for m in KEY_METRICS if any(r.get(m, "") != "" for r in ok)]
-    env = [c for c in ENVIRONMENT if any(r.get(c) for r in rows)]
-    env_rows = [dict(zip(env, values)) for values in sorted({tuple(r.get(c, "") for c in env) for r in rows})]
+
+def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], baseline: Optional[str] = None,
+                asked: str = "contiguous") -> str:
+    ok = ok_rows(frame)
+    status = frame["status"].fillna("ok") if "status" in frame else pd.Series("ok", index=frame.index)
+    named = frame.rename(columns={"point": "directory"}).assign(
+        point=point_labels(frame, varying_keys(frame) if len(frame) > 1 else []),
+        reason=frame["reason"].map(_reason).where(status != "ok", "") if "reason" in frame else "")
+    metrics = [m for m in KEY_METRICS if m in ok and ok[m].notna().any()]
+    failed = status != "ok"
+    columns = ["point", *(["status"] if failed.any() else []), *metrics, *(["reason"] if failed.any() else [])]
+    env = [c for c in ENVIRONMENT if c in frame and frame[c].notna().any()]
+    title = context_title(frame)
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>kvbench report</title>",
-        f"<style>{STYLE}</style></head><body><h1>kvbench report</h1>",
-        f"<p>{len(rows)} point(s) from {', '.join(html.escape(str(s)) for s in sources)}; "
-        f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Data: <a href='summary.csv'>summary.csv</a>.</p>",
-        "<h2>Results</h2>", _table(named, point + ["point"] + metrics) if named else "<p>No point succeeded.</p>",
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>kvbench report: {html.escape(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>kvbench report: {html.escape(title)}</h1>",
+        f"<p>{len(frame)} point(s) from {', '.join(html.escape(str(s)) for s in sources)}; "
+        f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Data: <a href='summary.csv'>summary.csv</a>; "
+        f"column definitions: docs/metrics.md.</p>",
+        *_verdict(frame, baseline, asked),
+        "<h2>Results</h2>", _table(named, columns, failed),
+        "<h2>Plots</h2>", *(_image(p) for p in plots),
     ]
-    if failed:
-        parts += ["<h2>Failed points</h2>",
-                  _table(failed, point + [c for c in ("point", "status", "reason") if any(c in r for r in failed)])]
-    parts += ["<h2>Plots</h2>", *(_image(p) for p in plots)]
-    if env_rows:
-        parts += ["<h2>Environment</h2>", _table(env_rows, env)]
-    all_columns = list(dict.fromkeys(c for r in rows for c in r))
-    parts += ["<details><summary>Every column</summary>", _table(rows, all_columns), "</details>",
+    if env:
+        parts += ["<h2>Environment</h2>", _table(frame[env].drop_duplicates(), env)]
+    every = list(dict.fromkeys(["point", *named.columns]))
+    parts += ["<details><summary>Every column</summary>", _table(named, every, failed), "</details>",
               "</body></html>"]
     return "\n".join(parts)
 
@@ -126,11 +187,13 @@ def main(argv: list[str] | None = None) -> None:
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html.")
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (or summary.csv files)")
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
+    parser.add_argument("--baseline", help="the allocator the verdict's ratios are taken against "
+                                           "(default: the first sweep's report.baseline, else contiguous)")
     args = parser.parse_args(argv)
     try:
         if args.out is None and args.dirs[0].is_file():
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
-        for path in summarize(args.dirs, args.out):
+        for path in summarize(args.dirs, args.out, args.baseline):
             print(f"wrote {path}")
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

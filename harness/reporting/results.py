@@ -1,4 +1,4 @@
-"""Result files: CSV rows written atomically, the environment columns, and sweep summaries.
+"""Result tables: metrics.csv and summary.csv as pandas DataFrames, written atomically.
 
 Every file is written to a temporary name in the same folder and renamed into place, so an
 interrupted run leaves either the old file or the new one, never half of one.
@@ -6,19 +6,22 @@ interrupted run leaves either the old file or the new one, never half of one.
 
 from __future__ import annotations
 
-import csv
 import functools
-import io
 import os
 import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 import kvbench
 
 IDENTITY = ["scenario", "allocator", "backend", "graph", "model", "hardware", "workload", "seed"]
 ENVIRONMENT = ["kvbench_version", "git_sha", "torch", "triton", "device"]
+# The paper's order: the more an allocator reserves, the further left; hybrid models last.
+ALLOCATOR_ORDER = ("contiguous", "pow2", "oracle", "paged", "hybrid")
 
 
 def _umask() -> int:
@@ -46,48 +49,72 @@ def write_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode())
 
 
-def ordered_columns(rows: list[dict]) -> list[str]:
-    """Identity first, then the rest in first-seen order, environment last."""
-    seen: dict[str, None] = {}
-    for row in rows:
-        for key in row:
-            seen.setdefault(key, None)
-    head = [c for c in IDENTITY if c in seen]
-    tail = [c for c in ENVIRONMENT if c in seen]
-    middle = [c for c in seen if c not in head and c not in tail]
-    return head + middle + tail
+def table(rows) -> pd.DataFrame:
+    """Rows (a DataFrame or dicts) with identity columns first and environment columns last."""
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    head = [c for c in IDENTITY if c in frame]
+    tail = [c for c in ENVIRONMENT if c in frame]
+    return frame[head + [c for c in frame if c not in head and c not in tail] + tail]
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=ordered_columns(rows), restval="", extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _fmt(v) for k, v in row.items()})
-    write_atomic(path, buffer.getvalue())
+def write_csv(path: Path, rows) -> None:
+    # 9 decimals keep a file stable across platforms' last-bit differences
+    frame = table(rows).round(9)
+    for column in frame.select_dtypes("float"):
+        values = frame[column].dropna()
+        if len(values) < len(frame) and np.isfinite(values).all() and (values == values.round()).all():
+            frame[column] = frame[column].astype("Int64")  # integers a missing cell made float
+    write_atomic(path, frame.to_csv(index=False))
 
 
-def _fmt(value):
-    if hasattr(value, "item"):  # numpy scalars
-        value = value.item()
-    if isinstance(value, float):
-        return repr(round(value, 9)) if value == value else "nan"
-    return value
+def read_csv(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path)
 
 
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+def collect(sweep_dir: Path) -> pd.DataFrame:
+    """Every point's rows under a sweep directory, in directory order, with a `point` column."""
+    frames = [read_csv(m).assign(point=m.parent.name) for m in sorted(Path(sweep_dir).glob("*/metrics.csv"))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def collect(sweep_dir: Path) -> list[dict]:
-    """Every point's rows under a sweep directory, in directory order."""
-    rows = []
-    for metrics in sorted(Path(sweep_dir).glob("*/metrics.csv")):
-        for row in read_csv(metrics):
-            row.setdefault("point", metrics.parent.name)
-            rows.append(row)
-    return rows
+def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"].fillna("ok") == "ok"] if "status" in frame else frame
+
+
+def varying_keys(frame: pd.DataFrame) -> list[str]:
+    """The columns that tell points apart: the sweep, identity, and every swept `group.key`
+    whose `key` is not already an identity column (workload.rate -> rate)."""
+    named = ["sweep"] + IDENTITY + ["block_size", "rate"]
+    swept = sorted(c for c in frame if "." in c and c.rsplit(".", 1)[-1] not in named)
+    return [k for k in named + swept if k in frame and frame[k].nunique(dropna=False) > 1]
+
+
+def cell_text(value) -> str:
+    """A cell as a reader wants it: integral numbers without `.0`, missing as blank."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    if isinstance(value, (float, np.floating)) and np.isfinite(value) and value == int(value):
+        return str(int(value))
+    return str(value)
+
+
+def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Series:
+    """Each row's name from the columns that tell points apart: `paged, rate=4`."""
+    keys = varying_keys(frame) if keys is None else keys
+    if not keys:
+        return frame.get("allocator", pd.Series("point", index=frame.index)).map(cell_text)
+    parts = [frame[k].map(cell_text) if k in ("sweep", "allocator") else f"{k.rsplit('.', 1)[-1]}="
+             + frame[k].map(cell_text) for k in keys]
+    return functools.reduce(lambda a, b: a + ", " + b, parts)
+
+
+def in_paper_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Sweeps in the order given, then every other varying key, then systems in the paper's order."""
+    rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
+    keys = [k for k in varying_keys(frame) if k not in ("sweep", "allocator")]
+    order = frame.assign(_sweep=pd.factorize(frame["sweep"])[0] if "sweep" in frame else 0,
+                         _system=frame["allocator"].map(rank).fillna(len(rank)) if "allocator" in frame else 0)
+    return order.sort_values(["_sweep", *keys, "_system"], kind="stable").drop(columns=["_sweep", "_system"])
 
 
 def _version(dist: str) -> str:

@@ -9,10 +9,15 @@ where the executor wraps the model, by kvbench.plugins.graphs.base.build. The sc
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.core.engine import Engine
 from kvbench.core.recorder import Recorder
+from kvbench.core.request_log import RequestLog
+from kvbench.core.serving_metrics import goodput_slos
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.spec import Hardware, ModelSpec, kv_capacity_bytes
 from kvbench.errors import UserError
@@ -108,5 +113,14 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
     scheduler = Scheduler(allocator, int(sched.max_num_seqs), int(sched.max_num_batched_tokens),
                           bool(sched.chunked_prefill), preemption,
                           bool(sched.get("watermark_when_idle", True)))
-    return Engine(scheduler, make_executor(allocator), Recorder(float(cfg.measure.warmup_frac)),
-                  bool(cfg.progress), int(cfg.seed))
+    return Engine(scheduler, make_executor(allocator), build_recorder(cfg), bool(cfg.progress), int(cfg.seed))
+
+
+def build_recorder(cfg: DictConfig) -> Recorder:
+    """The point's recorder; a `bench` run's streams requests.jsonl into its run directory."""
+    report = cfg.get("report") or {}
+    slos = goodput_slos(OmegaConf.to_container(report["goodput"]) if report.get("goodput") else None)
+    log = None
+    if cfg.measure.get("save_requests", True) and HydraConfig.initialized():
+        log = RequestLog(Path(HydraConfig.get().runtime.output_dir) / "requests.jsonl")
+    return Recorder(float(cfg.measure.warmup_frac), log, slos)

@@ -27,13 +27,13 @@ from kvbench.scenarios.simulate import simulate
 
 # The serving metrics compared: label -> result column. Renaming a result column is one edit here.
 METRICS = {
-    "throughput (req/s)": "throughput_req_s",
-    "throughput (tok/s)": "throughput_tok_s",
+    "throughput (req/s)": "request_throughput",
+    "throughput (tok/s)": "output_throughput",
     "mean batch": "mean_batch_size",
-    "TTFT p50": "ttft_p50_s",
-    "TTFT p99": "ttft_p99_s",
-    "TPOT p50": "tpot_p50_s",
-    "TPOT p99": "tpot_p99_s",
+    "TTFT p50": "median_ttft_ms",
+    "TTFT p99": "p99_ttft_ms",
+    "TPOT p50": "median_tpot_ms",
+    "TPOT p99": "p99_tpot_ms",
     "normalized latency": "normalized_latency_s_per_tok",
     "preemptions": "preemptions",
 }

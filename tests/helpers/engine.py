@@ -97,7 +97,7 @@ def run_engine(
 
     executor.execute = checked
     scheduler = Scheduler(pool, max_num_seqs, max_num_batched_tokens, chunked_prefill, preemption)
-    engine = Engine(scheduler, executor, Recorder(), progress=False)
+    engine = Engine(scheduler, executor, Recorder(keep_sequences=True), progress=False)
     row = engine.run(requests)
     assert pool.accounting().free == pool.num_slots  # everything given back
     return row, engine

@@ -1,0 +1,146 @@
+"""vLLM's serving metrics: a run prints its console table and writes requests.jsonl, and every
+latency column of metrics.csv can be recomputed from that file; goodput SLOs are checked."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import weakref
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvbench.core.engine import Engine
+from kvbench.core.recorder import Recorder
+from kvbench.core.scheduler import Scheduler
+from kvbench.core.sequence import Request
+from kvbench.core.serving_metrics import ValueCounts
+from kvbench.executors.base import StepResult
+from kvbench.plugins.allocators.paged import PagedAllocator
+
+SIMULATE = ["+allocator=paged", "workload.num_requests=120", "workload.duration_s=null", "report.goodput.ttft_ms=2000",
+            "report.goodput.tpot_ms=60"]
+SERVE = ["scenario=serve", "model=tiny", "+allocator=paged", "workload=uniform", "workload.input_len=32",
+         "workload.output_len=12", "scenario.num_requests=10", "scenario.rate=20", "report.goodput.e2el_ms=400"]
+
+
+def bench(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args, "progress=false"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def stats(values_ms: np.ndarray) -> list[float]:
+    return [values_ms.mean(), np.median(values_ms), values_ms.std(), np.percentile(values_ms, 90),
+            np.percentile(values_ms, 99)]
+
+
+def columns(row: pd.Series, name: str) -> list[float]:
+    return [row[f"{stat}_{name}_ms"] for stat in ("mean", "median", "std", "p90", "p99")]
+
+
+@pytest.fixture(scope="module", params=["simulate", "serve"])
+def run(request, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp(request.param)
+    result = bench(cwd, *(SIMULATE if request.param == "simulate" else SERVE))
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (cwd / "results" / "runs").iterdir()
+    return result.stdout, pd.read_csv(run_dir / "metrics.csv").iloc[0], pd.read_json(run_dir / "requests.jsonl", lines=True)
+
+
+def test_a_run_prints_its_console_table(run):
+    stdout, row, _ = run
+    assert "== kvbench result: " in stdout
+    for line in ("Successful requests:", "Request throughput (req/s):", "Request goodput (req/s):",
+                 "Median TTFT (ms):", "Median TPOT (ms):", "P99 ITL (ms):", "Token states:", "Preemptions:"):
+        assert line in stdout
+    assert f"{row['median_ttft_ms']:.2f}" in stdout and f"{100 * row['kv_token_util']:.1f}%" in stdout
+
+
+def test_latencies_recomputed_from_requests_jsonl_equal_the_summary(run):
+    _, row, requests = run
+    assert len(requests) == row["completed"] == row["requests"]
+    ttft = (requests["first_token_s"] - requests["arrival_s"]).to_numpy() * 1e3
+    e2el = (requests["finish_s"] - requests["arrival_s"]).to_numpy() * 1e3
+    many = requests["output_len"] > 1
+    tpot = (e2el[many] - ttft[many]) / (requests["output_len"][many] - 1).to_numpy()
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el)):
+        assert columns(row, name) == pytest.approx(stats(values), rel=1e-9, abs=1e-6), name
+    itl = np.concatenate(requests["itl_s"].map(np.asarray).to_list()) * 1e3
+    assert len(itl) == (requests["output_len"] - 1).sum()
+    assert columns(row, "itl") == pytest.approx(stats(itl), rel=1e-6, abs=1e-5)  # the file keeps ns
+    # a request's TPOT is the mean of its inter-token latencies
+    first = requests.iloc[int(np.argmax(many))]
+    assert np.mean(first["itl_s"]) == pytest.approx((first["finish_s"] - first["first_token_s"]) / (first["output_len"] - 1))
+
+    duration = row["duration_s"]
+    assert row["request_throughput"] == pytest.approx(len(requests) / duration)
+    assert row["output_throughput"] == pytest.approx(requests["output_len"].sum() / duration)
+    assert row["total_token_throughput"] == pytest.approx((requests["input_len"] + requests["output_len"]).sum() / duration)
+    assert row["normalized_latency_s_per_tok"] == pytest.approx((e2el / 1e3 / requests["output_len"]).mean())
+    assert requests["preemptions"].sum() == row["preemptions"]
+
+
+def test_goodput_counts_the_requests_that_meet_every_slo(run):
+    _, row, requests = run
+    ttft = (requests["first_token_s"] - requests["arrival_s"]) * 1e3
+    e2el = (requests["finish_s"] - requests["arrival_s"]) * 1e3
+    tpot = ((e2el - ttft) / (requests["output_len"] - 1)).where(requests["output_len"] > 1, 0.0)
+    if row["scenario"] == "simulate":
+        good = (ttft <= 2000) & (tpot <= 60)
+        assert 0 < good.sum() < len(requests)  # the SLOs are tight enough to matter
+    else:  # wall-clock latencies: how many meet the SLO depends on the host
+        good = e2el <= 400
+    assert row["request_goodput"] == pytest.approx(good.sum() / row["duration_s"])
+
+
+def test_exact_itl_percentiles_from_value_counts_equal_numpy():
+    rng = np.random.default_rng(0)
+    steps = rng.exponential(0.03, 50)
+    gaps = rng.choice(steps, 20_000)  # the gaps of a run repeat: one per step
+    counts = ValueCounts(merge_every=3_000)
+    for part in np.array_split(gaps, 70):
+        counts.add(part)
+    assert len(counts.values) <= 50 and len(counts) == len(gaps)
+    for q in (0, 50, 90, 99, 100):
+        assert counts.percentile(q) == pytest.approx(np.percentile(gaps, q), rel=1e-12)
+    got = counts.stats("itl")
+    assert [got[f"{s}_itl_ms"] for s in ("mean", "median", "std", "p90", "p99")] == pytest.approx(stats(gaps * 1e3))
+
+
+class FixedStep:
+    simulated = True
+
+    def execute(self, batch):
+        return StepResult(0.01, None)
+
+
+def test_the_recorder_lets_finished_sequences_go():
+    allocator = PagedAllocator(num_slots=4096, max_model_len=256, block_size=16)
+    requests = [Request(i, 0.01 * i, 20, 30) for i in range(40)]
+    recorder = Recorder()
+    engine = Engine(Scheduler(allocator, 8, 256), FixedStep(), recorder, progress=False)
+    seen = []
+    on_finish = recorder.on_finish
+    recorder.on_finish = lambda seq: (seen.append(weakref.ref(seq)), on_finish(seq))
+    row = engine.run(requests)
+    gc.collect()
+    assert row["completed"] == 40 and len(seen) == 40
+    assert recorder.finished == [] and all(ref() is None for ref in seen)
+    assert row["median_itl_ms"] == pytest.approx(10.0) and row["median_tpot_ms"] == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["+report.goodput.itl_ms=5"], "report.goodput.itl_ms is not a goodput SLO; allowed: ttft_ms, tpot_ms, e2el_ms"),
+    (["report.goodput.itl_ms=5"], "bad override: Could not override 'report.goodput.itl_ms'"),
+    (["report.goodput.ttft_ms=0"], "report.goodput.ttft_ms=0 must be a number of milliseconds > 0"),
+    (["report.goodput.e2el_ms=-5"], "report.goodput.e2el_ms=-5 must be a number of milliseconds > 0"),
+    (["report.goodput.tpot_ms=fast"], "report.goodput.tpot_ms='fast' must be a number of milliseconds > 0"),
+])
+def test_a_bad_goodput_slo_is_one_line_with_exit_code_2(tmp_path, args, message):
+    result = bench(tmp_path, *args, "workload.num_requests=5")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0]
