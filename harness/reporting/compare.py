@@ -8,7 +8,6 @@ policy has a better direction and a tolerance the worse way. Exit 0 when nothing
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -19,8 +18,9 @@ from typing import Optional
 
 import yaml
 
-from kvbench.errors import UserError
+from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
 from kvbench.reporting.report import load_rows
+from kvbench.schema.policy import check_policy
 
 DEFAULT_POLICY = "compare_policy.yaml"
 
@@ -64,10 +64,11 @@ class Policy:
 def _read_yaml(source) -> dict:
     try:
         data = yaml.safe_load(source.read_text())
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise UserError(f"policy {source} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise UserError(f"policy {source} needs a 'metrics:' mapping of metric -> {{better, tolerance}}")
+    check_policy(data, source)
     return data
 
 
@@ -91,7 +92,7 @@ def load_policy(path: Optional[Path] = None) -> Policy:
     """The packaged policy, or a user's; a user's may name only metrics kvbench knows."""
     packaged = _read_yaml(resources.files("kvbench.conf") / DEFAULT_POLICY)
     if path is not None and not Path(path).is_file():
-        raise UserError(f"policy {path} does not exist")
+        raise UserError(f"policy {path} {'is not a regular file' if Path(path).exists() else 'does not exist'}")
     data = _read_yaml(Path(path)) if path is not None else packaged
     known = packaged["metrics"]
     scenarios = data.get("scenarios") or {}
@@ -108,7 +109,7 @@ def benchmark_rows(path: Path) -> list[dict]:
         env = {"python": machine.get("python_version", ""), "cpu": machine.get("cpu", {}).get("brand_raw", "")}
         return [{"benchmark": b["fullname"], "median_s": b["stats"]["median"], "min_s": b["stats"]["min"],
                  "rounds": b["stats"]["rounds"], "status": "ok", **env} for b in data["benchmarks"]]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise UserError(f"{path} is not a pytest-benchmark JSON file ({err})") from None
 
 
@@ -207,7 +208,7 @@ def compare(baseline: list[dict], current: list[dict], policy: Policy, allow_mis
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bench-compare", description="Compare a run against a baseline; exit 1 on a regression.")
     parser.add_argument("baseline", help="summary.csv, sweep directory or pytest-benchmark JSON")
     parser.add_argument("current", help="the same kind of input, from the run under test")
@@ -218,9 +219,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         policy = load_policy(args.policy)
         code = compare(read_side(args.baseline), read_side(args.current), policy, args.allow_missing)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as err:  # bad input: one line, exit 2 (exit 1 means a regression)
+        if not reportable(err):
+            raise
+        exit_with(err)
     sys.exit(code)
 
 

@@ -6,16 +6,14 @@ a sweep's end (the SweepSummary callback) writes the same three things into the 
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
-from kvbench.errors import UserError
+from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
 from kvbench.reporting.results import ENVIRONMENT, collect, read_csv, write_atomic, write_csv
 
 # The columns a reader looks at first, in this order; the full table is one click away.
@@ -31,10 +29,16 @@ def load_rows(path: Path) -> list[dict]:
     """A sweep's point rows (fresh from */metrics.csv), a run's metrics.csv, or a summary.csv."""
     path = Path(path)
     if path.is_file():
-        return read_csv(path)
+        try:
+            return read_csv(path)
+        except (UnicodeDecodeError, ValueError) as err:  # csv.Error is a ValueError too
+            raise UserError(f"{path} is not a readable CSV file ({type(err).__name__})") from None
     if not path.is_dir():
-        raise UserError(f"{path} does not exist")
-    rows = collect(path)
+        raise UserError(f"{path} {'is not a regular file or a directory' if path.exists() else 'does not exist'}")
+    try:
+        rows = collect(path)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise UserError(f"{path}: a */metrics.csv in it is not a readable CSV file ({type(err).__name__})") from None
     for name in ("metrics.csv", "summary.csv"):
         if not rows and (path / name).is_file():
             rows = read_csv(path / name)
@@ -123,7 +127,7 @@ def render_html(rows: list[dict], plots: list[Path], sources: list[Path]) -> str
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html.")
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (or summary.csv files)")
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
@@ -133,9 +137,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
         for path in summarize(args.dirs, args.out):
             print(f"wrote {path}")
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as err:  # bad input or an unwritable --out: one line, exit 2
+        if not reportable(err):
+            raise
+        exit_with(err)
 
 
 if __name__ == "__main__":
