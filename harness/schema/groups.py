@@ -92,10 +92,9 @@ class Model(Section):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
         if "window" in self.layer_pattern and self.window < 1:
-            raise ValueError(f"window={self.window} must be >= 1 when layer_pattern has window layers")
+            raise ValueError(f"window={self.window} must be > 0 for window layers")
         if "linear" in self.layer_pattern and self.linear_state_dim < 1:
-            raise ValueError(f"linear_state_dim={self.linear_state_dim} must be >= 1 when layer_pattern "
-                             f"has linear layers")
+            raise ValueError(f"linear_state_dim={self.linear_state_dim} must be > 0 for linear layers")
         if self.num_active_params > self.num_params:
             raise ValueError(f"num_active_params={self.num_active_params:g} must be <= num_params={self.num_params:g}")
         return self

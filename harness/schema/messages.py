@@ -84,6 +84,8 @@ def validation_line(err: ValidationError, group: str, model) -> str:
         return unknown_key(key, _fields_at(model, loc), where)
     if error["type"] == "missing":
         return f"{key} is required (set {key}=VALUE)"
-    if not loc:  # a check across fields
-        return f"{group}: {allowed(error)}"
+    if not loc:  # a check across fields: its message starts with the field it blames, if one
+        message = allowed(error)
+        blamed = message.split("=", 1)[0]
+        return f"{group}.{message}" if group and blamed in model.model_fields else f"{group or 'config'}: {message}"
     return f"{key}={show(error.get('input'))} is not allowed: {allowed(error)}"
