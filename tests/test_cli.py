@@ -3,8 +3,10 @@
 import csv
 import errno
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra.core.global_hydra import GlobalHydra
@@ -150,3 +152,42 @@ def test_a_full_disk_when_writing_metrics_is_one_line(tmp_path, monkeypatch, cap
 def test_hydra_full_error_still_shows_hydra_s_traceback(tmp_path):
     result = bench(tmp_path, "workload.rat=4", env={**os.environ, "HYDRA_FULL_ERROR": "1"})
     assert result.returncode == 1 and "Traceback" in result.stderr
+
+
+def readme_plugin_example() -> dict[str, str]:
+    """The fenced blocks of the README's 'Adding a plugin' section, by language."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### Adding a plugin")[1].split("\n## ")[0]
+    blocks = {}
+    for chunk in section.split("```")[1::2]:
+        language, _, body = chunk.partition("\n")
+        blocks.setdefault(language.strip(), body)
+    return blocks
+
+
+def test_the_readme_plugin_example_works_as_written(tmp_path):
+    blocks = readme_plugin_example()
+    site = tmp_path / "site"
+    package = site / "my_package"
+    (package / "conf" / "allocator").mkdir(parents=True)
+    (package / "__init__.py").write_text(blocks["python"])
+    (package / "conf" / "__init__.py").write_text("")
+    (package / "conf" / "allocator" / "mine.yaml").write_text(blocks["yaml"])
+    dist = site / "my_package-0.1.dist-info"  # what `pip install` of the package would leave
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my_package\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(  # the toml table as pip writes it
+        blocks["toml"].replace("[project.entry-points.kvbench]", "[kvbench]").replace('"', ""))
+    command = shlex.split(blocks["bash"].strip())
+    assert command[0] == "bench"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    result = bench(tmp_path, *command[1:], "workload.num_requests=10", "hydra.run.dir=run", env=env)
+    assert result.returncode == 0, result.stderr
+    (row,) = csv.DictReader((tmp_path / "run" / "metrics.csv").open())
+    assert row["allocator"] == "mine" and row["status"] == "ok"
+
+    result = bench(tmp_path, *command[1:], "+allocator.spares=1", "workload.num_requests=10", env=env)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: allocator mine has no option 'spares'; did you mean spare_blocks? "
+        "(it accepts: block_size, spare_blocks, watermark, prefix_caching)"]
