@@ -123,11 +123,16 @@ def _main(cfg: DictConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
     kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
+    from hydra._internal.utils import get_args_parser
+
     from kvbench.schema.hydra_errors import hydra_line
 
     args = sys.argv[1:] if argv is None else list(argv)
     # argparse takes one run of overrides: `bench a=1 -m b=1,2` must reach Hydra as `-m a=1 b=1,2`.
     sys.argv[1:] = sorted(args, key=lambda arg: arg not in ("-m", "--multirun"))
+    flags = get_args_parser()  # Hydra's own, parsed here first so a bad flag is one line too
+    flags.error = lambda message: exit_with(UserError(f"bench: {message} (see bench --help)"))
+    flags.parse_args(sys.argv[1:])
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
     try:

@@ -33,6 +33,7 @@ FILE_ADVICE = {
     errno.EEXIST: "a file is where a directory should be",
     errno.EISDIR: "a directory is where a file should be",
     errno.ENOENT: "it does not exist",
+    errno.EPIPE: "the output was closed early (a pipe)",
 }
 CONTENT_ERRORS = (csv.Error, UnicodeDecodeError)
 

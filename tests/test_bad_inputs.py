@@ -170,8 +170,7 @@ def with_files(args, files) -> list[str]:
 @pytest.mark.parametrize("base, override, key", SCHEMA_CASES)
 def test_a_schema_refuses_the_value_and_names_the_key(base, override, key, files):
     line = refused(lambda: check_override(with_files(base, files), with_files([override], files)[0]))
-    assert key in line
-    assert "is not allowed" in line or f"did you mean {key}?" in line
+    assert line.startswith(f"error: {key}=") or f"did you mean {key}?" in line  # the key, then its value
 
 
 # --- compose errors: Hydra's, in kvbench's words -------------------------------------------------
@@ -228,7 +227,7 @@ CROSS_CASES = [
     (["+model.layer_pattern=[window,full]"], "model.window=0 must be > 0 for window layers"),
     (["+model.layer_pattern=[linear,full]"], "model.linear_state_dim=0 must be > 0 for linear layers"),
     (["+model.num_active_params=1e12"], "num_active_params=1e+12 must be <= num_params"),
-    (["workload.prefix_len=2048"], "workload.prefix_len=2048 is not allowed: must be shorter than model.max_model_len=2048"),
+    (["workload.prefix_len=2048"], "workload.prefix_len=2048 must be shorter than max_model_len=2048"),
     (["scenario=serve"], "scenario=serve with model=opt-13b would allocate about"),
     (["scenario=serve", "model=tiny", "engine.kv_cache_bytes=1e15"], "KV cache 1e+06 GB"),
     (["scenario=serve", "model=tiny", "scenario.kv_cache_tokens=1e10", "model.num_layers=64"], "would allocate"),
@@ -241,16 +240,16 @@ CROSS_CASES = [
     (["batch=4d1k:"], "bad window"),
     (["batch=4d1k++2p512"], "bad part ''"),
     (["batch=-1d1k"], "bad part '-1d1k'"),
-    (["+allocator=paged", "allocator.name=nope"], "allocator.name=nope is not allowed: unknown allocator 'nope'"),
-    (["+backend=eager", "backend.name=nope"], "backend.name=nope is not allowed"),
-    (["scenario.name=bogus"], "scenario.name=bogus is not allowed: must be one of simulate, serve, kernel"),
-    (["workload.kind=bogus"], "workload.kind=bogus is not allowed"),
+    (["+allocator=paged", "allocator.name=nope"], "allocator.name=nope: unknown allocator 'nope'"),
+    (["+backend=eager", "backend.name=nope"], "backend.name=nope: unknown backend"),
+    (["scenario.name=bogus"], "scenario.name=bogus must be one of simulate, serve, kernel"),
+    (["workload.kind=bogus"], "workload.kind=bogus must be one of"),
     (["workload.kind=fixed"], "workload.input_len is required"),
     (["+graph=full", "graph.capture_sizes=[4,2]"], "increasing order"),
     (["+graph=full", "graph.capture_sizes=[]"], "increasing order"),
-    (["+graph=eager", "+graph.capture_sizes=[0]"], "graph.capture_sizes=0 is not allowed: must be >= 1"),
-    (["+allocator=hybrid", "allocator.policy=mixed"], "allocator.policy=mixed is not allowed"),
-    (["workload=trace"], "workload.path=??? is not allowed: is required"),
+    (["+graph=eager", "+graph.capture_sizes=[0]"], "graph.capture_sizes=0 must be >= 1"),
+    (["+allocator=hybrid", "allocator.policy=mixed"], "allocator.policy=mixed must be"),
+    (["workload=trace"], "workload.path=???: is required"),
     (["workload=trace", "workload.path=FILES/missing.csv"], "missing.csv does not exist"),
     (["workload=trace", "workload.path=FILES"], "is a directory, not a CSV file"),
     (["workload=trace", "workload.path=/dev/null"], "/dev/null is not a regular file"),
@@ -292,6 +291,12 @@ RUN_CASES = [
      "every point of the sweep failed"),
     (["hydra.run.dir=FILES/trace.csv/run"], "trace.csv"),
     (["hydra.run.dir=/proc/kvbench-run"], "/proc/kvbench-run"),
+    (["--cfg", "bogus"], "bench: argument --cfg/-c: invalid choice: 'bogus'"),
+    (["--bogus-flag"], "bench: unrecognized arguments: --bogus-flag"),
+    (["hydra/launcher=submitit_slurm"], "unknown hydra/launcher 'submitit_slurm'"),
+    (["~model"], "model is required: choose one with model=NAME"),
+    (["~workload"], "workload is required"),
+    (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
 ]
 
 

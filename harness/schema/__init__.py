@@ -33,7 +33,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from kvbench.errors import UserError
 from kvbench.schema import groups
 from kvbench.schema.memory import refuse_if_too_big
-from kvbench.schema.messages import allowed, closest, show, unknown_key, validation_line
+from kvbench.schema.messages import allowed, closest, rule, show, unknown_key, validation_line
 
 # group -> (the key that picks the option's model, option -> model); the others have one model
 OPTION_GROUPS = {"scenario": ("name", groups.SCENARIOS), "workload": ("kind", groups.WORKLOADS)}
@@ -57,10 +57,10 @@ def _check(model: type[BaseModel], data, group: str):
 def _option_model(group: str, node) -> type[BaseModel]:
     key, options = OPTION_GROUPS[group]
     if not isinstance(node, dict):
-        raise UserError(f"{group}={show(node)} is not allowed: choose a {group} config ({', '.join(options)})")
+        raise UserError(f"{group}={show(node)}: choose a {group} config ({', '.join(options)})")
     choice = node.get(key)
     if choice not in options:
-        raise UserError(f"{group}.{key}={show(choice)} is not allowed: must be one of {', '.join(options)}"
+        raise UserError(f"{group}.{key}={show(choice)} must be one of {', '.join(options)}"
                         f"{closest(str(choice), options)}")
     return options[choice]
 
@@ -102,15 +102,14 @@ def check_plugin_options(kind: str, cls: type, options: dict) -> None:
             try:
                 TypeAdapter(hint).validate_python(value, strict=hint is bool)
             except ValidationError as err:
-                raise UserError(f"{kind}.{key}={show(value)} is not allowed: "
-                                f"{allowed(err.errors(include_url=False)[0])}") from None
+                raise UserError(rule(f"{kind}.{key}={show(value)}", allowed(err.errors(include_url=False)[0]))) from None
             except Exception:  # an annotation pydantic cannot check (a protocol, a forward ref)
                 pass
 
 
 def _plugin(kind: str, node) -> dict:
     if not isinstance(node, dict) or not isinstance(node.get("name"), str):
-        raise UserError(f"{kind}={show(node)} is not allowed: choose a plugin with +{kind}=NAME "
+        raise UserError(f"{kind}={show(node)}: choose a plugin with +{kind}=NAME "
                         f"(or give {kind}.name)")
     schema = groups.PLUGINS[kind].get(node["name"])
     if schema is not None:
@@ -121,7 +120,7 @@ def _plugin(kind: str, node) -> dict:
     try:
         cls = default_registry().get(kind, node["name"])
     except UserError as err:
-        raise UserError(f"{kind}.name={node['name']} is not allowed: {err}") from None
+        raise UserError(f"{kind}.name={node['name']}: {err}") from None
     check_plugin_options(kind, cls, options)
     return node
 
@@ -139,6 +138,9 @@ def validate(cfg: DictConfig | dict) -> dict:
     for key in data:
         if key not in known:
             raise UserError(unknown_key(key, known, "the config"))
+    for group in (*SINGLE_GROUPS, *OPTION_GROUPS):
+        if data.get(group) is None:
+            raise UserError(f"{group} is required: choose one with {group}=NAME (bench --help lists them)")
     checked = {"root": _check(groups.Root, {k: v for k, v in data.items() if k in groups.Root.model_fields}, "")}
     for group, model in SINGLE_GROUPS.items():
         checked[group] = _check(model, data.get(group), group)
@@ -149,8 +151,8 @@ def validate(cfg: DictConfig | dict) -> dict:
             checked[kind] = _plugin(kind, data[kind])
     workload, model = checked["workload"], checked["model"]
     if workload.prefix_len >= model.max_model_len:
-        raise UserError(f"workload.prefix_len={workload.prefix_len} is not allowed: must be shorter than "
-                        f"model.max_model_len={model.max_model_len}")
+        raise UserError(f"workload.prefix_len={workload.prefix_len} must be shorter than "
+                        f"max_model_len={model.max_model_len} (model.max_model_len)")
     refuse_if_too_big(checked["root"], model, checked["hardware"], workload, checked["scenario"],
                       checked.get("allocator") or {})
     return checked

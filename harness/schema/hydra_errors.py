@@ -8,6 +8,8 @@ from omegaconf.errors import OmegaConfBaseException
 from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, groups, top_level_keys
 from kvbench.schema.messages import closest, unknown_key
 
+LAUNCHERS = (" (submitit_local and submitit_slurm come with pip install 'kvbench[slurm]', ray with "
+             "pip install 'kvbench[ray]')")
 GRAMMAR = "key=value, -m key=1,2,3, key=range(1,4), +key=value (add), ~key (delete)"
 
 
@@ -50,7 +52,7 @@ def hydra_line(err: BaseException) -> str | None:
         group, _, option = missing.rpartition("/")
         if err.options:
             return (f"unknown {group} {option!r}{closest(option, err.options)}; known: "
-                    f"{', '.join(sorted(err.options))}")
+                    f"{', '.join(sorted(err.options))}{LAUNCHERS if group == 'hydra/launcher' else ''}")
         return f"cannot find the config {missing or _first(err)}; known groups: {', '.join(top_level_keys())}"
     if "does not support sweep type" in str(err):
         return (f"{_first(err)}: the basic sweeper takes lists, range(), choice() and glob(); interval() "

@@ -75,7 +75,7 @@ def allowed(error: dict) -> str:
 
 
 def validation_line(err: ValidationError, group: str, model) -> str:
-    """The first error of a group's validation as `group.key=value is not allowed: ...`."""
+    """The first error of a group's validation as `group.key=value must be ...`."""
     error = err.errors(include_url=False)[0]
     loc = [str(part) for part in error["loc"] if not isinstance(part, int)]
     key = ".".join([group, *loc]) if group else ".".join(loc)
@@ -88,4 +88,9 @@ def validation_line(err: ValidationError, group: str, model) -> str:
         message = allowed(error)
         blamed = message.split("=", 1)[0]
         return f"{group}.{message}" if group and blamed in model.model_fields else f"{group or 'config'}: {message}"
-    return f"{key}={show(error.get('input'))} is not allowed: {allowed(error)}"
+    return rule(f"{key}={show(error.get('input'))}", allowed(error))
+
+
+def rule(setting: str, text: str) -> str:
+    """`key=value must be ...`, or `key=value: why not` when the reason is not a rule."""
+    return f"{setting} {text}" if text.startswith("must") else f"{setting}: {text}"
