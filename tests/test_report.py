@@ -99,7 +99,7 @@ def test_two_sweeps_make_one_report_with_a_sweep_column_and_failed_points_apart(
     assert "sweep" in cells
     page = (other / "report.html").read_text()
     assert "<h2>Failed points</h2>" in page
-    assert "allocator.block_size=300 must be <= 256" in page
+    assert "allocator.block_size=300 must be" in page
 
 
 def test_a_directory_without_results_is_one_line_exit_2(tmp_path):
