@@ -8,6 +8,7 @@ conf/, and every other kvbench.* = harness/ (kvbench.core.scheduler = harness/co
     model/       the tiny decoders: layers, linear-state layers, the attention op, sampling, reference
     scenarios/   build (config -> plugins -> engine), run (one point), simulate, serve, kernel
     reporting/   results files, comparison with a baseline, the HTML report, plots
+    schema/      what a config may hold: a pydantic model per config group, checked before a point runs
 
 Imports point one way: scenarios use executors, model and core; executors use model and core;
 core uses only the allocator contract of plugins (allocators decide where tokens go); reporting

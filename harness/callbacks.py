@@ -1,42 +1,63 @@
-"""Hydra callback: when a sweep ends, gather every point into summary.csv and draw the plots.
+"""Hydra callback: one sweep per directory while it runs; at its end summary.csv, the plots and the report.
 
-A sweep whose points all failed ends with exit code 2 and the first reason (bad input, most
-likely); one with some failed points exits 0 and lists them, since their rows are recorded.
+A sweep holds a lock on its directory from start to end, so a second sweep into the same
+directory is refused instead of computing its points again or mixing two sweeps' rows. A sweep
+with a failed point, or whose summary could not be written, exits 2 with one line; the
+finished points' metrics.csv stay as they are either way.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from kvbench.errors import UserError, exit_with, one_line, reportable
+from kvbench.sweep import SweepLock
+
 log = logging.getLogger("kvbench")
 
 
 class SweepSummary(Callback):
+    def __init__(self) -> None:
+        self.lock: SweepLock | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.lock = SweepLock(Path(config.hydra.sweep.dir))
+        try:
+            self.lock.acquire()
+        except Exception as err:
+            if not reportable(err):
+                raise
+            exit_with(err)
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from kvbench.errors import UserError
         from kvbench.reporting.console import sweep_table
         from kvbench.reporting.report import summarize
         from kvbench.reporting.results import collect
 
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
-            written = summarize(sweep_dir)
-        except UserError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        for path in written:
-            log.info("wrote %s", path)
-        rows = collect(sweep_dir)
+            for path in summarize(sweep_dir):
+                log.info("wrote %s", path)
+            rows = collect(sweep_dir)
+        except Exception as err:
+            if not reportable(err):
+                raise
+            exit_with(UserError(f"the sweep's summary, plots or report in {sweep_dir} could not be written "
+                                f"({one_line(err)}); its finished points are intact in */metrics.csv"))
+        finally:
+            if self.lock is not None:
+                self.lock.release()
         print(sweep_table(rows))
-        failed = rows[rows["status"] == "failed"]
+        failed = rows[rows["status"] == "failed"] if "status" in rows else rows.iloc[:0]
         for row in failed.itertuples():
             log.warning("point %s failed: %s", row.point, row.reason)
-        if len(failed) and len(failed) == len(rows):
-            print(f"error: every point of the sweep failed; the first: {failed['reason'].iloc[0]}",
-                  file=sys.stderr)
-            sys.exit(2)
+        if len(failed):
+            first = f"{failed['point'].iloc[0]}: {failed['reason'].iloc[0]}"
+            if len(failed) == len(rows):
+                exit_with(UserError(f"every point of the sweep failed; the first, {first}"))
+            exit_with(UserError(f"{len(failed)} of {len(rows)} points of the sweep failed (their rows are in "
+                                f"summary.csv); the first, {first}"))

@@ -1,8 +1,11 @@
 """The `bench` command: a Hydra app that runs one point (or, with -m, a sweep) and writes its rows.
 
-Bad input ends a run with one line on stderr and exit code 2. Inside a sweep a failing point is
-recorded (status=failed, with the reason) and the sweep goes on; re-running a sweep into the same
-directory (hydra.sweep.dir=...) skips the points an earlier run completed.
+Hydra parses the command line and composes the config; kvbench.schema checks the result before
+anything runs. Bad input ends a run with one line on stderr and exit code 2 (kvbench.errors).
+Inside a sweep a failing point is recorded (status=failed, with the reason) and the sweep goes
+on; the sweep then exits 2 naming the first failure. Re-running a sweep into its directory
+(hydra.sweep.dir=...) skips the points an earlier run completed with the same config and code
+(kvbench.sweep).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import os
 import sys
 from pathlib import Path
 
@@ -18,12 +22,24 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.errors import UserError
+from kvbench import schema, sweep
+from kvbench.errors import UserError, exit_with, one_line, reportable
 from kvbench.profiling import profiled
-from kvbench.reporting.results import environment, read_csv, write_csv
-from kvbench.validate import validate_argv
+from kvbench.reporting.results import environment, write_csv
 
 log = logging.getLogger("kvbench")
+
+# ${kvbench.pid:} in a run directory's name keeps runs started in the same second apart
+OmegaConf.register_new_resolver("kvbench.pid", os.getpid, use_cache=True, replace=True)
+
+
+def _field_docs() -> str:
+    from kvbench.schema.docs import help_text
+
+    return help_text()
+
+
+OmegaConf.register_new_resolver("kvbench.field_docs", _field_docs, use_cache=True, replace=True)
 
 
 def point_dirname(overrides: str) -> str:
@@ -42,70 +58,65 @@ OmegaConf.register_new_resolver("point_dirname", point_dirname, replace=True)
 
 
 def point_overrides() -> dict:
-    """The swept / overridden parameters of this point, as identity columns."""
+    """The swept / overridden parameters of this point, as identity columns (groups have their own)."""
+    hydra_cfg = HydraConfig.get()
+    not_parameters = set(hydra_cfg.job.config.override_dirname.exclude_keys)  # e.g. progress
+    choices = set(hydra_cfg.runtime.choices)
     columns = {}
-    not_parameters = set(HydraConfig.get().job.config.override_dirname.exclude_keys)  # e.g. progress
-    for item in HydraConfig.get().overrides.task:
+    for item in hydra_cfg.overrides.task:
         key, _, value = item.lstrip("+~").partition("=")
-        if key in ("allocator", "backend", "graph", "scenario", "model", "hardware", "workload"):
-            continue
-        if key in not_parameters:
-            continue
-        columns[key] = value
+        if key not in choices and key not in not_parameters:
+            columns[key] = value
     return columns
 
 
-def point_complete(metrics: Path) -> bool:
-    """True when an earlier run of the sweep finished this point with status ok.
-
-    metrics.csv is written atomically, so if it exists it is whole."""
-    if not metrics.is_file():
-        return False
-    rows = read_csv(metrics)
-    return "status" in rows and not rows.empty and bool((rows["status"] == "ok").all())
-
-
-def failed_point(cfg: DictConfig, out_dir: Path, reason: str) -> tuple[list[dict], str, str]:
+def failed_rows(cfg: DictConfig) -> list[dict]:
     from kvbench.scenarios.run import identity
 
-    reason = reason.strip().splitlines()[0] if reason.strip() else "no message"
-    print(f"error in point {out_dir.name}: {reason}", file=sys.stderr)
     try:
-        rows = [identity(cfg)]
+        return [identity(cfg)]
     except Exception:  # the identity itself may be what is invalid
-        rows = [{}]
-    return rows, "failed", reason
+        return [{}]
 
 
-@hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")
-def _main(cfg: DictConfig) -> None:
+def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
     from kvbench.scenarios.run import run_point
 
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    if multirun and point_complete(out_dir / "metrics.csv"):
-        log.info("skipped %s: complete from an earlier run of this sweep", out_dir.name)
-        return
-    try:
-        with profiled(cfg, out_dir):
-            rows = run_point(cfg)
-        status, reason = "ok", ""
-    except UserError as err:
-        if not multirun:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        rows, status, reason = failed_point(cfg, out_dir, str(err))
-    except Exception as err:  # out of memory, a crashed kernel: recorded, and the sweep goes on
-        if not multirun:
-            raise
-        log.exception("point %s failed", out_dir.name)
-        rows, status, reason = failed_point(cfg, out_dir, f"{type(err).__name__}: {err}")
+    schema.validate(cfg)
+    with sweep.deadline(float(cfg.sweep.point_timeout_s)), profiled(cfg, out_dir):
+        return run_point(cfg)
+
+
+def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None:
+    if not multirun:
+        rows, status, reason = run_checked(cfg, out_dir), "ok", ""
+    else:
+        try:
+            current = sweep.fingerprint(cfg)
+        except Exception:  # a config that does not resolve: the schema check below says why
+            current = {}
+        skip, why = sweep.resume(out_dir, current) if current else (False, "")
+        if skip:
+            log.info("skipped %s: %s", out_dir.name, why)
+            return
+        if why:
+            log.info("re-running %s: %s", out_dir.name, why)
+        try:
+            rows, status, reason = run_checked(cfg, out_dir), "ok", ""
+        except Exception as err:  # bad input, out of memory, a crashed kernel: recorded, the sweep goes on
+            if not reportable(err):
+                log.exception("point %s crashed", out_dir.name)
+            reason = one_line(err) if reportable(err) else f"{type(err).__name__}: {one_line(err)}"
+            log.warning("point %s failed: %s", out_dir.name, reason)
+            rows, status = failed_rows(cfg), "failed"
     env = environment()
     for row in rows:
         row.update(point_overrides())
         row.setdefault("device", "cpu")
         row.update(status=status, reason=reason, **env)
     write_csv(out_dir / "metrics.csv", rows)
+    if multirun and current:
+        sweep.write_fingerprint(out_dir, current)
     if status == "ok":
         log.info("wrote %s", out_dir / "metrics.csv")
     if not multirun:  # a sweep prints its table and draws its comparison plots once, at its end
@@ -118,15 +129,44 @@ def _main(cfg: DictConfig) -> None:
             log.info("wrote %s", path)
 
 
-def main() -> None:
-    # argparse takes one run of overrides: `bench a=1 -m b=1,2` must reach Hydra as `-m a=1 b=1,2`.
-    sys.argv[1:] = sorted(sys.argv[1:], key=lambda arg: arg not in ("-m", "--multirun"))
+@hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")
+def _main(cfg: DictConfig) -> None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        validate_argv(sys.argv[1:])
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    _main()
+        run_point_and_record(cfg, out_dir, HydraConfig.get().mode == RunMode.MULTIRUN)
+    except Exception as err:  # here, not in main(): Hydra would print a line of its own first
+        if not reportable(err):
+            raise
+        exit_with(err)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
+    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
+    from hydra._internal.utils import get_args_parser
+
+    from kvbench.schema.hydra_errors import hydra_line
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    # argparse takes one run of overrides: `bench a=1 -m b=1,2` must reach Hydra as `-m a=1 b=1,2`.
+    sys.argv[1:] = sorted(args, key=lambda arg: arg not in ("-m", "--multirun"))
+    flags = get_args_parser()  # Hydra's own, parsed here first so a bad flag is one line too
+    flags.error = lambda message: exit_with(UserError(f"bench: {message} (see bench --help)"))
+    flags.parse_args(sys.argv[1:])
+    user_setting = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
+    try:
+        _main()
+    except Exception as err:
+        line = hydra_line(err)
+        if user_setting == "1" or (line is None and not reportable(err)):
+            raise
+        exit_with(UserError(line) if line is not None else err)
+    finally:
+        if user_setting is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = user_setting
 
 
 if __name__ == "__main__":

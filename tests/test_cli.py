@@ -1,15 +1,23 @@
-"""The `bench` command as a user meets it: one run, and one-line errors with exit code 2."""
+"""The `bench` command as a user meets it: one run, its help, and one-line errors with exit code 2."""
 
 import csv
+import errno
+import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from kvbench import cli
+from kvbench.schema.docs import doc_of, schema_fields
 
 
-def bench(tmp_path, *args):
+def bench(tmp_path, *args, env=None):
     return subprocess.run([sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_path):
@@ -26,45 +34,161 @@ def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_
         assert column in row
 
 
-def test_help_lists_the_groups_and_their_options(tmp_path):
+def test_help_lists_the_groups_every_field_with_its_doc_and_the_launchers(tmp_path):
     result = subprocess.run([sys.executable, "-m", "kvbench.cli", "--help"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    section = result.stdout.split("== Config groups")[1].split("== Config ==")[0]
+    section = result.stdout.split("== Config groups")[1].split("== Fields")[0]
     groups = dict(line.split(": ", 1) for line in section.splitlines() if ": " in line)
     assert {"contiguous", "oracle", "pow2", "paged"} <= set(groups["allocator"].split(", "))
     assert {"eager", "triton_paged", "flashinfer"} <= set(groups["backend"].split(", "))
     assert "a100-40gb" in groups["hardware"] and "opt-13b" in groups["model"]
-    assert "workload.rate" in result.stdout
+    documented = {line.split()[0]: line for line in result.stdout.split("== Fields")[1].split("== Config ==")[0]
+                  .splitlines()[1:] if line.strip()}
+    assert "requests/s; inf = every request at t=0" in documented["workload.rate"]
+    assert "tokens per block" in documented["allocator.block_size"]
+    assert "at most this many tokens fed to the model in one step" in documented["scheduler.max_num_batched_tokens"]
+    assert "int, >= 1, <= 256" in documented["allocator.block_size"]
+    assert set(documented) == set(schema_fields())
+    for launcher in ("hydra/launcher=joblib", "submitit_local", "submitit_slurm", "ray"):
+        assert launcher in result.stdout
+
+
+def test_every_field_a_user_can_set_has_a_doc_line():
+    undocumented = [key for key, same in schema_fields().items() if not doc_of(key, same)]
+    assert undocumented == []
 
 
 @pytest.mark.parametrize("args, message", [
-    (["+allocator=bogus"], "unknown allocator 'bogus'; known: contiguous"),
-    (["model=gpt-9"], "unknown model 'gpt-9'; known:"),
-    (["hardware=tpu"], "unknown hardware 'tpu'; known:"),
-    (["workload=bogus"], "unknown workload 'bogus'; known:"),
-    (["+allocator=paged", "allocator.block_size=0"], "block_size=0 is not allowed"),
-    (["+allocator=paged", "allocator.block_size=-16"], "block_size=-16 is not allowed"),
-    (["+allocator=paged", "allocator.block_size=512"], "block_size=512 is not allowed"),
-    (["workload=fixed", "workload.input_len=2000", "workload.output_len=100"], "more than max_model_len=2048"),
-    (["+allocator=contiguous", "engine.kv_cache_bytes=1e8"], "smaller than one request"),
-    (["workload.rate=0"], "workload.rate=0"),
-    (["workload.rate=-2"], "workload.rate=-2"),
-    (["workload=trace", "workload.path=missing.csv"], "does not exist"),
-    (["workload.bogus_knob=3"], "bad override"),
+    (["+allocator=bogus"], "error: unknown allocator 'bogus'; known: contiguous"),
+    (["workload.rate=fast"], "error: workload.rate=fast must be a number"),
+    (["+workload.rat=4"], "error: workload.rat is not a key of workload; did you mean workload.rate?"),
+    (["+allocator=paged", "allocator.prefix_caching=maybe"], "error: allocator.prefix_caching=maybe must be true or false"),
+    (["workload.burstiness=inf"], "error: workload.burstiness=inf must be a finite number"),
 ])
-def test_bad_input_is_one_line_on_stderr_with_exit_code_2(tmp_path, args, message):
+def test_bad_input_through_the_console_entry_point_is_one_line_with_exit_code_2(tmp_path, args, message):
     result = bench(tmp_path, *args, "workload.num_requests=5")
     assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert message in lines[0]
+    assert result.stderr.splitlines() == [result.stderr.strip()] and "Traceback" not in result.stderr
+    assert result.stderr.startswith(message)
 
 
-def test_a_sweep_whose_every_point_fails_exits_2_and_keeps_the_failed_rows(tmp_path):
-    result = bench(tmp_path, "-m", "+allocator=paged,contiguous", "workload.rate=-1", "hydra.sweep.dir=sweep")
+def test_an_error_after_a_progress_bar_starts_its_own_line(tmp_path):
+    # the bar is drawn when the run starts; the engine then finds no prompt fits a step
+    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "scheduler.max_num_batched_tokens=10",
+                             "workload.num_requests=5", "progress=true"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert "error: every point of the sweep failed; the first: workload.rate=-1 must be > 0" in result.stderr
-    rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
-    assert sorted(r["allocator"] for r in rows) == ["contiguous", "paged"]
-    assert {r["status"] for r in rows} == {"failed"}
+    last_line = result.stderr.rstrip("\n").split("\n")[-1]
+    assert last_line.split("\r")[-1].startswith("error: a prompt of"), result.stderr
+
+
+def test_two_runs_started_in_the_same_second_write_two_directories(tmp_path):
+    start = [subprocess.Popen([sys.executable, "-m", "kvbench.cli", "workload.num_requests=5", "progress=false"],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    assert [p.wait(timeout=120) for p in start] == [0, 0]
+    runs = sorted(tmp_path.glob("results/runs/*/metrics.csv"))
+    assert len(runs) == 2
+    assert all(p.parent.name.rsplit("-", 1)[1].isdigit() for p in runs)  # <time>-<pid>: the pid tells them apart
+
+
+def in_process(tmp_path, monkeypatch, *args):
+    monkeypatch.chdir(tmp_path)
+    try:
+        cli.main([*args, "progress=false"])
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_a_results_directory_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "results").write_text("not a directory")
+    with pytest.raises(SystemExit) as exit_info:
+        in_process(tmp_path, monkeypatch, "workload.num_requests=5")
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: cannot use ") and "results" in line and "a file is where a directory should be" in line
+
+
+def test_a_read_only_results_directory_is_one_line(tmp_path, monkeypatch, capsys):
+    real_mkdir = os.mkdir
+
+    def read_only(path, *args, **kwargs):  # the test runs as root, whom chmod does not stop
+        if "results" in str(path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", read_only)
+    with pytest.raises(SystemExit) as exit_info:
+        in_process(tmp_path, monkeypatch, "workload.num_requests=5")
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "results" in line and "the file system is read-only" in line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_chmod_read_only_results_directory_is_one_line(tmp_path):
+    (tmp_path / "results").mkdir(mode=0o555)
+    result = bench(tmp_path, "workload.num_requests=5")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "permission denied" in result.stderr
+
+
+def test_a_full_disk_when_writing_metrics_is_one_line(tmp_path, monkeypatch, capsys):
+    real_replace = os.replace
+
+    def full(src, dst, *args, **kwargs):
+        if str(dst).endswith("metrics.csv"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(SystemExit) as exit_info:
+        in_process(tmp_path, monkeypatch, "workload.num_requests=5")
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "metrics.csv" in line and "the disk is full" in line
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_hydra_full_error_still_shows_hydra_s_traceback(tmp_path):
+    result = bench(tmp_path, "workload.rat=4", env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 1 and "Traceback" in result.stderr
+
+
+def readme_plugin_example() -> dict[str, str]:
+    """The fenced blocks of the README's 'Adding a plugin' section, by language."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### Adding a plugin")[1].split("\n## ")[0]
+    blocks = {}
+    for chunk in section.split("```")[1::2]:
+        language, _, body = chunk.partition("\n")
+        blocks.setdefault(language.strip(), body)
+    return blocks
+
+
+def test_the_readme_plugin_example_works_as_written(tmp_path):
+    blocks = readme_plugin_example()
+    site = tmp_path / "site"
+    package = site / "my_package"
+    (package / "conf" / "allocator").mkdir(parents=True)
+    (package / "__init__.py").write_text(blocks["python"])
+    (package / "conf" / "__init__.py").write_text("")
+    (package / "conf" / "allocator" / "mine.yaml").write_text(blocks["yaml"])
+    dist = site / "my_package-0.1.dist-info"  # what `pip install` of the package would leave
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my_package\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(  # the toml table as pip writes it
+        blocks["toml"].replace("[project.entry-points.kvbench]", "[kvbench]").replace('"', ""))
+    command = shlex.split(blocks["bash"].strip())
+    assert command[0] == "bench"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    result = bench(tmp_path, *command[1:], "workload.num_requests=10", "hydra.run.dir=run", env=env)
+    assert result.returncode == 0, result.stderr
+    (row,) = csv.DictReader((tmp_path / "run" / "metrics.csv").open())
+    assert row["allocator"] == "mine" and row["status"] == "ok"
+
+    result = bench(tmp_path, *command[1:], "+allocator.spares=1", "workload.num_requests=10", env=env)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: allocator mine has no option 'spares'; did you mean spare_blocks? "
+        "(it accepts: block_size, spare_blocks, watermark, prefix_caching)"]

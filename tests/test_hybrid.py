@@ -382,14 +382,14 @@ def bench(tmp_path, *args):
 
 @pytest.mark.parametrize("args, message", [
     (["model=gemma-3-like", "model.window=0", "+allocator=hybrid"], "model.window=0 must be > 0"),
-    (["model=gemma-3-like", "model.window=-5", "+allocator=hybrid"], "model.window=-5 must be > 0"),
+    (["model=gemma-3-like", "model.window=-5", "+allocator=hybrid"], "model.window=-5 must be >= 0"),
     (["model=gpt-oss-like", "model.layer_pattern=[full,banded]", "+allocator=hybrid"],
-     "unknown layer kind 'banded'; known: full, window, linear"),
+     "model.layer_pattern=banded must be 'full', 'window' or 'linear'"),
     (["model=qwen3-next-like", "hardware=h200", "hardware.num_gpus=2", "+allocator=contiguous"],
      "allocator contiguous cannot hold the linear layers of model qwen3-next-like"),
     (["model=gemma-3-like", "hardware=h200"], "allocator paged cannot hold the window layers"),
     (["model=gpt-oss-like", "hardware=h200", "+allocator=hybrid", "allocator.policy=split"],
-     "allocator.policy='split' is not one of shared, static, as_full"),
+     "allocator.policy=split must be 'shared', 'static' or 'as_full'"),
     (["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "+graph=piecewise"],
      "a model with linear layers serves with graph=eager"),
     (["scenario=serve", "model=tiny-gpt-oss", "+allocator=hybrid", "engine.async_scheduling=true"],

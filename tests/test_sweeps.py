@@ -1,10 +1,13 @@
-"""Sweeps: the joblib launcher, resuming an interrupted sweep, failing points, profiler traces."""
+"""Sweeps: launchers, sweep functions, resuming (after an interrupt, a kill, a config change, a
+corrupt point), failing points, time limits, a full disk, one sweep per directory, profiler traces."""
 
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,8 +15,11 @@ import time
 
 import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
 
+from kvbench import cli
 from kvbench.profiling import chrome_trace
+from kvbench.sweep import FINGERPRINT, SweepLock
 
 SMALL = ["workload.duration_s=null", "progress=false"]
 BENCH = [sys.executable, "-m", "kvbench.cli"]
@@ -41,26 +47,28 @@ def test_four_point_sweep_under_the_joblib_launcher(tmp_path):
     assert (tmp_path / "sweep" / "report.html").is_file()
 
 
-def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path):
-    # The third point is long enough to be interrupted (Ctrl-C) while it runs.
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, stop):
+    # The third point is long enough to be interrupted (Ctrl-C, or killed) while it runs.
     args = ["-m", "+allocator=paged", "workload.num_requests=40,41,1500", *SMALL, "hydra.sweep.dir=sweep"]
     sweep = tmp_path / "sweep"
     # A shell that starts jobs in the background makes them ignore SIGINT: give it back.
     proc = subprocess.Popen([*BENCH, *args], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while len(list(sweep.glob("*/metrics.csv"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+    while len(list(sweep.glob("*/fingerprint.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     proc.communicate(timeout=60)
 
     finished = sorted(sweep.glob("*/metrics.csv"))
     assert [p.parent.name.split("=")[-1] for p in finished] == ["40", "41"], "the third point was not interrupted"
     assert not (sweep / "summary.csv").exists()
-    assert not [p for p in sweep.rglob("*") if p.name.endswith(".tmp")]  # no half-written file
+    if stop == signal.SIGINT:
+        assert not [p for p in sweep.rglob("*") if p.name.endswith(".tmp")]  # no half-written file
     mtimes = {p: p.stat().st_mtime_ns for p in finished}
 
-    result = bench(tmp_path, *args)
+    result = bench(tmp_path, *args)  # the killed sweep's lock went with its process
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("skipped") + result.stderr.count("skipped") == 2
     assert {p: p.stat().st_mtime_ns for p in finished} == mtimes
@@ -73,21 +81,116 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on_then_retried(tmp_path
     args = ["-m", "+allocator=paged", "allocator.block_size=300,16", "workload.num_requests=40", *SMALL,
             "hydra.sweep.dir=sweep"]
     result = bench(tmp_path, *args)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 2  # a point was refused: the sweep says so, after recording every point
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: 1 of 2 points of the sweep failed") and "allocator.block_size=300" in line
     rows = {r["block_size"]: r for r in summary(tmp_path / "sweep")}
     assert rows["16"]["status"] == "ok" and rows["16"]["completed"] == "40"
     assert rows["300"]["status"] == "failed"
-    assert "allocator.block_size=300 is not allowed for paged" in rows["300"]["reason"]
+    assert "allocator.block_size=300 must be <= 256" in rows["300"]["reason"]
 
     metrics = {p.parent.name: p for p in (tmp_path / "sweep").glob("*/metrics.csv")}
     before = {name: p.stat().st_mtime_ns for name, p in metrics.items()}
     time.sleep(0.01)
-    assert bench(tmp_path, *args).returncode == 0
+    assert bench(tmp_path, *args).returncode == 2
     after = {name: p.stat().st_mtime_ns for name, p in metrics.items()}
     ok_point = next(n for n in metrics if "block_size=16" in n)
     failed_point = next(n for n in metrics if "block_size=300" in n)
     assert after[ok_point] == before[ok_point]  # complete: skipped
     assert after[failed_point] > before[failed_point]  # failed: tried again
+
+
+def sweep_in_process(tmp_path, monkeypatch, *args):
+    monkeypatch.chdir(tmp_path)
+    try:
+        cli.main(["-m", *args, *SMALL, "hydra.sweep.dir=sweep"])
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_a_range_sweep_runs_one_point_per_value(tmp_path, monkeypatch):
+    sweep_in_process(tmp_path, monkeypatch, "workload.rate=range(1,4)", "workload.num_requests=20")
+    rows = summary(tmp_path / "sweep")
+    assert sorted(r["workload.rate"] for r in rows) == ["1", "2", "3"]
+    assert all(r["status"] == "ok" for r in rows)
+
+
+def test_glob_and_choice_sweeps_and_interpolations_compose(tmp_path, monkeypatch):
+    sweep_in_process(tmp_path, monkeypatch, "+allocator=glob(p*)", "seed=choice(0,1)",
+                     "workload.num_requests=${scheduler.max_num_seqs}", "scheduler.max_num_seqs=12")
+    rows = summary(tmp_path / "sweep")
+    assert sorted((r["allocator"], r["seed"]) for r in rows) == [
+        ("paged", "0"), ("paged", "1"), ("pow2", "0"), ("pow2", "1")]
+    assert {r["completed"] for r in rows} == {"12"}
+
+
+def test_a_resume_reruns_points_whose_config_changed_or_whose_metrics_are_corrupt(tmp_path, monkeypatch, capsys):
+    args = ("workload.rate=1,2,3", "workload.num_requests=20")
+    sweep_in_process(tmp_path, monkeypatch, *args)
+    points = {p.name.split("=")[-1]: p for p in (tmp_path / "sweep").iterdir() if p.is_dir()}
+    changed = json.loads((points["1"] / FINGERPRINT).read_text())
+    changed["config_sha256"] = "0" * 64  # as if computed from another config
+    (points["1"] / FINGERPRINT).write_text(json.dumps(changed))
+    (points["2"] / "metrics.csv").write_bytes(b"\xff\x00 half a row")
+    kept = (points["3"] / "metrics.csv").stat().st_mtime_ns
+    capsys.readouterr()
+
+    sweep_in_process(tmp_path, monkeypatch, *args)
+    log = capsys.readouterr().out
+    assert f"re-running {points['1'].name}: changed since it ran: its config" in log
+    assert f"re-running {points['2'].name}: its metrics.csv is unreadable" in log
+    assert f"skipped {points['3'].name}" in log
+    assert (points["3"] / "metrics.csv").stat().st_mtime_ns == kept
+    assert json.loads((points["1"] / FINGERPRINT).read_text())["config_sha256"] != "0" * 64
+    assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["ok", "ok", "ok"]
+
+
+def test_a_point_that_runs_past_its_time_limit_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_in_process(tmp_path, monkeypatch, "workload.num_requests=20,3000", "sweep.point_timeout_s=0.5")
+    assert exit_info.value.code == 2
+    rows = {r["workload.num_requests"]: r for r in summary(tmp_path / "sweep")}
+    assert rows["20"]["status"] == "ok"
+    assert rows["3000"]["status"] == "failed"
+    assert "ran longer than sweep.point_timeout_s=0.5 s" in rows["3000"]["reason"]
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "1 of 2 points of the sweep failed" in line
+
+
+def test_a_full_disk_at_the_end_of_a_sweep_exits_2_and_keeps_the_finished_points(tmp_path, monkeypatch, capsys):
+    real_replace = os.replace
+
+    def full(src, dst, *args, **kwargs):
+        if os.path.basename(dst) == "summary.csv":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_in_process(tmp_path, monkeypatch, "workload.rate=1,2", "workload.num_requests=20")
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "summary.csv" in line and "the disk is full" in line and "finished points are intact" in line
+    sweep = tmp_path / "sweep"
+    assert not (sweep / "summary.csv").exists()
+    for metrics in sweep.glob("*/metrics.csv"):
+        assert [r["status"] for r in csv.DictReader(metrics.open())] == ["ok"]
+    assert len(list(sweep.glob("*/metrics.csv"))) == 2
+    assert not list(sweep.rglob("*.tmp"))
+
+
+def test_a_second_sweep_into_a_directory_in_use_is_refused(tmp_path, monkeypatch, capsys):
+    other = SweepLock(tmp_path / "sweep")
+    other.acquire()  # another sweep holds the directory
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            sweep_in_process(tmp_path, monkeypatch, "workload.rate=1,2", "workload.num_requests=20")
+    finally:
+        other.release()
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "is in use by another sweep (pid" in line
+    assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
 
 
 def test_profile_on_a_simulated_run_is_one_line_exit_2(tmp_path):

@@ -11,14 +11,13 @@ is missing, 2 on bad input.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from kvbench.errors import UserError
+from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.report import load_rows
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
@@ -184,7 +183,7 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bench-compare", description="Compare a run against a baseline; exit 1 on a regression.",
         epilog="With --against REF the inputs are what to run on both trees: nothing (the hot-path "
                "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...).")
@@ -211,9 +210,10 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"give BASELINE and CURRENT (got {len(args.inputs)} input(s)), or --against REF")
         else:
             code = compare(read_side(args.inputs[0]), read_side(args.inputs[1]), policy, args.allow_missing)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as err:  # bad input: one line, exit 2 (exit 1 means a regression)
+        if not reportable(err):
+            raise
+        exit_with(err)
     sys.exit(code)
 
 

@@ -136,7 +136,7 @@ def load_policy(path: Optional[Path] = None) -> Policy:
     packaged_source = resources.files("kvbench.conf") / DEFAULT_POLICY
     packaged = _read_yaml(packaged_source)
     if path is not None and not Path(path).is_file():
-        raise UserError(f"policy {path} does not exist")
+        raise UserError(f"policy {path} {'is not a regular file' if Path(path).exists() else 'does not exist'}")
     source = Path(path) if path is not None else packaged_source
     data = _read_yaml(source) if path is not None else packaged
     known = packaged["metrics"]

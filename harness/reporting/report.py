@@ -8,9 +8,9 @@ and its margin over the baseline allocator, and why each failed point failed.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
+import math
 import sys
 import time
 from pathlib import Path
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvbench.errors import UserError
+from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
 from kvbench.reporting.figures import context_title
 from kvbench.reporting.results import (ENVIRONMENT, cell_text, collect, in_paper_order, ok_rows, point_labels,
                                        read_csv, varying_keys, write_atomic, write_csv)
@@ -38,10 +38,16 @@ def load_rows(path: Path) -> pd.DataFrame:
     """A sweep's point rows (fresh from */metrics.csv), a run's metrics.csv, or a summary.csv."""
     path = Path(path)
     if path.is_file():
-        return read_csv(path)
+        try:
+            return read_csv(path)
+        except (UnicodeDecodeError, ValueError) as err:  # csv.Error is a ValueError too
+            raise UserError(f"{path} is not a readable CSV file ({type(err).__name__})") from None
     if not path.is_dir():
-        raise UserError(f"{path} does not exist")
-    frame = collect(path)
+        raise UserError(f"{path} {'is not a regular file or a directory' if path.exists() else 'does not exist'}")
+    try:
+        frame = collect(path)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise UserError(f"{path}: a */metrics.csv in it is not a readable CSV file ({type(err).__name__})") from None
     for name in ("metrics.csv", "summary.csv"):
         if frame.empty and (path / name).is_file():
             frame = read_csv(path / name)
@@ -62,7 +68,7 @@ def load_sweeps(sweep_dirs: list[Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def summarize(sweep_dirs, out_dir: Optional[Path] = None, baseline: Optional[str] = None) -> list[Path]:
+def summarize(sweep_dirs, out_dir: Path | None = None, baseline: str | None = None) -> list[Path]:
     """Write summary.csv, every plot the rows support and report.html; return the paths.
     `baseline` (an allocator) defaults to the first sweep's report.baseline."""
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
@@ -92,7 +98,7 @@ def _reason(value) -> str:
     return text.splitlines()[0] if text else "no reason recorded"
 
 
-def _table(frame: pd.DataFrame, columns: list[str], failed: Optional[pd.Series] = None) -> str:
+def _table(frame: pd.DataFrame, columns: list[str], failed: pd.Series | None = None) -> str:
     """A pandas Styler table in a box that scrolls sideways; `failed` rows get class `failed`.
     Headers break after underscores, so long metric names do not widen their columns."""
     styler = frame[columns].rename(columns=lambda c: html.escape(c).replace("_", "_<wbr>")).style
@@ -121,7 +127,7 @@ td.failed{background:#fff5f5;color:#c92a2a}td.failed:last-child{white-space:norm
 img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{margin:.2em 0}"""
 
 
-def _verdict(frame: pd.DataFrame, baseline: Optional[str], asked: str) -> list[str]:
+def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str) -> list[str]:
     parts = ["<h2>Verdict</h2><div class='verdict'>"]
     found = winners(frame, baseline)
     if found.empty:
@@ -151,7 +157,7 @@ def _verdict(frame: pd.DataFrame, baseline: Optional[str], asked: str) -> list[s
     return parts + ["</div>"]
 
 
-def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], baseline: Optional[str] = None,
+def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], baseline: str | None = None,
                 asked: str = "contiguous") -> str:
     ok = ok_rows(frame)
     status = frame["status"].fillna("ok") if "status" in frame else pd.Series("ok", index=frame.index)
@@ -183,7 +189,7 @@ def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], bas
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html.")
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (or summary.csv files)")
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
@@ -195,9 +201,10 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
         for path in summarize(args.dirs, args.out, args.baseline):
             print(f"wrote {path}")
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as err:  # bad input or an unwritable --out: one line, exit 2
+        if not reportable(err):
+            raise
+        exit_with(err)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,158 @@
+"""Configs that refuse nonsense: every group of a composed config checked before a point runs.
+
+The schemas are pydantic models (kvbench.schema.groups), one per config group, or one per option
+where options differ in their fields (workload kinds, scenarios, built-in plugins). pydantic rather
+than Hydra structured configs, because one declaration carries the type, the range (> 0, [0, 1),
+finite, whole, an upper bound), strict booleans and the unknown-key check together, and reports
+every failure as data (key, value, rule) that becomes one line; OmegaConf types alone have no
+ranges and take `yes` / `on` / `1` for a boolean. Hydra still parses and composes everything
+(overrides, sweeps, interpolations, `+experiment=...`, `hydra.searchpath`); the schemas look at
+the result, in every process a launcher starts.
+
+Adding a field is one line in the group's model, e.g. in groups.PagedAllocator:
+
+    placement: Literal["buddy", "first_fit"] = "buddy"
+
+Adding a group is a `Section` subclass and one line in `Root` (a plain section such as
+`report: Report = Report()`), or, for a group whose options differ, a model per option and one
+line in `OPTION_GROUPS` below. A value a YAML sets but no schema knows is an error, so a new
+YAML key and its schema line go in together. An allocator, backend or graph mode that is not
+built in (a third-party plugin, its YAML shipped through `hydra.searchpath`) is checked against
+its class's constructor: unknown options are refused with the ones it accepts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from kvbench.errors import UserError
+from kvbench.schema import groups
+from kvbench.schema.memory import refuse_if_too_big
+from kvbench.schema.messages import allowed, closest, rule, show, unknown_key, validation_line
+
+# group -> (the key that picks the option's model, option -> model); the others have one model
+OPTION_GROUPS = {"scenario": ("name", groups.SCENARIOS), "workload": ("kind", groups.WORKLOADS)}
+SINGLE_GROUPS = {"model": groups.Model, "hardware": groups.Hardware}
+PLUGIN_GROUPS = tuple(groups.PLUGINS)
+# arguments the harness passes a plugin itself; never config options
+HARNESS_ARGUMENTS = {"self", "num_slots", "max_model_len", "model", "forward", "device", "max_seq_len"}
+
+
+def top_level_keys() -> list[str]:
+    return [*groups.Root.model_fields, *OPTION_GROUPS, *SINGLE_GROUPS, *PLUGIN_GROUPS]
+
+
+def _check(model: type[BaseModel], data, group: str):
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise UserError(validation_line(err, group, model)) from None
+
+
+def _option_model(group: str, node) -> type[BaseModel]:
+    key, options = OPTION_GROUPS[group]
+    if not isinstance(node, dict):
+        raise UserError(f"{group}={show(node)}: choose a {group} config ({', '.join(options)})")
+    choice = node.get(key)
+    if choice not in options:
+        raise UserError(f"{group}.{key}={show(choice)} must be one of {', '.join(options)}"
+                        f"{closest(str(choice), options)}")
+    return options[choice]
+
+
+def accepted_options(cls: type) -> dict[str, inspect.Parameter]:
+    """The keyword options a plugin class's constructors (its own and its bases') accept."""
+    accepted: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for param in inspect.signature(init).parameters.values():
+            if param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD) and param.name not in HARNESS_ARGUMENTS:
+                accepted.setdefault(param.name, param)
+    return accepted
+
+
+def _hints(cls: type) -> dict:
+    hints = {}
+    for klass in reversed(cls.__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is not None and klass is not object:
+            try:
+                hints.update(typing.get_type_hints(init))
+            except Exception:  # an annotation that does not resolve only loses its type check
+                pass
+    return hints
+
+
+def check_plugin_options(kind: str, cls: type, options: dict) -> None:
+    """A plugin kvbench has no schema for: its options must be its constructor's, of its types."""
+    accepted, hints = accepted_options(cls), _hints(cls)
+    for key, value in options.items():
+        if key not in accepted:
+            raise UserError(f"{kind} {cls.name} has no option {key!r}{closest(key, accepted)} "
+                            f"(it accepts: {', '.join(accepted) or 'none'})")
+        hint = hints.get(key)
+        if hint is not None:
+            try:
+                TypeAdapter(hint).validate_python(value, strict=hint is bool)
+            except ValidationError as err:
+                raise UserError(rule(f"{kind}.{key}={show(value)}", allowed(err.errors(include_url=False)[0]))) from None
+            except Exception:  # an annotation pydantic cannot check (a protocol, a forward ref)
+                pass
+
+
+def _plugin(kind: str, node) -> dict:
+    if not isinstance(node, dict) or not isinstance(node.get("name"), str):
+        raise UserError(f"{kind}={show(node)}: choose a plugin with +{kind}=NAME "
+                        f"(or give {kind}.name)")
+    schema = groups.PLUGINS[kind].get(node["name"])
+    if schema is not None:
+        return _check(schema, node, kind).model_dump()
+    from kvbench.registry import default_registry
+
+    options = {k: v for k, v in node.items() if k != "name"}
+    try:
+        cls = default_registry().get(kind, node["name"])
+    except UserError as err:
+        raise UserError(f"{kind}.name={node['name']}: {err}") from None
+    check_plugin_options(kind, cls, options)
+    return node
+
+
+def validate(cfg: DictConfig | dict) -> dict:
+    """Check a composed config; return its groups' validated models. Raises UserError (one line)."""
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    except OmegaConfBaseException as err:  # an interpolation that does not resolve
+        from kvbench.schema.hydra_errors import hydra_line
+
+        raise UserError(hydra_line(err)) from None
+    data.pop("hydra", None)
+    known = top_level_keys()
+    for key in data:
+        if key not in known:
+            raise UserError(unknown_key(key, known, "the config"))
+    for group in (*SINGLE_GROUPS, *OPTION_GROUPS):
+        if data.get(group) is None:
+            raise UserError(f"{group} is required: choose one with {group}=NAME (bench --help lists them)")
+    checked = {"root": _check(groups.Root, {k: v for k, v in data.items() if k in groups.Root.model_fields}, "")}
+    for group, model in SINGLE_GROUPS.items():
+        checked[group] = _check(model, data.get(group), group)
+    for group in OPTION_GROUPS:
+        checked[group] = _check(_option_model(group, data.get(group)), data[group], group)
+    for kind in PLUGIN_GROUPS:
+        if data.get(kind) is not None:
+            checked[kind] = _plugin(kind, data[kind])
+    workload, model = checked["workload"], checked["model"]
+    if workload.prefix_len >= model.max_model_len:
+        raise UserError(f"workload.prefix_len={workload.prefix_len} must be shorter than "
+                        f"max_model_len={model.max_model_len} (model.max_model_len)")
+    refuse_if_too_big(checked["root"], model, checked["hardware"], workload, checked["scenario"],
+                      checked.get("allocator") or {})
+    return checked

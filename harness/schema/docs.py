@@ -1,0 +1,143 @@
+"""`bench --help`'s field list: every schema field with its type, its range and its one-line doc.
+
+The doc of a field is the comment beside it in the YAML that sets it (the one place STYLE.md
+documents a field), the first one found across the group's options; a field no YAML comments
+falls back to the schema's `Field(description=...)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import typing
+from importlib import resources
+
+import annotated_types
+from pydantic import BaseModel
+
+from kvbench.schema import OPTION_GROUPS, PLUGIN_GROUPS, SINGLE_GROUPS, groups
+
+_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<value>[^#]*?)(?:#\s*(?P<doc>.*))?$")
+_BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="), (annotated_types.Lt, "lt", "<"),
+           (annotated_types.Le, "le", "<="))
+
+
+def yaml_docs(text: str, prefix: str = "") -> dict[str, str]:
+    """dotted key -> the first line of the comment on its line, for one YAML file."""
+    docs, path, last = {}, [], None  # path: (indent, key) of the enclosing mappings
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") and last is not None and line.startswith("  "):
+            docs[last] += " " + stripped.lstrip("#").strip()  # the comment goes on below its key
+            continue
+        last = None
+        match = _LINE.match(line)
+        if not match or stripped.startswith("-"):
+            continue
+        indent = len(match["indent"])
+        while path and path[-1][0] >= indent:
+            path.pop()
+        key = ".".join([prefix, *(k for _, k in path), match["key"]]).lstrip(".")
+        if match["doc"] and key not in docs:
+            docs[key], last = match["doc"].strip(), key
+        if not match["value"].strip():
+            path.append((indent, match["key"]))
+    return docs
+
+
+@functools.lru_cache(maxsize=1)
+def all_docs() -> dict[str, str]:
+    conf = resources.files("kvbench.conf")
+    docs = yaml_docs((conf / "bench.yaml").read_text().split("\nhydra:")[0])
+    for folder in sorted(conf.iterdir(), key=lambda p: p.name):
+        if folder.is_dir() and not folder.name.startswith("_"):
+            for option in sorted(folder.iterdir(), key=lambda p: p.name):
+                if option.name.endswith(".yaml"):
+                    for key, doc in yaml_docs(option.read_text(), folder.name).items():
+                        docs.setdefault(key, doc)
+    return docs
+
+
+def _type_name(annotation) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal:
+        return "|".join(str(a) for a in args)
+    if typing.get_origin(annotation) is typing.Union:
+        inner = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(inner) + " or null"
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _type_name(args[0])
+    if typing.get_origin(annotation) is list:
+        return f"list of {_type_name(args[0])}" if args else "list"
+    return {bool: "bool", int: "int", float: "float", str: "str"}.get(annotation, getattr(annotation, "__name__", "?"))
+
+
+def constraints(field) -> list:
+    """A field's constraint objects, its own and those inside its (Optional / Annotated) type."""
+    found, todo = list(field.metadata), [field.annotation]
+    while any(hasattr(m, "metadata") for m in found):  # a Field() inside Annotated carries its own
+        found = [inner for m in found for inner in (m.metadata if hasattr(m, "metadata") else [m])]
+    while todo:
+        annotation = todo.pop()
+        if typing.get_origin(annotation) is typing.Annotated:
+            for m in annotation.__metadata__:
+                found += list(m.metadata) if hasattr(m, "metadata") else [m]
+            todo.append(typing.get_args(annotation)[0])
+        elif typing.get_origin(annotation) is typing.Union:
+            todo += list(typing.get_args(annotation))
+    return found
+
+
+def allows_inf(field) -> bool:
+    return any(getattr(m, "allow_inf_nan", False) for m in constraints(field))
+
+
+def describe(field) -> str:
+    bounds = [f"{sign} {getattr(m, attr):g}" for m in constraints(field)
+              for kind, attr, sign in _BOUNDS if isinstance(m, kind)]
+    finite = "inf ok" if allows_inf(field) else ""
+    return ", ".join(part for part in [_type_name(field.annotation), *bounds, finite] if part)
+
+
+def fields(prefix: str, model: type[BaseModel]):
+    """(dotted key, field) for every leaf field of a model, nested models flattened."""
+    for name, field in model.model_fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from fields(key, field.annotation)
+        else:
+            yield key, field
+
+
+def schema_fields():
+    """Every settable key of every group (options' fields merged), in help order."""
+    sections = [("", groups.Root)]
+    sections += [(g, m) for g, m in SINGLE_GROUPS.items()]
+    sections += [(g, m) for g, (_, options) in OPTION_GROUPS.items() for m in dict.fromkeys(options.values())]
+    sections += [(g, m) for g in PLUGIN_GROUPS for m in dict.fromkeys(groups.PLUGINS[g].values())]
+    seen: dict[str, list] = {}
+    for prefix, model in sections:
+        for key, field in fields(prefix, model):
+            seen.setdefault(key, []).append(field)
+    return seen
+
+
+def describe_all(same_key: list) -> str:
+    """One key's type across the options that have it (the options' names, for a choice key)."""
+    choices = [a for f in same_key if typing.get_origin(f.annotation) is typing.Literal
+               for a in typing.get_args(f.annotation)]
+    if len(choices) == sum(len(typing.get_args(f.annotation)) for f in same_key) and choices:
+        return "|".join(dict.fromkeys(str(c) for c in choices))
+    return describe(same_key[0])
+
+
+def doc_of(key: str, same_key: list) -> str:
+    """The schema's description (kept for fields whose YAML comments are about one option), else the YAML's."""
+    return next((f.description for f in same_key if f.description), None) or all_docs().get(key) or ""
+
+
+def help_text() -> str:
+    lines = []
+    for key, same_key in schema_fields().items():
+        lines.append(f"  {key:<36} {describe_all(same_key):<30} {doc_of(key, same_key)}".rstrip())
+    return "\n".join(lines).replace("$", "$$")

@@ -1,0 +1,295 @@
+"""The schema of every config group: one pydantic model per group (or per option), types and ranges side by side.
+
+A field is one line: `name: Type = Field(default, range...)`. Ranges are the physical ones
+(> 0, in [0, 1), whole numbers) plus an upper bound past which a value is a typo on any machine
+this harness runs on. Floats are finite unless a field says `allow_inf_nan=True` (workload.rate:
+inf = every request at t=0); booleans accept only true / false; integers accept whole numbers
+(`1e3` is 1000) and refuse `1.5` and booleans.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+
+def _not_bool(value):
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true/false")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+def _finite_or_inf(rate: float) -> float:
+    if math.isfinite(rate) and rate > 1e9:
+        raise ValueError("must be <= 1e9 requests/s, or inf (every request at t=0)")
+    return rate
+
+
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=True), BeforeValidator(_not_bool), AfterValidator(_finite_or_inf)]
+Bool = StrictBool
+DType = Literal["fp32", "fp16", "bf16", "fp8"]
+Device = Literal["auto", "cpu", "cuda"]
+TB = 2**40  # bytes: no memory, pool or link in this harness's range reaches 2**50
+
+
+class Section(BaseModel):
+    """A config group's node: unknown keys and NaN / inf are errors."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+# --- top-level sections -------------------------------------------------------------------------
+
+class Engine(Section):
+    kv_cache_bytes: Optional[Float] = Field(None, gt=0, le=1024 * TB)
+    preemption: Literal["recompute", "swap"] = "recompute"
+    swap_space_bytes: Float = Field(4.0e9, ge=0, le=1024 * TB)
+    async_scheduling: Bool = False
+
+
+class Scheduler(Section):
+    max_num_seqs: Int = Field(256, ge=1, le=1_000_000)
+    max_num_batched_tokens: Int = Field(2560, ge=1, le=100_000_000)
+    chunked_prefill: Bool = False
+
+
+class Measure(Section):
+    warmup_frac: Float = Field(0.333, ge=0, lt=1)
+
+
+class Sweep(Section):
+    point_timeout_s: Float = Field(24 * 3600.0, gt=0, le=30 * 24 * 3600.0)
+
+
+# --- model / hardware ---------------------------------------------------------------------------
+
+class Model(Section):
+    name: str = Field(description="the model's name in result rows")
+    num_layers: Int = Field(ge=1, le=10_000, description="decoder layers")
+    hidden_size: Int = Field(ge=1, le=1_000_000, description="residual stream width")
+    num_heads: Int = Field(ge=1, le=10_000, description="query heads per layer")
+    num_kv_heads: Int = Field(ge=1, le=10_000, description="K/V heads per layer (< num_heads: GQA); divides num_heads")
+    head_dim: Int = Field(ge=1, le=65_536, description="dimension of one head")
+    num_params: Float = Field(gt=0, le=1e15, description="parameters, for the weights' bytes and the roofline's FLOPs")
+    max_model_len: Int = Field(ge=1, le=100_000_000, description="longest prompt + output; Orca(Max) reserves this many slots")
+    dtype: DType = Field("fp16", description="weights and KV cache element type")
+    vocab_size: Int = Field(50272, ge=1, le=100_000_000, description="token ids are drawn below this")
+    intermediate_size: Int = Field(0, ge=0, le=10_000_000, description="MLP width of the serve model; 0 = 4 x hidden_size")
+    layer_pattern: list[Literal["full", "window", "linear"]] = Field(
+        [], description="layer kinds repeated over the layers; empty = every layer full attention")
+    window: Int = Field(0, ge=0, le=100_000_000, description="sliding window of window layers, tokens")
+    linear_state_dim: Int = Field(0, ge=0, le=65_536, description="per-head state width of linear layers")
+    rope_theta: Float = Field(10000.0, gt=0, le=1e12, description="RoPE base of the serve model")
+    num_active_params: Float = Field(0.0, ge=0, le=1e15, description="parameters one token uses (mixture of experts); 0 = all")
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+        if "window" in self.layer_pattern and self.window < 1:
+            raise ValueError(f"window={self.window} must be > 0 for window layers")
+        if "linear" in self.layer_pattern and self.linear_state_dim < 1:
+            raise ValueError(f"linear_state_dim={self.linear_state_dim} must be > 0 for linear layers")
+        if self.num_active_params > self.num_params:
+            raise ValueError(f"num_active_params={self.num_active_params:g} must be <= num_params={self.num_params:g}")
+        return self
+
+
+class Hardware(Section):
+    name: str = Field(description="the hardware's name in result rows")
+    hbm_bytes_per_s: Float = Field(gt=0, le=1024 * TB)
+    peak_flops: Float = Field(gt=0, le=1e20)
+    memory_bytes: Float = Field(gt=0, le=1024 * TB, description="device memory per GPU, bytes")
+    pcie_bytes_per_s: Float = Field(25e9, gt=0, le=1024 * TB)
+    copy_latency_s: Float = Field(10e-6, ge=0, le=1.0)
+    hbm_efficiency: Float = Field(1.0, gt=0, le=1)
+    flops_efficiency: Float = Field(1.0, gt=0, le=1)
+    step_overhead_s: Float = Field(0.0, ge=0, le=60.0)
+    gpu_memory_utilization: Float = Field(0.9, gt=0, le=1)
+    num_gpus: Int = Field(1, ge=1, le=100_000)
+
+
+# --- workload: one model per kind ---------------------------------------------------------------
+
+class Workload(Section):
+    kind: str = Field(description="the length distribution (the workload config's name)")
+    rate: Rate = 4.0
+    duration_s: Optional[Float] = Field(None, gt=0, le=1e9)
+    num_requests: Optional[Int] = Field(None, ge=1, le=100_000_000)
+    burstiness: Float = Field(1.0, ge=1e-3, le=1e3)
+    n: Int = Field(1, ge=1, le=1024)
+    beam_width: Int = Field(1, ge=1, le=1024)
+    prefix_len: Int = Field(0, ge=0, le=100_000_000)
+    num_prefixes: Int = Field(1, ge=1, le=1_000_000)
+    path: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _arrivals(self):
+        if self.n > 1 and self.beam_width > 1:
+            raise ValueError("n and beam_width cannot both be > 1")
+        if self.kind != "trace" and self.num_requests is None and (self.duration_s is None or math.isinf(self.rate)):
+            raise ValueError("set num_requests (needed with rate=inf) or duration_s")
+        return self
+
+
+class DatasetWorkload(Workload):
+    kind: Literal["sharegpt", "alpaca"] = Field(description="the length distribution: choose it with workload=NAME")
+
+
+class FixedWorkload(Workload):
+    kind: Literal["fixed"]
+    input_len: Int = Field(ge=1, le=100_000_000, description="prompt tokens (uniform: the range's centre)")
+    output_len: Int = Field(ge=1, le=100_000_000, description="output tokens (uniform: the range's centre)")
+
+
+class UniformWorkload(FixedWorkload):
+    kind: Literal["uniform"]
+    range_ratio: Float = Field(0.5, ge=0, lt=1, description="lengths uniform in [L(1-r), L(1+r)]")
+
+
+class TraceWorkload(Workload):
+    kind: Literal["trace"]
+    path: str = Field(description="the trace CSV: input_len,output_len[,arrival_s]")
+
+    @field_validator("path")
+    @classmethod
+    def _readable_csv(cls, path: str) -> str:
+        if path == "???":
+            raise ValueError("is required: workload.path=FILE.csv (columns input_len,output_len[,arrival_s])")
+        file = Path(path)
+        if not file.exists():
+            raise ValueError(f"file {path} does not exist")
+        if file.is_dir():
+            raise ValueError(f"{path} is a directory, not a CSV file")
+        if not file.is_file():
+            raise ValueError(f"{path} is not a regular file (a device or a pipe), not a CSV file")
+        try:
+            file.read_bytes().decode("utf-8")
+        except PermissionError:
+            raise ValueError(f"{path} cannot be read (permission denied)") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text (byte {err.start}): not a CSV file") from None
+        return path
+
+
+WORKLOADS = {"sharegpt": DatasetWorkload, "alpaca": DatasetWorkload, "fixed": FixedWorkload,
+             "uniform": UniformWorkload, "trace": TraceWorkload}
+
+
+# --- scenario: one model per name ---------------------------------------------------------------
+
+class Simulate(Section):
+    name: Literal["simulate"] = Field(description="the scenario: choose it with scenario=NAME")
+
+
+class Sampling(Section):
+    temperature: Float = Field(0.0, ge=0, le=100)
+    top_p: Float = Field(1.0, gt=0, le=1)
+
+
+class Serve(Section):
+    name: Literal["serve"]
+    device: Device = "auto"
+    dtype: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    cpu_threads: Optional[Int] = Field(1, ge=1, le=4096)
+    kv_cache_tokens: Int = Field(4096, ge=1, le=10**10)
+    swap_space_tokens: Int = Field(8192, ge=0, le=10**10)
+    num_requests: Optional[Int] = Field(64, ge=1, le=100_000_000)
+    rate: Optional[Rate] = float("inf")
+    sampling: Sampling = Sampling()
+
+
+class Kernel(Section):
+    name: Literal["kernel"]
+    device: Device = "auto"
+    min_run_time_s: Float = Field(0.2, gt=0, le=3600)
+    warmup_ms: Float = Field(25, ge=0, le=3_600_000)
+    rep_ms: Float = Field(100, gt=0, le=3_600_000)
+    cuda_graph: Bool = True
+    paging_overhead: Bool = True
+    check_error: Bool = True
+
+
+SCENARIOS = {"simulate": Simulate, "serve": Serve, "kernel": Kernel}
+
+
+# --- plugins: built-in options; a third-party plugin's are checked against its constructor -----
+
+BlockSize = Field(16, ge=1, le=256, description="tokens per block: paged's page, pow2's buddy unit; recorded only "
+                                                  "by contiguous and oracle")
+Watermark = Field(0.01, ge=0, lt=1)
+
+
+class Plugin(Section):
+    name: str = Field(description="the plugin's registered name (a third-party one too)")
+
+
+class ReservingAllocator(Plugin):
+    name: Literal["contiguous", "oracle", "pow2"] = Field(description="the allocator: choose it with +allocator=NAME")
+    block_size: Int = BlockSize
+
+
+class PagedAllocator(Plugin):
+    name: Literal["paged"]
+    block_size: Int = BlockSize
+    watermark: Float = Watermark
+    prefix_caching: Bool = False
+
+
+class HybridAllocator(PagedAllocator):
+    name: Literal["hybrid"]
+    policy: Literal["shared", "static", "as_full"] = "shared"
+
+
+class Backend(Plugin):
+    name: Literal["eager", "triton_paged", "flashinfer"] = Field(description="the attention backend: +backend=NAME")
+
+
+class Graph(Plugin):
+    name: Literal["eager", "full", "piecewise"] = Field(description="the graph mode: +graph=NAME")
+    capture_sizes: Optional[list[Annotated[Int, Field(ge=1, le=1_000_000)]]] = None
+
+    @field_validator("capture_sizes")
+    @classmethod
+    def _increasing(cls, sizes):
+        if sizes is not None and (not sizes or any(b <= a for a, b in zip(sizes, sizes[1:]))):
+            raise ValueError("must be a non-empty list of sizes in increasing order, e.g. [1, 2, 4, 8]")
+        return sizes
+
+
+PLUGINS = {
+    "allocator": {"contiguous": ReservingAllocator, "oracle": ReservingAllocator, "pow2": ReservingAllocator,
+                  "paged": PagedAllocator, "hybrid": HybridAllocator},
+    "backend": {name: Backend for name in ("eager", "triton_paged", "flashinfer")},
+    "graph": {name: Graph for name in ("eager", "full", "piecewise")},
+}
+
+
+class Root(Section):
+    """The keys of bench.yaml itself; each group node is checked by its own model."""
+
+    seed: Int = Field(0, ge=0, le=2**32 - 2)
+    batch: str = "32d1k"
+    progress: Bool = True
+    profile: Bool = False
+    engine: Engine = Engine()
+    scheduler: Scheduler = Scheduler()
+    measure: Measure = Measure()
+    sweep: Sweep = Sweep()
+
+    @field_validator("batch", mode="before")
+    @classmethod
+    def _batch_spec(cls, text):
+        from kvbench.errors import UserError
+        from kvbench.scenarios.batch_spec import parse
+
+        try:
+            parse(str(text))
+        except UserError as err:
+            raise ValueError(str(err).split(": ", 1)[-1]) from None
+        return str(text)

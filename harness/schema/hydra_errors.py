@@ -1,0 +1,77 @@
+"""Hydra's and OmegaConf's errors (a bad override, an unknown option or key) as kvbench's one line."""
+
+from __future__ import annotations
+
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import OmegaConfBaseException
+
+from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, groups, top_level_keys
+from kvbench.schema.messages import closest, unknown_key
+
+LAUNCHERS = (" (submitit_local and submitit_slurm come with pip install 'kvbench[slurm]', ray with "
+             "pip install 'kvbench[ray]')")
+GRAMMAR = "key=value, -m key=1,2,3, key=range(1,4), +key=value (add), ~key (delete)"
+
+
+def group_fields(group: str) -> list[str]:
+    """Every key any option of a top-level group has, for suggestions."""
+    if group in SINGLE_GROUPS:
+        models = [SINGLE_GROUPS[group]]
+    elif group in OPTION_GROUPS:
+        models = list(OPTION_GROUPS[group][1].values())
+    elif group in groups.PLUGINS:
+        models = list(groups.PLUGINS[group].values())
+    else:
+        field = groups.Root.model_fields.get(group)
+        models = [field.annotation] if field is not None and hasattr(field.annotation, "model_fields") else []
+    return list(dict.fromkeys(name for model in models for name in model.model_fields))
+
+
+def _first(text: str) -> str:
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+
+
+def _unknown_key(full_key: str, add: str = "") -> str:
+    group, _, rest = full_key.partition(".")
+    if not rest:
+        return unknown_key(full_key, top_level_keys(), "the config")
+    if group in groups.PLUGINS and rest in group_fields(group):
+        return f"{full_key} is an option of a plugin, and no {group} is chosen: add +{group}=NAME first"
+    if rest in group_fields(group):
+        return f"{full_key} is a {group} key that this {group} config does not set: add it with {add or '+' + full_key + '=VALUE'}"
+    return unknown_key(full_key, group_fields(group), group)
+
+
+def hydra_line(err: BaseException) -> str | None:
+    """One line for an error Hydra or OmegaConf raised while composing; None if it is neither's."""
+    if isinstance(err, OverrideParseException):
+        override = f" {err.override!r}" if getattr(err, "override", None) else ""
+        return f"cannot parse the override{override}: {_first(err)}; overrides are {GRAMMAR}"
+    if isinstance(err, MissingConfigException):
+        missing = str(err.missing_cfg_file or "")
+        group, _, option = missing.rpartition("/")
+        if err.options:
+            return (f"unknown {group} {option!r}{closest(option, err.options)}; known: "
+                    f"{', '.join(sorted(err.options))}{LAUNCHERS if group == 'hydra/launcher' else ''}")
+        return f"cannot find the config {missing or _first(err)}; known groups: {', '.join(top_level_keys())}"
+    if "does not support sweep type" in str(err):
+        return (f"{_first(err)}: the basic sweeper takes lists, range(), choice() and glob(); interval() "
+                f"needs a sampling sweeper plugin (hydra/sweeper=...)")
+    cause = err.__cause__ or err.__context__
+    if isinstance(err, ConfigCompositionException):
+        message = str(err)
+        if message.startswith("Could not override '"):
+            return _unknown_key(message.split("'")[1], message.rsplit("use ", 1)[-1].strip())
+        if message.startswith("Ambiguous value for argument"):
+            return (f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "
+                    f"values: add -m to sweep over them, or write [a,b] for a list")
+        if "An item is already at" in message:
+            key = message.split("An item is already at '")[-1].split("'")[0]
+            return f"{key} is already in the config: write {key}=VALUE (without +) to change it"
+        return " ".join([_first(message), _first(cause) if cause else ""]).strip()
+    if isinstance(err, OmegaConfBaseException):
+        full_key = getattr(err, "full_key", None)
+        return f"{full_key}: {_first(err)}" if full_key else _first(err)
+    if isinstance(err, HydraException):
+        return " ".join([_first(err), _first(cause) if cause else ""]).strip()
+    return None

@@ -1,0 +1,108 @@
+"""What a point would allocate, estimated from its config and refused before it starts when it cannot fit.
+
+The estimates count the big things only: the serve model's weights and KV cache (real tensors),
+the kernel scenario's KV cache, the simulator's per-block lists, the request objects. They are
+within a small factor, which is all a refusal needs: a point that would take more than the
+memory available would swap or be killed part-way instead of reporting.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from kvbench.errors import UserError
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+REQUEST_BYTES = 2048   # a Request, its Sequence(s) and the recorder's per-request entries
+BLOCK_BYTES = 64       # a paged pool's per-block entries (free list, ref count, fill, table slot)
+SEQUENCE_BYTES = 1024  # the kernel scenario's per-sequence Python objects and metadata rows
+
+
+def available_bytes() -> int:
+    """Memory this host can still give a new point (MemAvailable, else all physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def _kv_bytes_per_token(model, dtype_bytes: int) -> int:
+    attention = sum(1 for i in range(model.num_layers)
+                    if (model.layer_pattern or ["full"])[i % len(model.layer_pattern or ["full"])] != "linear")
+    return 2 * attention * model.num_kv_heads * model.head_dim * dtype_bytes
+
+
+def _serve_weights(model, dtype_bytes: int) -> float:
+    """The tiny decoder's real parameter count for this shape (embedding, layers, head)."""
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    inner = model.intermediate_size or 4 * model.hidden_size
+    per_layer = model.hidden_size * (q + 2 * kv) + q * model.hidden_size + 3 * model.hidden_size * inner
+    params = 2 * model.vocab_size * model.hidden_size + model.num_layers * per_layer
+    return params * dtype_bytes + model.max_model_len * model.head_dim * 4  # + the RoPE tables
+
+
+def _num_requests(workload, scenario) -> float:
+    if workload.num_requests is not None:
+        count = workload.num_requests
+    elif workload.duration_s is not None and math.isfinite(workload.rate):
+        count = workload.rate * workload.duration_s
+    else:
+        count = 0
+    cap = getattr(scenario, "num_requests", None)
+    return min(count, cap) if cap else count
+
+
+def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tuple[float, list[str]]:
+    """Bytes the point would allocate, and the parts as `name size` strings for the message."""
+    parts: dict[str, float] = {}
+    requests = _num_requests(workload, scenario)
+    parts["requests"] = requests * REQUEST_BYTES + workload.num_prefixes * (workload.prefix_len * 8 + 128)
+    block_size = int(allocator.get("block_size", 16) or 16)
+    if scenario.name == "serve":
+        dtype = {"auto": "fp32"}.get(scenario.dtype, scenario.dtype)
+        per_token = _kv_bytes_per_token(model, DTYPE_BYTES[dtype])
+        slots = (root.engine.kv_cache_bytes // per_token if root.engine.kv_cache_bytes is not None
+                 else scenario.kv_cache_tokens)
+        parts[f"weights ({dtype})"] = _serve_weights(model, DTYPE_BYTES[dtype])
+        parts["KV cache"] = slots * per_token
+        parts["swap pool"] = scenario.swap_space_tokens * per_token
+        parts["prompt tokens"] = requests * model.max_model_len * 8
+    elif scenario.name == "kernel":
+        from kvbench.scenarios.batch_spec import parse
+
+        groups = parse(root.batch).groups  # counted per group: the spec's per-sequence lists may be huge
+        num_seqs = sum(g.count for g in groups)
+        kv_tokens = sum(g.count * g.length for g in groups)
+        num_tokens = sum(g.count * g.query_len for g in groups)
+        layer_token = 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES[model.dtype]
+        parts["KV cache"] = (kv_tokens + num_seqs * block_size) * layer_token
+        parts["queries"] = num_tokens * model.num_heads * model.head_dim * DTYPE_BYTES[model.dtype] * 2
+        parts["sequences"] = num_seqs * SEQUENCE_BYTES
+    else:
+        kv_bytes = root.engine.kv_cache_bytes
+        if kv_bytes is None:
+            kv_bytes = (hardware.memory_bytes * hardware.num_gpus * hardware.gpu_memory_utilization
+                        - model.num_params * DTYPE_BYTES[model.dtype])
+        slots = max(kv_bytes, 0) / _kv_bytes_per_token(model, DTYPE_BYTES[model.dtype])
+        parts["KV pool bookkeeping"] = slots / block_size * BLOCK_BYTES
+    total = sum(parts.values())
+    return total, [f"{name} {_gb(size)}" for name, size in parts.items() if size >= 1e8]
+
+
+def refuse_if_too_big(root, model, hardware, workload, scenario, allocator: dict) -> None:
+    total, parts = estimate(root, model, hardware, workload, scenario, allocator)
+    free = available_bytes()
+    if total > free:
+        raise UserError(
+            f"scenario={scenario.name} with model={model.name} would allocate about {_gb(total)} "
+            f"({', '.join(parts)}) but this machine has {_gb(free)} available; shrink the model, "
+            f"the KV pool (engine.kv_cache_bytes, scenario.kv_cache_tokens), the batch or the workload")

@@ -1,0 +1,96 @@
+"""Schema, Hydra and OmegaConf errors as one line: the key, the bad value, what is allowed."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import typing
+
+from pydantic import BaseModel, ValidationError
+
+
+def show(value) -> str:
+    """A value as it is written on the command line (true, inf, [1, 2], fast)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else ("inf" if value == math.inf else "-inf" if value == -math.inf
+                                                else f"{value:g}")
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def closest(name: str, known) -> str:
+    """`; did you mean X?` for the nearest known name, or nothing when none is near."""
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def unknown_key(key: str, fields: list[str], where: str) -> str:
+    """`KEY is not a key of WHERE; did you mean NEAREST? (its keys: ...)`."""
+    prefix, _, last = key.rpartition(".")
+    match = difflib.get_close_matches(last, fields, n=1, cutoff=0.6)
+    hint = f"; did you mean {prefix + '.' if prefix else ''}{match[0]}?" if match else ""
+    return f"{key} is not a key of {where}{hint} (its keys: {', '.join(fields)})"
+
+
+def _fields_at(model, loc: list[str]) -> list[str]:
+    """The field names of the (nested) model that holds the key at `loc`."""
+    cursor = model
+    for part in loc[:-1]:
+        if isinstance(cursor, type) and issubclass(cursor, BaseModel) and part in cursor.model_fields:
+            cursor = cursor.model_fields[part].annotation
+        elif typing.get_origin(cursor) is dict:
+            cursor = typing.get_args(cursor)[1]  # `part` is a key of the mapping
+        else:
+            break
+    return list(cursor.model_fields) if isinstance(cursor, type) and issubclass(cursor, BaseModel) \
+        else list(model.model_fields)
+
+
+def allowed(error: dict) -> str:
+    """What a pydantic error says is allowed, in kvbench's words (`must be > 0`)."""
+    message = error["msg"]
+    if error["type"] == "value_error":
+        return message.removeprefix("Value error, ")
+    if error["type"] in ("bool_type", "bool_parsing"):
+        return "must be true or false"
+    if error["type"] == "int_from_float":
+        return "must be a whole number"
+    if error["type"] in ("int_parsing", "int_type"):
+        return "must be an integer"
+    if error["type"] in ("float_parsing", "float_type"):
+        return "must be a number"
+    if error["type"] == "finite_number":
+        return "must be a finite number"
+    if error["type"] == "missing":
+        return "is required"
+    return message.replace("Input should be", "must be").replace("greater than or equal to", ">=") \
+        .replace("less than or equal to", "<=").replace("greater than", ">").replace("less than", "<")
+
+
+def validation_line(err: ValidationError, group: str, model) -> str:
+    """The first error of a group's validation as `group.key=value must be ...`."""
+    error = err.errors(include_url=False)[0]
+    loc = [str(part) for part in error["loc"] if not isinstance(part, int)]
+    key = ".".join([group, *loc]) if group else ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        where = ".".join(part for part in [group, *loc[:-1]] if part) or "the config"
+        return unknown_key(key, _fields_at(model, loc), where)
+    if error["type"] == "missing":
+        return f"{key} is required (set {key}=VALUE)"
+    if not loc:  # a check across fields: its message starts with the field it blames, if one
+        message = allowed(error)
+        blamed = message.split("=", 1)[0]
+        return f"{group}.{message}" if group and blamed in model.model_fields else f"{group or 'config'}: {message}"
+    return rule(f"{key}={show(error.get('input'))}", allowed(error))
+
+
+def rule(setting: str, text: str) -> str:
+    """`key=value must be ...`, or `key=value: why not` when the reason is not a rule."""
+    return f"{setting} {text}" if text.startswith("must") else f"{setting}: {text}"

@@ -1,0 +1,130 @@
+"""A sweep's bookkeeping: what produced each point (fingerprint), one sweep per directory (lock), a time limit per point.
+
+A finished point's directory holds metrics.csv and fingerprint.json: the hash of its resolved
+config (less the keys that do not change what it measures) and the kvbench version and git sha
+that ran it. Re-running a sweep into its directory skips a point only when its rows are all ok
+and its fingerprint is today's; anything else (failed, unreadable, produced by another config or
+another kvbench) is run again, and the log says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.errors import UserError
+
+FINGERPRINT = "fingerprint.json"
+LOCK = ".kvbench.lock"
+NOT_MEASURED = ("progress", "profile", "sweep")  # keys that change how a point runs, not what it measures
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    from kvbench.reporting.results import environment
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("hydra", *NOT_MEASURED):
+        resolved.pop(key, None)
+    text = json.dumps(resolved, sort_keys=True, default=str)
+    env = environment()
+    return {"config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "kvbench_version": env["kvbench_version"], "git_sha": env["git_sha"]}
+
+
+def write_fingerprint(point_dir: Path, current: dict) -> None:
+    from kvbench.reporting.results import write_atomic
+
+    write_atomic(Path(point_dir) / FINGERPRINT, json.dumps(current, indent=1) + "\n")
+
+
+def _read_rows(metrics: Path) -> list[dict]:
+    with open(metrics, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
+    """(skip, why): whether an earlier run of the sweep already finished this point as it is now."""
+    metrics = Path(point_dir) / "metrics.csv"
+    if not metrics.exists():
+        return False, ""
+    try:
+        rows = _read_rows(metrics)
+    except (OSError, csv.Error, UnicodeDecodeError) as err:
+        return False, f"its metrics.csv is unreadable ({type(err).__name__})"
+    if not rows or any(row.get("status") not in ("ok", "failed") for row in rows):
+        return False, "its metrics.csv is unreadable (no rows with a status)"
+    if any(row["status"] != "ok" for row in rows):
+        return False, "it failed last time"
+    try:
+        stored = json.loads((Path(point_dir) / FINGERPRINT).read_text())
+    except (OSError, ValueError):
+        return False, "it has no readable fingerprint of what produced it"
+    changed = [f"{key} {stored.get(key)} -> {value}" if key != "config_sha256" else "its config"
+               for key, value in current.items() if stored.get(key) != value]
+    if changed:
+        return False, f"changed since it ran: {', '.join(changed)}"
+    return True, "complete from an earlier run of this sweep"
+
+
+class SweepLock:
+    """An exclusive lock on a sweep directory for the sweep's whole run (released by the OS if killed)."""
+
+    def __init__(self, sweep_dir: Path):
+        self.path = Path(sweep_dir) / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise UserError(f"{self.path.parent} is in use by another sweep ({holder}); wait for it to "
+                            f"finish or give another hydra.sweep.dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+class PointTimeout(UserError):
+    """The point ran past sweep.point_timeout_s."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Raise PointTimeout in the body after `seconds` of wall time (on the main thread of the process
+    running the point, which every Hydra launcher gives a job; elsewhere there is no limit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise PointTimeout(f"the point ran longer than sweep.point_timeout_s={seconds:g} s; raise it "
+                           f"or shrink the workload")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,415 @@
+"""Bad input, hundreds of ways: each is refused with exit code 2, one stderr line naming the key or file, no traceback.
+
+Most cases come from the schemas: for every field of every group (each option's model), values
+of the wrong type, NaN / inf, below and above the range, and a misspelled key. They are parsed
+by Hydra's own override parser and applied the way Hydra applies an override, on a config
+composed once per group option, then checked and reported through kvbench's one error path.
+The hand-written cases (compose errors, cross-field rules, memory estimates, trace / policy /
+baseline files) run the commands' main functions in-process; test_cli.py proves the console
+entry point with subprocesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import typing
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import open_dict
+
+from kvbench import cli, schema
+from kvbench.errors import exit_with
+from kvbench.reporting import compare, report
+from kvbench.schema import groups
+from kvbench.schema.docs import allows_inf, constraints, fields
+from kvbench.schema.hydra_errors import hydra_line
+
+TRACE = "TRACE_CSV"  # replaced by a real trace file's path (fixture `files`)
+
+# group option -> the overrides that choose it, and the model that checks it
+OPTIONS = [
+    ("", [], groups.Root),
+    ("model", [], groups.Model),
+    ("hardware", [], groups.Hardware),
+    ("workload", [], groups.DatasetWorkload),
+    ("workload", ["workload=alpaca"], groups.DatasetWorkload),
+    ("workload", ["workload=fixed"], groups.FixedWorkload),
+    ("workload", ["workload=uniform"], groups.UniformWorkload),
+    ("workload", ["workload=trace", f"workload.path={TRACE}"], groups.TraceWorkload),
+    ("scenario", ["scenario=serve", "model=tiny"], groups.Serve),
+    ("scenario", ["scenario=kernel", "model=tiny"], groups.Kernel),
+    ("allocator", ["+allocator=paged"], groups.PagedAllocator),
+    ("allocator", ["+allocator=pow2"], groups.ReservingAllocator),
+    ("allocator", ["+allocator=hybrid", "model=tiny-gemma3"], groups.HybridAllocator),
+    ("graph", ["+graph=full"], groups.Graph),
+]
+CHOICE_KEYS = {"workload.kind", "scenario.name", "allocator.name", "backend.name", "graph.name"}
+
+
+def _base_type(annotation):
+    """(type, optional) with Annotated / Optional stripped."""
+    optional = False
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin is typing.Union:
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            optional, annotation = True, args[0]
+        else:
+            return annotation, optional
+
+
+def _bounds(field) -> dict:
+    found = {}
+    for meta in constraints(field):
+        for name in ("gt", "ge", "lt", "le"):
+            if getattr(meta, name, None) is not None:
+                found[name] = getattr(meta, name)
+    return found
+
+
+def bad_values(field) -> list[str]:
+    """Override values the field must refuse, as typed on a command line."""
+    kind, optional = _base_type(field.annotation)
+    if kind is bool:
+        return ["maybe", "yes", "1", "0"] + ([] if optional else ["null"])
+    if typing.get_origin(kind) is typing.Literal:
+        return ["bogus", "3", "true"]
+    if typing.get_origin(kind) is list:
+        return ["fast", "[bogus]", "[-1]"] if field.annotation is not list else []
+    if kind is str:
+        return ["[1,2]"] + ([] if optional else ["null"])
+    values = ["fast", "true", "nan", "-inf"]
+    if not allows_inf(field):
+        values.append("inf")
+    bounds = _bounds(field)
+    if "ge" in bounds:
+        values.append(repr(bounds["ge"] - 1) if kind is int else repr(bounds["ge"] - max(1.0, abs(bounds["ge"]))))
+    if "gt" in bounds:
+        values.append(repr(bounds["gt"]) if bounds["gt"] != 0 else "0")
+    if "le" in bounds:
+        values.append(repr(bounds["le"] * 10 + 10))
+    if "lt" in bounds:
+        values.append(repr(bounds["lt"]))
+    if kind is int:
+        values.append("1.5")
+    return values
+
+
+def schema_cases():
+    seen = set()
+    for group, base, model in OPTIONS:
+        for key, field in fields(group, model):
+            if key in CHOICE_KEYS or key == "workload.path":
+                continue
+            for value in bad_values(field):
+                if (key, value, tuple(base)) not in seen:
+                    seen.add((key, value, tuple(base)))
+                    yield pytest.param(base, f"{key}={value}", key, id=f"{'+'.join(base) or 'default'}:{key}={value}")
+            typo = key[:-1] if len(key.rsplit(".", 1)[-1]) > 3 else key + "x"
+            yield pytest.param(base, f"+{typo}=1", key, id=f"{'+'.join(base) or 'default'}:+{typo}")
+
+
+SCHEMA_CASES = list(schema_cases())
+
+
+def refused(run) -> str:
+    """Run a command's body; it must exit 2 with one stderr line and no traceback. Returns the line."""
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        with pytest.raises(SystemExit) as exit_info:
+            try:
+                run()
+            finally:
+                GlobalHydra.instance().clear()
+    text = err.getvalue()
+    assert exit_info.value.code == 2, text + out.getvalue()
+    assert "Traceback" not in text
+    lines = text.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("inputs")
+    (folder / "trace.csv").write_text("input_len,output_len\n10,20\n30,40\n")
+    return folder
+
+
+@functools.lru_cache(maxsize=None)
+def composed(base: tuple):
+    GlobalHydra.instance().clear()
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        return compose("bench", overrides=list(base))
+
+
+def check_override(base: list[str], override: str) -> None:
+    """Hydra parses the override and applies it as at compose time; the schema judges the result."""
+    cfg = composed(tuple(base)).copy()
+    with open_dict(cfg):
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides([override]), cfg)
+    try:
+        schema.validate(cfg)
+    except Exception as err:
+        exit_with(err)
+    raise AssertionError(f"{override} was accepted")
+
+
+def with_files(args, files) -> list[str]:
+    return [a.replace(TRACE, str(files / "trace.csv")).replace("FILES", str(files)) for a in args]
+
+
+@pytest.mark.parametrize("base, override, key", SCHEMA_CASES)
+def test_a_schema_refuses_the_value_and_names_the_key(base, override, key, files):
+    line = refused(lambda: check_override(with_files(base, files), with_files([override], files)[0]))
+    assert line.startswith(f"error: {key}=") or f"did you mean {key}?" in line  # the key, then its value
+
+
+# --- compose errors: Hydra's, in kvbench's words -------------------------------------------------
+
+COMPOSE_CASES = [
+    (["model=gpt-9"], "unknown model 'gpt-9'; known: gemma-3-like"),
+    (["hardware=tpu"], "unknown hardware 'tpu'; known: a100-40gb"),
+    (["workload=bogus"], "unknown workload 'bogus'"),
+    (["scenario=bench"], "unknown scenario 'bench'"),
+    (["+allocator=bogus"], "unknown allocator 'bogus'; known: contiguous"),
+    (["+allocator=page"], "did you mean paged?"),
+    (["+backend=triton"], "unknown backend 'triton'"),
+    (["+graph=cuda"], "unknown graph 'cuda'"),
+    (["workload.rat=4"], "workload.rat is not a key of workload; did you mean workload.rate?"),
+    (["seeed=1"], "seeed is not a key of the config; did you mean seed?"),
+    (["scheduler.max_num_seq=4"], "did you mean scheduler.max_num_seqs?"),
+    (["allocator.block_size=32"], "no allocator is chosen: add +allocator=NAME first"),
+    (["workload.rate=range(1"], "cannot parse the override 'workload.rate=range(1'"),
+    (["workload.rate=1,2"], "add -m to sweep over them"),
+    (["+workload.rate=3"], "workload.rate is already in the config"),
+    (["~workload.nope"], "workload.nope"),
+    (["workload.rate=[1"], "cannot parse the override"),
+    (["workload.rate=${nope}"], "Interpolation key 'nope' not found"),
+    (["workload.rate=${hardware.nope}"], "nope"),
+    (["model.window=8"], "model.window is a model key that this model config does not set: add it with +model.window=8"),
+]
+
+
+@pytest.mark.parametrize("args, message", COMPOSE_CASES, ids=[" ".join(a) for a, _ in COMPOSE_CASES])
+def test_a_compose_error_is_one_line(args, message):
+    def run():
+        try:
+            schema.validate(compose_fresh(args))
+        except Exception as err:
+            line = hydra_line(err)
+            exit_with(Exception(line) if line else err)
+
+    assert message in refused(run)
+
+
+def compose_fresh(args):
+    GlobalHydra.instance().clear()
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        return compose("bench", overrides=args)
+
+
+# --- rules across fields, memory estimates, batch specs, traces (schema over a composed config) ---
+
+CROSS_CASES = [
+    (["workload.n=2", "workload.beam_width=2"], "n and beam_width cannot both be > 1"),
+    (["workload.num_requests=null", "workload.duration_s=null"], "set num_requests"),
+    (["workload.rate=inf"], "set num_requests (needed with rate=inf)"),
+    (["model.num_kv_heads=3"], "model.num_heads=40 must be a multiple of num_kv_heads=3"),
+    (["+model.layer_pattern=[window,full]"], "model.window=0 must be > 0 for window layers"),
+    (["+model.layer_pattern=[linear,full]"], "model.linear_state_dim=0 must be > 0 for linear layers"),
+    (["+model.num_active_params=1e12"], "num_active_params=1e+12 must be <= num_params"),
+    (["workload.prefix_len=2048"], "workload.prefix_len=2048 must be shorter than max_model_len=2048"),
+    (["scenario=serve"], "scenario=serve with model=opt-13b would allocate about"),
+    (["scenario=serve", "model=tiny", "engine.kv_cache_bytes=1e15"], "KV cache 1e+06 GB"),
+    (["scenario=serve", "model=tiny", "scenario.kv_cache_tokens=1e10", "model.num_layers=64"], "would allocate"),
+    (["scenario=kernel", "model=tiny", "batch=100000000d1k"], "scenario=kernel with model=tiny would allocate"),
+    (["scenario=kernel", "model=llama-3-70b", "batch=1000000d8k"], "would allocate"),
+    (["workload.num_requests=100000000"], "would allocate"),
+    (["batch=0d1k"], "batch=0d1k"),
+    (["batch=4x1k"], "bad part '4x1k'"),
+    (["batch=4d1k:w0"], "bad window"),
+    (["batch=4d1k:"], "bad window"),
+    (["batch=4d1k++2p512"], "bad part ''"),
+    (["batch=-1d1k"], "bad part '-1d1k'"),
+    (["+allocator=paged", "allocator.name=nope"], "allocator.name=nope: unknown allocator 'nope'"),
+    (["+backend=eager", "backend.name=nope"], "backend.name=nope: unknown backend"),
+    (["scenario.name=bogus"], "scenario.name=bogus must be one of simulate, serve, kernel"),
+    (["workload.kind=bogus"], "workload.kind=bogus must be one of"),
+    (["workload.kind=fixed"], "workload.input_len is required"),
+    (["+graph=full", "graph.capture_sizes=[4,2]"], "increasing order"),
+    (["+graph=full", "graph.capture_sizes=[]"], "increasing order"),
+    (["+graph=eager", "+graph.capture_sizes=[0]"], "graph.capture_sizes=0 must be >= 1"),
+    (["+allocator=hybrid", "allocator.policy=mixed"], "allocator.policy=mixed must be"),
+    (["workload=trace"], "workload.path=???: is required"),
+    (["workload=trace", "workload.path=FILES/missing.csv"], "missing.csv does not exist"),
+    (["workload=trace", "workload.path=FILES"], "is a directory, not a CSV file"),
+    (["workload=trace", "workload.path=/dev/null"], "/dev/null is not a regular file"),
+    (["workload=trace", "workload.path=FILES/binary.csv"], "binary.csv is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("args, message", CROSS_CASES, ids=[" ".join(a) for a, _ in CROSS_CASES])
+def test_a_rule_across_fields_or_files_is_one_line(args, message, files):
+    (files / "binary.csv").write_bytes(b"\xff\xfe\x00garbage")
+
+    def run():
+        try:
+            schema.validate(compose_fresh(with_files(args, files)))
+        except Exception as err:
+            exit_with(err)
+        raise AssertionError(f"{args} accepted")
+
+    assert message in refused(run)
+
+
+# --- the bench command in-process: errors found while running (traces, the KV pool, the batch) ----
+
+FAST = ["progress=false", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+RUN_CASES = [
+    (["workload=trace", "workload.path=FILES/empty.csv"], "empty.csv: header must have input_len,output_len"),
+    (["workload=trace", "workload.path=FILES/header.csv"], "header.csv has no rows"),
+    (["workload=trace", "workload.path=FILES/words.csv"], "words.csv row 2"),
+    (["workload=trace", "workload.path=FILES/negative.csv"], "negative.csv row 2: lengths must be >= 1"),
+    (["workload=trace", "workload.path=FILES/nan.csv"], "nan.csv row 2"),
+    (["workload=trace", "workload.path=FILES/long.csv"], "more than max_model_len=2048"),
+    (["workload=fixed", "workload.input_len=2000", "workload.output_len=100"], "more than max_model_len=2048"),
+    (["+allocator=contiguous", "engine.kv_cache_bytes=1e8", "workload.num_requests=5"], "smaller than one request"),
+    (["scheduler.max_num_batched_tokens=10", "workload.num_requests=5"], "exceeds scheduler.max_num_batched_tokens=10"),
+    (["profile=true", "workload.num_requests=5"], "profile=true traces torch operators"),
+    (["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
+     "1 of 2 points of the sweep failed"),
+    (["-m", "workload.rate=-1,0", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-b"],
+     "every point of the sweep failed"),
+    (["hydra.run.dir=FILES/trace.csv/run"], "trace.csv"),
+    (["hydra.run.dir=/proc/kvbench-run"], "/proc/kvbench-run"),
+    (["--cfg", "bogus"], "bench: argument --cfg/-c: invalid choice: 'bogus'"),
+    (["--bogus-flag"], "bench: unrecognized arguments: --bogus-flag"),
+    (["hydra/launcher=submitit_slurm"], "unknown hydra/launcher 'submitit_slurm'"),
+    (["~model"], "model is required: choose one with model=NAME"),
+    (["~workload"], "workload is required"),
+    (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
+]
+
+
+@pytest.mark.parametrize("args, message", RUN_CASES, ids=[" ".join(a) for a, _ in RUN_CASES])
+def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (files / "empty.csv").write_text("")
+    (files / "header.csv").write_text("input_len,output_len\n")
+    (files / "words.csv").write_text("input_len,output_len\nten,twenty\n")
+    (files / "negative.csv").write_text("input_len,output_len\n-3,20\n")
+    (files / "nan.csv").write_text("input_len,output_len,arrival_s\n3,20,nan\n")
+    (files / "long.csv").write_text("input_len,output_len\n3000,20\n")
+    assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
+
+
+# --- bench-compare and bench-report: arguments, baselines, policies ------------------------------
+
+GOOD = "scenario,allocator,model,seed,status,throughput_req_s\nsimulate,paged,opt-13b,0,ok,1.5\n"
+POLICIES = {  # file -> (its text, what the error line says)
+    "syntax.yaml": ("metrics: [unclosed\n", "syntax.yaml is not valid YAML"),
+    "list.yaml": ("- 1\n- 2\n", "list.yaml needs a 'metrics:' mapping"),
+    "nometrics.yaml": ("identity: [scenario]\n", "nometrics.yaml needs a 'metrics:' mapping"),
+    "unknown.yaml": ("metrics:\n  speed: {better: higher, tolerance: 0.1}\n", "unknown metric 'speed'"),
+    "better.yaml": ("metrics:\n  completed: {better: sideways, tolerance: 0}\n", "metrics.completed.better=sideways"),
+    "negative.yaml": ("metrics:\n  completed: {better: higher, tolerance: -1}\n", "metrics.completed.tolerance=-1"),
+    "nan.yaml": ("metrics:\n  completed: {better: higher, tolerance: .nan}\n", "metrics.completed.tolerance=nan"),
+    "inf.yaml": ("metrics:\n  completed: {better: higher, tolerance: .inf}\n", "metrics.completed.tolerance=inf"),
+    "word.yaml": ("metrics:\n  completed: {better: higher, tolerance: lots}\n", "metrics.completed.tolerance=lots"),
+    "abs.yaml": ("metrics:\n  completed: {better: higher, tolerance: 0, abs_tolerance: -2}\n", "abs_tolerance=-2"),
+    "absword.yaml": ("metrics:\n  completed: {better: higher, tolerance: 0, abs_tolerance: x}\n", "abs_tolerance=x"),
+    "scalar.yaml": ("metrics:\n  completed: 3\n", "metrics.completed=3"),
+    "identity.yaml": ("identity: 3\nmetrics:\n  completed: {better: higher, tolerance: 0}\n", "identity=3"),
+    "scenarios.yaml": ("scenarios: 3\nmetrics:\n  completed: {better: higher, tolerance: 0}\n", "scenarios=3"),
+    "typo.yaml": ("metrics:\n  completed: {better: higher, tolerence: 0}\n", "did you mean metrics.completed.tolerance?"),
+    "toplevel.yaml": ("metric:\n  completed: {better: higher}\nmetrics: {}\n", "did you mean metrics?"),
+}
+COMPARE_CASES = [
+    ([], "bench-compare: the following arguments are required"),
+    (["one.csv"], "the following arguments are required: current"),
+    (["FILES/good.csv", "FILES/good.csv", "--bogus"], "unrecognized arguments: --bogus"),
+    (["FILES/missing.csv", "FILES/good.csv"], "missing.csv does not exist"),
+    (["FILES/good.csv", "FILES/missing.csv"], "missing.csv does not exist"),
+    (["/dev/null", "FILES/good.csv"], "/dev/null is not a regular file"),
+    (["FILES/emptydir", "FILES/good.csv"], "emptydir has no results"),
+    (["FILES/binary.csv", "FILES/good.csv"], "binary.csv is not a readable CSV file"),
+    (["FILES/header.csv", "FILES/good.csv"], "header.csv has no"),
+    (["FILES/bad.json", "FILES/good.csv"], "bad.json is not a pytest-benchmark JSON file"),
+    (["FILES/list.json", "FILES/good.csv"], "list.json is not a pytest-benchmark JSON file"),
+    (["FILES/nobench.json", "FILES/good.csv"], "nobench.json is not a pytest-benchmark JSON file"),
+    (["FILES/nostats.json", "FILES/good.csv"], "nostats.json is not a pytest-benchmark JSON file"),
+    (["FILES/good.csv", "FILES/other.csv"], "no point of the current run matches the baseline"),
+    (["FILES/twice.csv", "FILES/good.csv"], "the baseline has two rows for the point"),
+    (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES/missing.yaml"], "missing.yaml does not exist"),
+    (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES"], "is not a regular file"),
+    (["FILES/good.csv", "FILES/good.csv", "--policy", "/dev/null"], "/dev/null is not a regular file"),
+    (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES/binary.csv"], "binary.csv"),
+    *[(["FILES/good.csv", "FILES/good.csv", "--policy", f"FILES/{name}"], message)
+      for name, (_, message) in POLICIES.items()],
+]
+REPORT_CASES = [
+    ([], "bench-report: the following arguments are required: dirs"),
+    (["FILES/missing"], "missing does not exist"),
+    (["/dev/null", "--out", "FILES/out-a"], "/dev/null is not a regular file"),
+    (["FILES/emptydir"], "emptydir has no results"),
+    (["FILES/good.csv"], "good.csv is a file: give --out DIR"),
+    (["FILES/binary.csv", "--out", "FILES/out-b"], "binary.csv is not a readable CSV file"),
+    (["FILES/badsweep"], "badsweep: a */metrics.csv in it is not a readable CSV file"),
+    (["FILES/good.csv", "--out", "FILES/good.csv"], "good.csv: a file is where a directory should be"),
+    (["FILES/good.csv", "--out", "/proc/kvbench-report"], "/proc/kvbench-report"),
+    (["FILES/good.csv", "--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.fixture(scope="module")
+def result_files(files):
+    (files / "good.csv").write_text(GOOD)
+    (files / "other.csv").write_text(GOOD.replace("opt-13b", "llama-3-8b"))
+    (files / "twice.csv").write_text(GOOD + GOOD.splitlines()[1] + "\n")
+    (files / "header.csv").write_text(GOOD.splitlines()[0] + "\n")
+    (files / "binary.csv").write_bytes(b"\xff\xfe\x00garbage")
+    (files / "bad.json").write_text("{not json")
+    (files / "list.json").write_text("[1, 2]")
+    (files / "nobench.json").write_text('{"machine_info": {}}')
+    (files / "nostats.json").write_text('{"benchmarks": [{"fullname": "x"}]}')
+    (files / "emptydir").mkdir(exist_ok=True)
+    (files / "badsweep" / "p1").mkdir(parents=True, exist_ok=True)
+    (files / "badsweep" / "p1" / "metrics.csv").write_bytes(b"\xff\xfe\x00")
+    for name, (text, _) in POLICIES.items():
+        (files / name).write_text(text)
+    return files
+
+
+@pytest.mark.parametrize("args, message", COMPARE_CASES, ids=[" ".join(a) for a, _ in COMPARE_CASES])
+def test_bench_compare_refuses_with_one_line_and_exit_2_not_1(args, message, result_files):
+    assert message in refused(lambda: compare.main(with_files(args, result_files)))
+
+
+@pytest.mark.parametrize("args, message", REPORT_CASES, ids=[" ".join(a) for a, _ in REPORT_CASES])
+def test_bench_report_refuses_with_one_line(args, message, result_files):
+    assert message in refused(lambda: report.main(with_files(args, result_files)))
+
+
+def test_there_are_at_least_250_bad_inputs():
+    total = (len(SCHEMA_CASES) + len(COMPOSE_CASES) + len(CROSS_CASES) + len(RUN_CASES)
+             + len(COMPARE_CASES) + len(REPORT_CASES))
+    assert total >= 250, total
+
+
+def test_every_numeric_field_is_tried_with_nan_and_inf():
+    tried = {(c.values[2], c.values[1].split("=", 1)[1]) for c in SCHEMA_CASES}
+    for group, _, model in OPTIONS:
+        for key, field in fields(group, model):
+            if _base_type(field.annotation)[0] in (int, float) and key not in CHOICE_KEYS:
+                assert (key, "nan") in tried and (key, "-inf") in tried, key
+                if not allows_inf(field):
+                    assert (key, "inf") in tried, key
