@@ -36,7 +36,8 @@ from kvbench.schema.memory import refuse_if_too_big
 from kvbench.schema.messages import allowed, closest, rule, show, unknown_key, validation_line
 
 # group -> (the key that picks the option's model, option -> model); the others have one model
-OPTION_GROUPS = {"scenario": ("name", groups.SCENARIOS), "workload": ("kind", groups.WORKLOADS)}
+OPTION_GROUPS = {"scenario": ("name", groups.SCENARIOS), "workload": ("kind", groups.WORKLOADS),
+                 "executor": ("name", groups.EXECUTORS)}
 SINGLE_GROUPS = {"model": groups.Model, "hardware": groups.Hardware}
 PLUGIN_GROUPS = tuple(groups.PLUGINS)
 # arguments the harness passes a plugin itself; never config options

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator, model_validator
 
@@ -56,10 +56,25 @@ class Scheduler(Section):
     max_num_seqs: Int = Field(256, ge=1, le=1_000_000)
     max_num_batched_tokens: Int = Field(2560, ge=1, le=100_000_000)
     chunked_prefill: Bool = False
+    watermark_when_idle: Bool = True
 
 
 class Measure(Section):
     warmup_frac: Float = Field(0.333, ge=0, lt=1)
+    save_requests: Bool = True
+
+
+class Goodput(Section):
+    ttft_ms: Optional[Float] = Field(None, gt=0, le=1e12)
+    tpot_ms: Optional[Float] = Field(None, gt=0, le=1e12)
+    e2el_ms: Optional[Float] = Field(None, gt=0, le=1e12)
+
+
+class Report(Section):
+    paper: Optional[Literal["fig2", "fig12", "fig13", "fig18", "fig19"]] = None
+    slo_s_per_token: Float = Field(0.5, gt=0, le=1e6)
+    baseline: Optional[str] = "contiguous"
+    goodput: Goodput = Goodput()
 
 
 class Sweep(Section):
@@ -127,6 +142,8 @@ class Workload(Section):
     prefix_len: Int = Field(0, ge=0, le=100_000_000)
     num_prefixes: Int = Field(1, ge=1, le=1_000_000)
     path: Optional[str] = None
+    shuffle: Bool = False
+    strict: Bool = False
 
     @model_validator(mode="after")
     def _arrivals(self):
@@ -202,6 +219,43 @@ class Serve(Section):
     num_requests: Optional[Int] = Field(64, ge=1, le=100_000_000)
     rate: Optional[Rate] = float("inf")
     sampling: Sampling = Sampling()
+    clock: Literal["wall", "cpu"] = "wall"
+    cpu_affinity: Optional[list[Annotated[Int, Field(ge=0, le=65_535)]]] = None
+    warmup_steps: Int = Field(3, ge=0, le=10_000)
+
+
+Length = Union[Annotated[Int, Field(ge=1, le=100_000_000)], Literal["max"]]
+
+
+class Profile(Section):
+    name: Literal["profile"]
+    device: Device = "auto"
+    dtype: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    cpu_threads: Optional[Int] = Field(1, ge=1, le=4096)
+    clock: Literal["wall", "cpu"] = "wall"
+    cpu_affinity: Optional[list[Annotated[Int, Field(ge=0, le=65_535)]]] = None
+    warmup: Int = Field(2, ge=0, le=10_000)
+    repeats: Int = Field(5, ge=1, le=10_000)
+    prefill_len: list[Length] = [16, 64, 256, "max"]
+    prefill_seqs: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4]
+    decode_batch: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4, 16, 64, 256]
+    decode_context: list[Length] = [16, 64, 256, "max"]
+    mixed_batch: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [4, 32]
+    mixed_prefill_len: list[Length] = [32, 256]
+    kv_cache_tokens: Int = Field(65536, ge=1, le=10**10)
+    heldout_frac: Float = Field(0.25, ge=0, lt=1)
+    out_dir: Optional[str] = None
+
+
+class Validate(Section):
+    name: Literal["validate"]
+    profile: Optional[str] = None
+    runs: Int = Field(2, ge=1, le=1000)
+    load: Optional[Float] = Field(0.8, gt=0, le=100)
+    kv_cache_tokens: Int = Field(8192, ge=1, le=10**10)
+    out_dir: Optional[str] = None
+    serve: dict = {}
+    profiling: dict = {}
 
 
 class Kernel(Section):
@@ -215,7 +269,20 @@ class Kernel(Section):
     check_error: Bool = True
 
 
-SCENARIOS = {"simulate": Simulate, "serve": Serve, "kernel": Kernel}
+SCENARIOS = {"simulate": Simulate, "serve": Serve, "kernel": Kernel, "profile": Profile, "validate": Validate}
+
+
+class RooflineExecutor(Section):
+    name: Literal["roofline"] = Field(description="simulate's step times: choose with executor=NAME")
+
+
+class CalibratedExecutor(Section):
+    name: Literal["calibrated"]
+    profile: Optional[str] = None
+    device: str = "local"
+
+
+EXECUTORS = {"roofline": RooflineExecutor, "calibrated": CalibratedExecutor}
 
 
 # --- plugins: built-in options; a third-party plugin's are checked against its constructor -----
@@ -232,6 +299,7 @@ class Plugin(Section):
 class ReservingAllocator(Plugin):
     name: Literal["contiguous", "oracle", "pow2"] = Field(description="the allocator: choose it with +allocator=NAME")
     block_size: Int = BlockSize
+    placement: Literal["buddy", "first_fit"] = "buddy"
 
 
 class PagedAllocator(Plugin):
@@ -277,10 +345,12 @@ class Root(Section):
     batch: str = "32d1k"
     progress: Bool = True
     profile: Bool = False
+    repeats: Int = Field(1, ge=1, le=10_000)
     engine: Engine = Engine()
     scheduler: Scheduler = Scheduler()
     measure: Measure = Measure()
     sweep: Sweep = Sweep()
+    report: Report = Report()
 
     @field_validator("batch", mode="before")
     @classmethod
