@@ -22,6 +22,10 @@ def make_seq(prompt_len: int, output_len: int, generated: int = 0) -> Sequence:
     return Sequence(next(_ids), request, prompt_len + generated)
 
 
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["torch"] = torch.__version__  # bench-compare flags a change of build
+
+
 @pytest.fixture
 def seq_factory():
     return make_seq
