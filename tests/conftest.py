@@ -28,6 +28,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["torch"] = torch.__version__  # bench-compare flags a change of build
+
+
 @pytest.fixture
 def seq_factory():
     return make_seq

@@ -31,6 +31,11 @@ from kvbench.reporting.report import load_rows
 from kvbench.scenarios.repeats import aggregate, interleaved_order
 
 HOT_PATHS = ["tests/benchmarks"]
+# REF's side runs `python -c BOOTSTRAP MODULE ARGS...`: this environment's editable install adds an
+# import finder that would fill any module REF lacks with this tree's, silently mixing the two.
+BOOTSTRAP = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
+             "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; "
+             "module = sys.argv.pop(1); runpy.run_module(module, run_name='__main__', alter_sys=True)")
 # Rounds within one run are not independent samples; runs are. A short run leaves time for more.
 BENCHMARK_MAX_TIME_S = "0.1"
 
@@ -80,8 +85,8 @@ def import_root(ref_tree: Path, overlay: Path) -> Path:
 class Side:
     """One tree's runs: how to launch it, where its runs went, how long they took."""
 
-    def __init__(self, name: str, env: dict, cwd: Path, folder: Path):
-        self.name, self.env, self.cwd, self.folder = name, env, cwd, folder
+    def __init__(self, name: str, env: dict, cwd: Path, folder: Path, launcher: list[str]):
+        self.name, self.env, self.cwd, self.folder, self.launcher = name, env, cwd, folder, launcher
         self.outputs: list[Path] = []
         self.seconds: list[float] = []
         folder.mkdir(parents=True)
@@ -101,7 +106,7 @@ def _first_error(result: subprocess.CompletedProcess) -> str:
 
 def _benchmark_run(side: Side, targets: list[str], index: int) -> None:
     output = side.folder / f"run{index}.json"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets, "--benchmark-only",
+    command = [*side.launcher, "pytest", "-q", "-p", "no:cacheprovider", *targets, "--benchmark-only",
                f"--benchmark-json={output}", f"--benchmark-max-time={BENCHMARK_MAX_TIME_S}"]
     result = side.run(command)
     ran = output.is_file() and json.loads(output.read_text()).get("benchmarks")
@@ -123,7 +128,7 @@ def merge_benchmark_runs(paths: list[Path], merged: Path) -> Path:
 
 def _bench_run(side: Side, overrides: list[str], index: int) -> None:
     sweep = side.folder / f"run{index}"
-    command = [sys.executable, "-m", "kvbench.cli", "-m", *overrides, f"hydra.sweep.dir={sweep}", "progress=false"]
+    command = [*side.launcher, "kvbench.cli", "-m", *overrides, f"hydra.sweep.dir={sweep}", "progress=false"]
     result = side.run(command)
     if result.returncode != 0 and not list(sweep.glob("*/metrics.csv")):
         raise RuntimeError(_first_error(result))
@@ -178,8 +183,10 @@ def run_ab(ref: str, repeats: int, what: list[str], policy: Policy, out_dir: Opt
         base_env = {**os.environ, "PYTHONHASHSEED": "0"}
         root = import_root(ref_tree, work / "imports")
         base_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-        sides = {"baseline": Side(f"{ref} ({sha[:12]})", base_env, tree, work / "baseline"),
-                 "current": Side("this tree", {**os.environ, "PYTHONHASHSEED": "0", **extra}, tree, work / "current")}
+        sides = {"baseline": Side(f"{ref} ({sha[:12]})", base_env, tree, work / "baseline",
+                                  [sys.executable, "-c", BOOTSTRAP]),
+                 "current": Side("this tree", {**os.environ, "PYTHONHASHSEED": "0", **extra}, tree,
+                                 work / "current", [sys.executable, "-m"])}
         print(f"A/B: {sides['baseline'].name} vs {tree} ({'bench ' + ' '.join(bench_overrides) if bench_overrides else ' '.join(targets)}), "
               f"{repeats} runs a side, interleaved", file=out)
         for index, name in interleaved_order(list(sides), repeats):

@@ -5,14 +5,20 @@ interleaved (bench-compare --against REF), and judges each run's median with a s
 test and a 10 % minimum change (conf/compare_policy.yaml, median_s). The scheduler steps also
 record the Python calls and lines one step executes (extra_info), which the gate compares
 exactly. Each benchmark also checks the work it timed was done.
+
+KVBENCH_TEST_SLOWDOWN=F makes every benchmarked call take (1 + F) times as long
+(tests/slowdown.py): a slower hot path without editing one, to check the gate end to end
+(bench-compare --against REF --current-env KVBENCH_TEST_SLOWDOWN=0.25 must report it).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 from hydra import compose, initialize_config_module
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.sequence import Request, Sequence
@@ -21,7 +27,30 @@ from kvbench.plugins.allocators.contiguous import ContiguousAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.scenarios.build import load_specs
 
+from slowdown import slowed
 from work_counter import count_work
+
+
+class SlowedBenchmark(BenchmarkFixture):
+    """The benchmark fixture with every timed function slowed by `slowdown`."""
+
+    slowdown = 0.0
+
+    def __call__(self, function_to_benchmark, *args, **kwargs):
+        return super().__call__(slowed(function_to_benchmark, self.slowdown), *args, **kwargs)
+
+    def pedantic(self, target, *args, **kwargs):
+        return super().pedantic(slowed(target, self.slowdown), *args, **kwargs)
+
+
+@pytest.fixture
+def benchmark(benchmark):
+    factor = float(os.environ.get("KVBENCH_TEST_SLOWDOWN", "0") or 0)
+    if factor:  # pytest-benchmark accepts only its own fixture class, so the instance is recast
+        benchmark.__class__ = SlowedBenchmark
+        benchmark.slowdown = factor
+    return benchmark
+
 
 RUNNING = 256
 PROMPT = 100
