@@ -21,7 +21,6 @@ from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.registry import Registry
-from kvbench.reporting.compare import Rule, compare, load_policy
 from kvbench.reporting.results import write_csv
 from kvbench.scenarios.repeats import run_interleaved
 

@@ -2,6 +2,7 @@
 
 `FrozenScheduler` and `FrozenPaged` keep the previous logic: every running sequence asks the
 allocator to grow, one call each, and the allocator's own decode fast path fills the last block.
+What did not change (the swapped and waiting loops, grow's other paths) they inherit.
 Both sides get the same requests and the same sampled tokens; every step's batch, preemptions
 and accounting must be equal.
 """
@@ -13,12 +14,13 @@ from hypothesis import strategies as st
 
 from kvbench.core.engine import Engine
 from kvbench.core.scheduler import Batch, Scheduler
-from kvbench.core.sequence import Request, Sequence, SeqStatus
+from kvbench.core.sequence import Request, Sequence
 from kvbench.plugins.allocators.paged import PagedAllocator
 
 
 class FrozenPaged(PagedAllocator):
-    """The paged allocator as it was: no room granted, the decode fast path inside grow."""
+    """The paged allocator as it was: no room granted; a decode token that has room in an
+    unshared last block is counted inside grow (the rest of grow did not change)."""
 
     def _update_reserved(self, seq, num_tokens):
         super()._update_reserved(seq, num_tokens)
@@ -37,37 +39,15 @@ class FrozenPaged(PagedAllocator):
                 if self.prefix_caching and block_fill[block] == self.block_size:
                     self._cache_full_blocks(seq, before + 1)
                 return True
-        after = before + num_tokens
-        if not self.pool.fits(self._blocks_needed(seq, after), reserve=False):
-            return False
-        table, bs = self.block_tables[seq.seq_id], self.block_size
-        if before % bs and self.ref_count[table[-1]] > 1:
-            src = table[-1]
-            dst = table[-1] = self.pool.copy_on_write(src)
-            self._allocated += bs
-            self._token += self.block_fill[dst]
-            self.num_copies += 1
-        while len(table) * bs < after:
-            table.append(self._take_block())
-        for index in range(before // bs, (after - 1) // bs + 1):
-            block = table[index]
-            filled = min(bs, after - index * bs)
-            self._token += filled - self.block_fill[block]
-            self.block_fill[block] = filled
-        self._update_reserved(seq, after)
-        if self.prefix_caching:
-            self._cache_full_blocks(seq, after)
-        return True
+        return super().grow(seq, num_tokens)
 
 
 class FrozenScheduler(Scheduler):
-    """The running / swapped / waiting loops as they were, for requests of one sequence."""
+    """The running sequences' loop as it was: one grow call per sequence, for requests of one
+    sequence (the swapped and waiting loops did not change)."""
 
-    def schedule(self, now: float = 0.0) -> Batch:
-        batch = Batch()
-        budget = self.max_num_batched_tokens
+    def _schedule_running(self, batch: Batch, budget: int) -> int:
         allocator, running = self.allocator, self.running
-        swapped_before = allocator.swapped_blocks
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -83,41 +63,7 @@ class FrozenScheduler(Scheduler):
                 i += 1
                 continue
             break
-        while self.swapped and budget > 0 and not batch.preempted:
-            seq = self.swapped[0]
-            if self.num_running_seqs + 1 > self.max_num_seqs or not allocator.swap_in([seq]):
-                break
-            self.swapped.popleft()
-            running.append(seq)
-            self.num_running_seqs += 1
-            seq.status = SeqStatus.RUNNING
-            assert allocator.grow(seq, 1)
-            self._add_to_batch(batch, seq, 1)
-            budget -= 1
-        batch.swapped_blocks = allocator.swapped_blocks - swapped_before
-        while self.waiting and budget > 0 and not batch.preempted and not self.swapped:
-            seq = self.waiting[0]
-            if self.num_running_seqs + 1 > self.max_num_seqs:
-                break
-            n = seq.num_tokens - seq.num_computed
-            if n > budget:
-                if not self.chunked_prefill:
-                    break
-                n = budget
-            if not allocator.admit(seq):
-                break
-            n = min(n, seq.num_tokens - seq.num_computed)
-            if not allocator.grow(seq, n):
-                allocator.free(seq)
-                seq.num_computed = seq.num_cached = 0
-                break
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
-            running.append(seq)
-            self.num_running_seqs += 1
-            self._add_to_batch(batch, seq, n)
-            budget -= n
-        return batch
+        return budget
 
 
 def frozen_advance(scheduler: Scheduler, batch: Batch, clock: float) -> None:

@@ -111,14 +111,23 @@ class Scheduler:
 
     def schedule(self, now: float = 0.0) -> Batch:
         batch = Batch()
-        budget = self.max_num_batched_tokens
+        swapped_before = self.allocator.swapped_blocks
+        budget = self._schedule_running(batch, self.max_num_batched_tokens)
+        budget = self._schedule_swapped(batch, budget)
+        batch.swapped_blocks = self.allocator.swapped_blocks - swapped_before
+        batch.swapped_slots = batch.swapped_blocks * self.allocator.block_size
+        self._schedule_waiting(batch, budget, now)
+        return batch
+
+    def _schedule_running(self, batch: Batch, budget: int) -> int:
+        """Running sequences first, oldest first, preempting the newest where one cannot grow;
+        returns the token budget left."""
         allocator, running = self.allocator, self.running
         seqs = batch.seqs
         append = seqs.append
         num_tokens = context_tokens = attention_pairs = decode_context = 0
         others = []  # (index in batch, tokens) of running sequences scheduled for more than 1
         room_ran_out = allocator.room_ran_out
-        swapped_before = allocator.swapped_blocks
         took = 0
         # Iterating a list while preemption pops from its end: the iterator stops where it ends.
         for seq in running:
@@ -178,6 +187,11 @@ class Scheduler:
         attention_pairs += decode_context
         batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
         batch.attention_pairs = attention_pairs
+        return budget
+
+    def _schedule_swapped(self, batch: Batch, budget: int) -> int:
+        """Swapped requests come back, in the order they left, before anything new is admitted."""
+        allocator, running = self.allocator, self.running
         swapped = self.swapped
         while swapped and budget > 0 and not batch.preempted:
             seq = swapped[0]
@@ -194,8 +208,11 @@ class Scheduler:
                     raise RuntimeError(f"{allocator.name}: no room to decode a swapped-in sequence")
                 self._add_to_batch(batch, member, 1)
             budget -= len(members)
-        batch.swapped_blocks = allocator.swapped_blocks - swapped_before
-        batch.swapped_slots = batch.swapped_blocks * allocator.block_size
+        return budget
+
+    def _schedule_waiting(self, batch: Batch, budget: int, now: float) -> None:
+        """Waiting sequences in arrival order while the allocator admits them and the budgets allow."""
+        allocator, running, swapped = self.allocator, self.running, self.swapped
         waiting = self.waiting
         idle_exempt = not self.watermark_when_idle
         while waiting and budget > 0 and not batch.preempted and not swapped:
@@ -234,7 +251,6 @@ class Scheduler:
             self._add_to_batch(batch, seq, n)
             budget -= n
         allocator.watermark_exempt = False
-        return batch
 
     def _grow_group(self, group: list, batch: Batch) -> bool:
         """Room for one more token in every member, preempting newest requests as needed;

@@ -56,10 +56,6 @@ class PagedAllocator(KVAllocator):
         self.enable_swap(0)
 
     # --- blocks --------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        return self.pool.num_free
-
     def _take_block(self) -> int:
         self._allocated += self.block_size
         return self.pool.take()
