@@ -43,6 +43,8 @@ class SweepSummary(Callback):
             for path in summarize(sweep_dir):
                 log.info("wrote %s", path)
             rows = collect(sweep_dir)
+        except UserError as err:  # bad input (report.baseline not in the sweep, ...): its own line
+            exit_with(err)
         except Exception as err:
             if not reportable(err):
                 raise

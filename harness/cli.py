@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench import schema, sweep
 from kvbench.errors import UserError, exit_with, one_line, reportable
 from kvbench.profiling import profiled
-from kvbench.reporting.results import environment, write_csv
+from kvbench.reporting.results import IDENTITY, environment, write_csv
 
 log = logging.getLogger("kvbench")
 
@@ -58,10 +58,11 @@ OmegaConf.register_new_resolver("point_dirname", point_dirname, replace=True)
 
 
 def point_overrides() -> dict:
-    """The swept / overridden parameters of this point, as identity columns (groups have their own)."""
+    """The swept / overridden parameters of this point, as identity columns (the groups in
+    IDENTITY have their own; another group chosen, such as +preset=vllm, is a column of its own)."""
     hydra_cfg = HydraConfig.get()
     not_parameters = set(hydra_cfg.job.config.override_dirname.exclude_keys)  # e.g. progress
-    choices = set(hydra_cfg.runtime.choices)
+    choices = set(hydra_cfg.runtime.choices) & set(IDENTITY)
     columns = {}
     for item in hydra_cfg.overrides.task:
         key, _, value = item.lstrip("+~").partition("=")

@@ -272,10 +272,10 @@ def kvbench_config(case: Case, preset: str | None, overrides: list):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.validate import group_options
+    from kvbench.schema.hydra_errors import hydra_line
 
-    if preset is not None and preset not in group_options("preset"):
-        raise UserError(f"unknown preset {preset!r}; known: {', '.join(group_options('preset'))}")
+    if preset is not None and preset not in presets():
+        raise UserError(f"unknown preset {preset!r}; known: {', '.join(presets())}")
     base = [f"+preset={preset}"] if preset else ["+allocator=paged"]
     base += [f"allocator.block_size={case.block_size}", f"allocator.prefix_caching={str(case.prefix_caching).lower()}",
              f"scheduler.max_num_seqs={case.max_num_seqs}",
@@ -288,9 +288,17 @@ def kvbench_config(case: Case, preset: str | None, overrides: list):
         with initialize_config_module("kvbench.conf", version_base="1.3"):
             return compose("bench", overrides=base + list(case.overrides) + list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        raise UserError(f"bad override: {str(err).strip().splitlines()[0]}") from None
+        raise UserError(hydra_line(err) or f"bad override: {str(err).strip().splitlines()[0]}") from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def presets() -> list[str]:
+    """The options of kvbench's preset config group (conf/preset/*.yaml), sorted."""
+    from importlib.resources import files
+
+    return sorted(f.name.removesuffix(".yaml") for f in files("kvbench.conf").joinpath("preset").iterdir()
+                  if f.name.endswith(".yaml"))
 
 
 class KvbenchSide:
@@ -320,7 +328,7 @@ class KvbenchSide:
         return len(self.scheduler.running)
 
     def free_blocks(self) -> int:
-        return self.allocator.num_free_blocks
+        return self.allocator.pool.num_free
 
     def blocks_to_admit(self, seq) -> int:
         """Free blocks the admission of `seq` takes now: its whole sequence, less prefix-cache hits
@@ -329,7 +337,7 @@ class KvbenchSide:
         need = -(-seq.num_tokens // alloc.block_size)
         if alloc.prefix_caching and seq.num_computed == 0:
             hits, _ = alloc._cached_prefix(seq)
-            need -= sum(1 for block in hits if alloc.ref_count[block] > 0)
+            return alloc.pool.admission_need(need, hits)
         return need
 
     def schedule(self):
@@ -506,10 +514,8 @@ def main(argv: list | None = None) -> int:
             raise UserError(f"unknown case {unknown[0]!r}; known: {', '.join(CASES)}")
         preset = None if args.preset == "none" else args.preset
         if preset is not None:
-            from kvbench.validate import group_options
-
-            if preset not in group_options("preset"):
-                raise UserError(f"unknown preset {preset!r}; known: {', '.join(group_options('preset'))}, none")
+            if preset not in presets():
+                raise UserError(f"unknown preset {preset!r}; known: {', '.join(presets())}, none")
         vllm = import_vllm()
         print(f"vllm {vllm.__version__} (supported: {SUPPORTED_VLLM}); kvbench "
               f"{'+preset=' + preset if preset else 'defaults'} {' '.join(args.set)}".rstrip(), flush=True)

@@ -334,8 +334,8 @@ POLICIES = {  # file -> (its text, what the error line says)
     "toplevel.yaml": ("metric:\n  completed: {better: higher}\nmetrics: {}\n", "did you mean metrics?"),
 }
 COMPARE_CASES = [
-    ([], "bench-compare: the following arguments are required"),
-    (["one.csv"], "the following arguments are required: current"),
+    ([], "give BASELINE and CURRENT (got 0 input(s)), or --against REF"),
+    (["one.csv"], "give BASELINE and CURRENT (got 1 input(s)), or --against REF"),
     (["FILES/good.csv", "FILES/good.csv", "--bogus"], "unrecognized arguments: --bogus"),
     (["FILES/missing.csv", "FILES/good.csv"], "missing.csv does not exist"),
     (["FILES/good.csv", "FILES/missing.csv"], "missing.csv does not exist"),

@@ -7,6 +7,7 @@ executor must drive the very scheduler and allocators every other executor does.
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ from kvbench.errors import UserError
 from kvbench.executors.calibrated import CalibratedExecutor, load_profile, local_device_name, model_shape
 from kvbench.executors.step_fit import FEATURES, heldout_split
 from kvbench.registry import default_registry
-from kvbench.reporting.results import read_csv, write_csv
+from kvbench.reporting.results import write_csv
 from kvbench.scenarios.build import load_specs
 from kvbench.scenarios.run import run_point
 from kvbench.scenarios.simulate import simulate
@@ -28,6 +29,12 @@ from kvbench.scenarios.synthetic_steps import Shape
 # per token and 0.09 us per attention pair (what the tiny model measures on a CPU, roughly)
 DECODE = (1.5e-3, 0.0, 0.4e-3, 0.3e-6, 0.0)
 PREFILL = (1.8e-3, 2e-6, 0.4e-3, 0.3e-6, 0.09e-6)
+
+
+def read_rows(path) -> list[dict]:
+    """A CSV's rows as written: dicts of strings (results.read_csv gives a typed DataFrame)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def formula(shape: Shape) -> float:
@@ -142,7 +149,7 @@ def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
 
 
 def test_a_malformed_profile_names_the_row(tiny_profile):
-    rows = read_csv(tiny_profile)
+    rows = read_rows(tiny_profile)
     rows[4]["time_s_median"] = "fast"
     write_csv(tiny_profile, rows)
     with pytest.raises(UserError, match=r"row 6: time_s_median='fast' is not a number"):
@@ -182,7 +189,7 @@ def test_repeats_below_one_are_refused(tmp_path):
 def test_a_measured_profile_calibrates_a_simulation(tmp_path):
     row = profile(tmp_path)[0]
     assert row["profile_shapes"] == 4 + 4 + 2
-    rows = read_csv(tmp_path / "profile.csv")
+    rows = read_rows(tmp_path / "profile.csv")
     assert {r["phase"] for r in rows} == {"prefill", "decode", "mixed"}
     assert all(float(r["time_s_median"]) > 0 for r in rows)
     # the batch features are the scheduler's: 2 prompts of 64 tokens attend to 2 x 64^2 pairs

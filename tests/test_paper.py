@@ -86,7 +86,8 @@ def test_an_unknown_experiment_is_one_line_with_the_known_ones(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith("error: unknown experiment 'fig99'; known: ") and "fig12" in line
+    # the shared unknown-option line (as for +allocator=page): the nearest name, then the known ones
+    assert line.startswith("error: unknown experiment 'fig99'; did you mean fig19?; known: ") and "fig12" in line
 
 
 def test_a_target_latency_of_zero_is_refused_before_the_sweep_runs(tmp_path):

@@ -39,7 +39,8 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False, slots=True)  # slots: its counters are read and written every step
+@dataclass(eq=False, slots=True, weakref_slot=True)  # slots: its counters are read and written every step;
+# weakref_slot: a finished sequence can be watched being freed (tests/test_serving_metrics.py)
 class Sequence:
     """Token state of one sequence.
 

@@ -105,6 +105,8 @@ def _trace_columns(path: str, header) -> dict[str, str]:
         present = [name for name in spellings if name in (header or ())]
         if present:
             found[ours] = present[0]
+    if not header:  # an empty file: no header line at all
+        raise UserError(f"trace {path}: header must have input_len,output_len[,arrival_s]; the file is empty")
     missing = [ours for ours in ("input_len", "output_len") if ours not in found]
     if missing:
         allowed = "; ".join(f"{ours}: {' or '.join(TRACE_COLUMNS[ours])}" for ours in missing)
@@ -157,7 +159,9 @@ def trace_requests(cfg: dict, rng: np.random.Generator, rate: float, burstiness:
                         f"{max_len} (workload.strict=true; false drops such rows and counts them)")
     kept = [r for r in rows if r[0] + r[1] <= max_len]
     if not kept:
-        raise UserError(f"trace {path}: every row is longer than max_model_len={max_len}")
+        i, o, _, line = min(rows, key=lambda r: r[0] + r[1])
+        raise UserError(f"trace {path}: every row has more than max_model_len={max_len} tokens "
+                        f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len")
     if all(r[2] is not None for r in kept):
         kept.sort(key=lambda r: r[2])
         cutoff = math.inf if duration is None else duration

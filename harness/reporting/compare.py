@@ -49,7 +49,7 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
             rows.append({"benchmark": bench["fullname"], **{m: pd.Series(v).median() for m, v in samples.items()},
                          "runs": len(runs), **counts, "status": "ok", SAMPLES: samples, **env})
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # AttributeError: a list, not an object
         raise UserError(f"{path} is not a pytest-benchmark JSON file ({err})") from None
     return pd.DataFrame(rows)
 

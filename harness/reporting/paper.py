@@ -13,6 +13,7 @@ as a ratio to `report.baseline`'s.
 
 from __future__ import annotations
 
+import csv
 import logging
 import sys
 from collections import defaultdict
@@ -23,7 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from kvbench.errors import UserError
-from kvbench.reporting.results import collect, write_atomic, write_csv
+from kvbench.reporting.results import write_atomic, write_csv
 
 log = logging.getLogger("kvbench")
 
@@ -232,10 +233,24 @@ def markdown(rows: list[dict], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sweep_rows(sweep_dir: Path) -> list[dict]:
+    """Every point's rows as text cells (a missing one is ""), in directory order, with a `point` key.
+
+    The figures compare cells as the CSV holds them; results.collect's DataFrame turns a column's
+    blanks into NaN and its numbers into floats, so rows are read here as csv gives them."""
+    rows = []
+    for metrics in sorted(Path(sweep_dir).glob("*/metrics.csv")):
+        with open(metrics, newline="") as f:
+            for row in csv.DictReader(f):
+                row.setdefault("point", metrics.parent.name)
+                rows.append(row)
+    return rows
+
+
 def write_comparison(sweep_dir: Path, report) -> list[Path]:
     """Compare a finished experiment sweep with the paper; return the files written."""
     settings = report_settings(report)
-    rows = collect(sweep_dir)
+    rows = sweep_rows(sweep_dir)
     if not _ok(rows):
         raise UserError(f"{sweep_dir} has no successful point to compare with the paper")
     name = settings["paper"]

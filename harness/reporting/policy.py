@@ -16,6 +16,7 @@ from typing import Optional
 import yaml
 
 from kvbench.errors import UserError
+from kvbench.schema.policy import check_policy
 
 DEFAULT_POLICY = "compare_policy.yaml"
 TEST_METHODS = ("mannwhitneyu", "bootstrap")
@@ -80,10 +81,13 @@ class Policy:
 def _read_yaml(source) -> dict:
     try:
         data = yaml.safe_load(source.read_text())
+    except UnicodeDecodeError as err:
+        raise UserError(f"policy {source} is not UTF-8 text (byte {err.start}); give a YAML file") from None
     except yaml.YAMLError as err:
         raise UserError(f"policy {source} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise UserError(f"policy {source} needs a 'metrics:' mapping of metric -> {{better, tolerance}}")
+    check_policy(data, source)  # unknown keys and bad values, named as key=value
     return data
 
 

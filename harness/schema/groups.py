@@ -64,10 +64,30 @@ class Measure(Section):
     save_requests: Bool = True
 
 
+def _milliseconds(value):
+    """A goodput SLO: null (no limit) or a finite number of milliseconds in (0, 1e12]."""
+    if value is None:
+        return None
+    try:
+        number = None if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not math.isfinite(number) or not number > 0:
+        raise ValueError("must be a number of milliseconds > 0, or null for no limit")
+    if number > 1e12:
+        raise ValueError("must be a number of milliseconds > 0 and <= 1e12")
+    return number
+
+
+SLO = Annotated[Optional[float], BeforeValidator(_milliseconds)]
+
+
 class Goodput(Section):
-    ttft_ms: Optional[Float] = Field(None, gt=0, le=1e12)
-    tpot_ms: Optional[Float] = Field(None, gt=0, le=1e12)
-    e2el_ms: Optional[Float] = Field(None, gt=0, le=1e12)
+    """vLLM's --goodput ttft:MS tpot:MS e2el:MS; an unknown key lists these three."""
+
+    ttft_ms: SLO = Field(None, gt=0, le=1e12, description="time to first token limit, ms; null = no limit")
+    tpot_ms: SLO = Field(None, gt=0, le=1e12, description="time per output token limit, ms; null = no limit")
+    e2el_ms: SLO = Field(None, gt=0, le=1e12, description="end-to-end latency limit, ms; null = no limit")
 
 
 class Report(Section):

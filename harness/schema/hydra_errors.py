@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel
 
 from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, groups, top_level_keys
 from kvbench.schema.messages import closest, unknown_key
@@ -31,10 +32,29 @@ def _first(text: str) -> str:
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
+def _nested(group: str, rest: str) -> tuple[str, list[str]] | None:
+    """For `group.section.key` inside a top-level section (report.goodput.x): the innermost section
+    that exists and its keys; None when the key is not below a nested section."""
+    field = groups.Root.model_fields.get(group)
+    model, where = (field.annotation if field is not None else None), group
+    for part in rest.split(".")[:-1]:
+        inner = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if inner is None or not (isinstance(inner.annotation, type) and issubclass(inner.annotation, BaseModel)):
+            break
+        model, where = inner.annotation, f"{where}.{part}"
+    return (where, list(model.model_fields)) if where != group else None
+
+
 def _unknown_key(full_key: str, add: str = "") -> str:
     group, _, rest = full_key.partition(".")
     if not rest:
         return unknown_key(full_key, top_level_keys(), "the config")
+    nested = _nested(group, rest)
+    if nested is not None and rest.rsplit(".", 1)[-1] in nested[1]:
+        return (f"{full_key} is a {nested[0]} key that this config does not set: add it with "
+                f"{add or '+' + full_key + '=VALUE'}")
+    if nested is not None:
+        return unknown_key(full_key, nested[1], nested[0])
     if group in groups.PLUGINS and rest in group_fields(group):
         return f"{full_key} is an option of a plugin, and no {group} is chosen: add +{group}=NAME first"
     if rest in group_fields(group):

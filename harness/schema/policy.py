@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field, ValidationError
 
@@ -15,6 +15,7 @@ class Rule(Section):
     better: Literal["higher", "lower"]
     tolerance: Optional[Float] = Field(None, ge=0, le=1e6)  # null = report only
     abs_tolerance: Float = Field(0.0, ge=0)
+    min_effect: Any = None  # measured metrics; kvbench.reporting.policy checks its range
 
 
 class Policy(Section):
@@ -22,6 +23,7 @@ class Policy(Section):
     environment: list[str] = []
     metrics: dict[str, Rule]
     scenarios: dict[str, dict[str, Rule]] = {}
+    test: Any = None  # the significance test; kvbench.reporting.policy checks its fields
 
 
 def check_policy(data, source) -> None:

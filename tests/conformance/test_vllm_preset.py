@@ -64,7 +64,7 @@ def test_with_a_request_running_the_watermark_still_applies():
     # the first is admitted while the pool is idle; the second is held by the watermark and, FCFS,
     # the third waits behind it
     assert [s.seq_id for s in batch.seqs] == [0]
-    assert scheduler.allocator.num_free_blocks == 60
+    assert scheduler.allocator.pool.num_free == 60
 
 
 def bench(tmp_path, *args):
