@@ -48,8 +48,12 @@ class SweepSummary(Callback):
         except Exception as err:
             if not reportable(err):
                 raise
-            exit_with(UserError(f"the sweep's summary, plots or report in {sweep_dir} could not be written "
-                                f"({one_line(err)}); its finished points are intact in */metrics.csv"))
+            exit_with(
+                UserError(
+                    f"the sweep's summary, plots or report in {sweep_dir} could not be written "
+                    f"({one_line(err)}); its finished points are intact in */metrics.csv"
+                )
+            )
         finally:
             if self.lock is not None:
                 self.lock.release()
@@ -61,5 +65,9 @@ class SweepSummary(Callback):
             first = f"{failed['point'].iloc[0]}: {failed['reason'].iloc[0]}"
             if len(failed) == len(rows):
                 exit_with(UserError(f"every point of the sweep failed; the first, {first}"))
-            exit_with(UserError(f"{len(failed)} of {len(rows)} points of the sweep failed (their rows are in "
-                                f"summary.csv); the first, {first}"))
+            exit_with(
+                UserError(
+                    f"{len(failed)} of {len(rows)} points of the sweep failed (their rows are in "
+                    f"summary.csv); the first, {first}"
+                )
+            )

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import os
+import re
 import sys
 from pathlib import Path
 

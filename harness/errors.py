@@ -91,4 +91,3 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         exit_with(UserError(f"{self.prog}: {message} (see {self.prog} --help)"))
-

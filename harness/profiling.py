@@ -44,6 +44,8 @@ def profiled(cfg: DictConfig, out_dir: Path):
         return contextlib.nullcontext()
     scenario = cfg.scenario.name
     if scenario not in PROFILED_SCENARIOS:
-        raise UserError(f"profile=true traces torch operators, and scenario={scenario} runs none; "
-                        f"use it with scenario={' or scenario='.join(PROFILED_SCENARIOS)}")
+        raise UserError(
+            f"profile=true traces torch operators, and scenario={scenario} runs none; "
+            f"use it with scenario={' or scenario='.join(PROFILED_SCENARIOS)}"
+        )
     return chrome_trace(Path(out_dir) / TRACE_NAME)

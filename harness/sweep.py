@@ -1,4 +1,5 @@
-"""A sweep's bookkeeping: what produced each point (fingerprint), one sweep per directory (lock), a time limit per point.
+"""A sweep's bookkeeping: what produced each point (fingerprint), one sweep per directory (lock),
+a time limit per point.
 
 A finished point's directory holds metrics.csv and fingerprint.json: the hash of its resolved
 config (less the keys that do not change what it measures) and the kvbench version and git sha
@@ -38,8 +39,11 @@ def fingerprint(cfg: DictConfig) -> dict:
         resolved.pop(key, None)
     text = json.dumps(resolved, sort_keys=True, default=str)
     env = environment()
-    return {"config_sha256": hashlib.sha256(text.encode()).hexdigest(),
-            "kvbench_version": env["kvbench_version"], "git_sha": env["git_sha"]}
+    return {
+        "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "kvbench_version": env["kvbench_version"],
+        "git_sha": env["git_sha"],
+    }
 
 
 def write_fingerprint(point_dir: Path, current: dict) -> None:
@@ -70,8 +74,11 @@ def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
         stored = json.loads((Path(point_dir) / FINGERPRINT).read_text())
     except (OSError, ValueError):
         return False, "it has no readable fingerprint of what produced it"
-    changed = [f"{key} {stored.get(key)} -> {value}" if key != "config_sha256" else "its config"
-               for key, value in current.items() if stored.get(key) != value]
+    changed = [
+        f"{key} {stored.get(key)} -> {value}" if key != "config_sha256" else "its config"
+        for key, value in current.items()
+        if stored.get(key) != value
+    ]
     if changed:
         return False, f"changed since it ran: {', '.join(changed)}"
     return True, "complete from an earlier run of this sweep"
@@ -92,8 +99,10 @@ class SweepLock:
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise UserError(f"{self.path.parent} is in use by another sweep ({holder}); wait for it to "
-                            f"finish or give another hydra.sweep.dir") from None
+            raise UserError(
+                f"{self.path.parent} is in use by another sweep ({holder}); wait for it to "
+                f"finish or give another hydra.sweep.dir"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n".encode())
         self.fd = fd
@@ -118,8 +127,9 @@ def deadline(seconds: float):
         return
 
     def expire(signum, frame):
-        raise PointTimeout(f"the point ran longer than sweep.point_timeout_s={seconds:g} s; raise it "
-                           f"or shrink the workload")
+        raise PointTimeout(
+            f"the point ran longer than sweep.point_timeout_s={seconds:g} s; raise it or shrink the workload"
+        )
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)

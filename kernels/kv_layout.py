@@ -16,12 +16,21 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def kv_token_offsets(block_tables_ptr, seq_starts_ptr, seq, stride_table, pos, mask,
-                     stride_block, stride_token, BLOCK_SIZE: tl.constexpr, PAGED: tl.constexpr):
+def kv_token_offsets(
+    block_tables_ptr,
+    seq_starts_ptr,
+    seq,
+    stride_table,
+    pos,
+    mask,
+    stride_block,
+    stride_token,
+    BLOCK_SIZE: tl.constexpr,
+    PAGED: tl.constexpr,
+):
     """Element offsets (int64) of the first K/V element of each token `pos` of sequence `seq`."""
     if PAGED:
-        block = tl.load(block_tables_ptr + seq * stride_table + pos // BLOCK_SIZE,
-                        mask=mask, other=0).to(tl.int64)
+        block = tl.load(block_tables_ptr + seq * stride_table + pos // BLOCK_SIZE, mask=mask, other=0).to(tl.int64)
         offset = pos % BLOCK_SIZE
     else:
         slot = tl.load(seq_starts_ptr + seq).to(tl.int64) + pos
@@ -36,8 +45,7 @@ def layout_args(block_tables: torch.Tensor | None, seq_starts: torch.Tensor | No
     The unused pointer argument receives the other tensor: the kernel never reads it.
     """
     if (block_tables is None) == (seq_starts is None):
-        raise ValueError("pass exactly one of block_tables (paged layout) or seq_starts "
-                         "(contiguous layout)")
+        raise ValueError("pass exactly one of block_tables (paged layout) or seq_starts (contiguous layout)")
     if block_tables is not None:
         if block_tables.stride(1) != 1:
             raise ValueError("block_tables must be contiguous along its block dimension")
@@ -47,8 +55,10 @@ def layout_args(block_tables: torch.Tensor | None, seq_starts: torch.Tensor | No
 
 def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError("k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, "
-                         f"head_dim]; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, "
+            f"head_dim]; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
     if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
         raise ValueError("k_cache and v_cache must share strides and be contiguous along head_dim")
 

@@ -22,13 +22,35 @@ TILE_ROWS = 64
 
 # Triton would otherwise specialise window == 1 into a constant and compile a kernel for it.
 @triton.jit(do_not_specialize=["window"])
-def _prefill_kernel(query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_starts_ptr,
-                    query_start_loc_ptr, seq_lens_ptr, out_ptr, scale, window,
-                    stride_qt, stride_qh, stride_table, stride_cb, stride_ct, stride_ch,
-                    stride_ot, stride_oh,
-                    QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _prefill_kernel(
+    query_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_starts_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    scale,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_table,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    stride_ot,
+    stride_oh,
+    QUERIES_PER_KV: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_block = tl.program_id(2)
@@ -49,9 +71,11 @@ def _prefill_kernel(query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_s
     dim_mask = dims < HEAD_DIM
     q_pos = context_before + token
 
-    q = tl.load(query_ptr + (q_begin + token)[:, None] * stride_qt + head[:, None] * stride_qh
-                + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
-                other=0.0).to(tl.float32)
+    q = tl.load(
+        query_ptr + (q_begin + token)[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=row_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
     q = q * (scale * LOG2E)
 
     first_pos = context_before + q_block * BLOCK_Q
@@ -65,8 +89,9 @@ def _prefill_kernel(query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_s
     for tile_start in range(kv_start, kv_end, BLOCK_N):
         pos = tile_start + tl.arange(0, BLOCK_N)
         key_mask = pos < kv_end
-        token_offsets = kv_token_offsets(block_tables_ptr, seq_starts_ptr, seq, stride_table,
-                                         pos, key_mask, stride_cb, stride_ct, BLOCK_SIZE, PAGED)
+        token_offsets = kv_token_offsets(
+            block_tables_ptr, seq_starts_ptr, seq, stride_table, pos, key_mask, stride_cb, stride_ct, BLOCK_SIZE, PAGED
+        )
         kv_offsets = token_offsets[:, None] + kv_head * stride_ch + dims[None, :]
         kv_mask = key_mask[:, None] & dim_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(tl.float32)
@@ -86,16 +111,28 @@ def _prefill_kernel(query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_s
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + (q_begin + token)[:, None] * stride_ot + head[:, None] * stride_oh
-             + dims[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & dim_mask[None, :])
+    tl.store(
+        out_ptr + (q_begin + token)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & dim_mask[None, :],
+    )
 
 
-def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
-                  max_query_len: int, block_tables: torch.Tensor | None = None,
-                  seq_starts: torch.Tensor | None = None, window: int = 0,
-                  block_n: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_prefill(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int,
+    block_tables: torch.Tensor | None = None,
+    seq_starts: torch.Tensor | None = None,
+    window: int = 0,
+    block_n: int = 64,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal attention of packed queries [T, num_heads, head_dim] over each sequence's context.
 
     Rows past `query_start_loc[-1]` (padding) are left as they are in `out` (zero if not given).
@@ -104,8 +141,10 @@ def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
     if num_heads % num_kv_heads or head_dim != cache_head_dim or query.stride(2) != 1:
-        raise ValueError(f"query [T, {num_heads}, {head_dim}] (contiguous last dim) does not fit "
-                         f"a cache of {num_kv_heads} kv heads x {cache_head_dim} dims")
+        raise ValueError(
+            f"query [T, {num_heads}, {head_dim}] (contiguous last dim) does not fit "
+            f"a cache of {num_kv_heads} kv heads x {cache_head_dim} dims"
+        )
     table, starts, stride_table, paged = layout_args(block_tables, seq_starts)
     if out is None:
         out = torch.zeros_like(query)
@@ -117,10 +156,32 @@ def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return out
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _prefill_kernel[grid](
-        query, k_cache, v_cache, table, starts, query_start_loc, seq_lens, out, scale, window,
-        query.stride(0), query.stride(1), stride_table, k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), out.stride(0), out.stride(1),
-        QUERIES_PER_KV=queries_per_kv, GROUP_PAD=group_pad, BLOCK_Q=block_q, HEAD_DIM=head_dim,
-        DIM_PAD=pow2_at_least_16(head_dim), BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGED=paged,
-        DOT_PRECISION=dot_precision(query.dtype))
+        query,
+        k_cache,
+        v_cache,
+        table,
+        starts,
+        query_start_loc,
+        seq_lens,
+        out,
+        scale,
+        window,
+        query.stride(0),
+        query.stride(1),
+        stride_table,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        QUERIES_PER_KV=queries_per_kv,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        HEAD_DIM=head_dim,
+        DIM_PAD=pow2_at_least_16(head_dim),
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        PAGED=paged,
+        DOT_PRECISION=dot_precision(query.dtype),
+    )
     return out

@@ -22,14 +22,23 @@ def main() -> None:
     print(f"{'allocator':<12}{'wall_s':>8}{'steps':>9}{'mean_batch':>12}{'sched_us/step':>15}{'us/seq-step':>13}")
     for allocator in args.allocators.split(","):
         with initialize_config_module("kvbench.conf", version_base="1.3"):
-            cfg = compose("bench", overrides=[f"+allocator={allocator}", "workload.rate=inf",
-                                              f"workload.num_requests={args.requests}", "progress=false"])
+            cfg = compose(
+                "bench",
+                overrides=[
+                    f"+allocator={allocator}",
+                    "workload.rate=inf",
+                    f"workload.num_requests={args.requests}",
+                    "progress=false",
+                ],
+            )
         start = time.perf_counter()
         row = run_point(cfg)[0]
         wall = time.perf_counter() - start
         seq_steps = row["steps"] * row["mean_batch_size"]
-        print(f"{allocator:<12}{wall:>8.2f}{row['steps']:>9}{row['mean_batch_size']:>12.1f}"
-              f"{row['schedule_us_per_step']:>15.1f}{1e6 * wall / seq_steps:>13.2f}")
+        print(
+            f"{allocator:<12}{wall:>8.2f}{row['steps']:>9}{row['mean_batch_size']:>12.1f}"
+            f"{row['schedule_us_per_step']:>15.1f}{1e6 * wall / seq_steps:>13.2f}"
+        )
 
 
 if __name__ == "__main__":

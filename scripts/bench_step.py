@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"kvbench": "harness", "kvbench.plugins": "plugins", "kvbench.kernels": "kernels",
-            "kvbench.conf": "conf"}
+PACKAGES = {"kvbench": "harness", "kvbench.plugins": "plugins", "kvbench.kernels": "kernels", "kvbench.conf": "conf"}
 DECODE_STEPS = 60
 PROMPT = 100
 
@@ -40,8 +39,9 @@ def use_tree(tree: Path) -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
     for name, folder in PACKAGES.items():
         path = tree / folder
-        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
-                                                      submodule_search_locations=[str(path)])
+        spec = importlib.util.spec_from_file_location(
+            name, path / "__init__.py", submodule_search_locations=[str(path)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -66,8 +66,9 @@ def decode_case(num_seqs: int, prefix_caching: bool) -> list[float]:
     steps = DECODE_STEPS
     slots = num_seqs * (PROMPT + 16 + 2 * steps + 32)
     allocator = paged.PagedAllocator(slots, 4096, block_size=16, prefix_caching=prefix_caching)
-    scheduler = scheduler_mod.Scheduler(allocator, max_num_seqs=num_seqs,
-                                        max_num_batched_tokens=max(8192, num_seqs * (PROMPT + 16)))
+    scheduler = scheduler_mod.Scheduler(
+        allocator, max_num_seqs=num_seqs, max_num_batched_tokens=max(8192, num_seqs * (PROMPT + 16))
+    )
     engine = engine_mod.Engine(scheduler, executor=None, progress=False)
     for i in range(num_seqs):  # prompts of 100..115 tokens: sequences cross block boundaries on different steps
         prompt = PROMPT + i % 16
@@ -117,8 +118,10 @@ def worker(tree: Path, case: str) -> None:
 
 
 SIM_ARGS = ["+allocator=paged", "progress=false", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-RUN_CLI = ("import sys; sys.path.insert(0, {here!r}); import bench_step; bench_step.use_tree(__import__('pathlib')"
-           ".Path({tree!r})); sys.argv = ['bench'] + {args!r}; from kvbench.cli import main; main()")
+RUN_CLI = (
+    "import sys; sys.path.insert(0, {here!r}); import bench_step; bench_step.use_tree(__import__('pathlib')"
+    ".Path({tree!r})); sys.argv = ['bench'] + {args!r}; from kvbench.cli import main; main()"
+)
 
 
 # --- the driver ---------------------------------------------------------------------------
@@ -130,18 +133,21 @@ def run_case(tree: Path, case: str) -> float:
             start = time.perf_counter()
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=out)
             return time.perf_counter() - start
-    run = subprocess.run([sys.executable, __file__, "--worker", str(tree), case], check=True,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, __file__, "--worker", str(tree), case], check=True, capture_output=True, text=True
+    )
     return json.loads(run.stdout)
 
 
 def reference_tree(rev: str) -> Path:
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
-                         capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
     tree = Path(tempfile.gettempdir()) / f"kvbench-ref-{sha}"
     if not tree.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha], check=True, capture_output=True
+        )
     return tree
 
 

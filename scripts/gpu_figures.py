@@ -36,32 +36,37 @@ def kernel_figures(rows: list[dict]) -> list[str]:
     decode = [r for r in rows if r["backend"] == "triton_paged"]
     if not decode:
         return ["kernel: no triton_paged point finished"]
-    reference = [r for r in decode if r["batch_spec"] == "64d4k"] or \
-        [max(decode, key=lambda r: num(r, "kv_tokens"))]
+    reference = [r for r in decode if r["batch_spec"] == "64d4k"] or [max(decode, key=lambda r: num(r, "kv_tokens"))]
     for r in sorted(reference, key=lambda r: r["dtype"]):
         frac = num(r, "achieved_gbps") * 1e9 / MEASURED_HBM_BYTES_PER_S
-        lines.append(f"triton_paged {r['batch_spec']} {r['dtype']}: {num(r, 'latency_us_p50'):.1f} us, "
-                     f"{num(r, 'achieved_gbps'):.0f} GB/s = {frac:.1%} of measured "
-                     f"{MEASURED_HBM_BYTES_PER_S / 1e12:.1f} TB/s ({num(r, 'roofline_frac'):.1%} of "
-                     f"{r['roofline_hardware']} peak), paging overhead {num(r, 'paging_overhead'):.3f}x, "
-                     f"max err vs eager {num(r, 'max_abs_err_vs_eager'):.2e}"
-                     + (" [interpreted: not performance]" if r.get("interpreted") == "True" else ""))
+        lines.append(
+            f"triton_paged {r['batch_spec']} {r['dtype']}: {num(r, 'latency_us_p50'):.1f} us, "
+            f"{num(r, 'achieved_gbps'):.0f} GB/s = {frac:.1%} of measured "
+            f"{MEASURED_HBM_BYTES_PER_S / 1e12:.1f} TB/s ({num(r, 'roofline_frac'):.1%} of "
+            f"{r['roofline_hardware']} peak), paging overhead {num(r, 'paging_overhead'):.3f}x, "
+            f"max err vs eager {num(r, 'max_abs_err_vs_eager'):.2e}"
+            + (" [interpreted: not performance]" if r.get("interpreted") == "True" else "")
+        )
     long = [r for r in decode if num(r, "context_len") >= LONG_CONTEXT and r.get("interpreted") != "True"]
     if long:
         worst_bw = min(num(r, "achieved_gbps") * 1e9 / MEASURED_HBM_BYTES_PER_S for r in long)
         worst_paging = max(num(r, "paging_overhead") for r in long)
-        lines.append(f"goal at contexts >= {LONG_CONTEXT}: bandwidth >= {GOAL_BANDWIDTH_FRAC:.0%} of measured "
-                     f"(worst {worst_bw:.1%}: {'PASS' if worst_bw >= GOAL_BANDWIDTH_FRAC else 'FAIL'}), "
-                     f"paging overhead <= {GOAL_PAGING_OVERHEAD - 1:.0%} (worst {worst_paging - 1:+.1%}: "
-                     f"{'PASS' if worst_paging <= GOAL_PAGING_OVERHEAD else 'FAIL'})")
+        lines.append(
+            f"goal at contexts >= {LONG_CONTEXT}: bandwidth >= {GOAL_BANDWIDTH_FRAC:.0%} of measured "
+            f"(worst {worst_bw:.1%}: {'PASS' if worst_bw >= GOAL_BANDWIDTH_FRAC else 'FAIL'}), "
+            f"paging overhead <= {GOAL_PAGING_OVERHEAD - 1:.0%} (worst {worst_paging - 1:+.1%}: "
+            f"{'PASS' if worst_paging <= GOAL_PAGING_OVERHEAD else 'FAIL'})"
+        )
     by_backend = defaultdict(list)
     for r in rows:
         if r["batch_spec"] == reference[0]["batch_spec"] and r["dtype"] == reference[0]["dtype"]:
             by_backend[r["backend"]].append(r)
     for backend, points in sorted(by_backend.items()):
         r = points[0]
-        lines.append(f"  {backend:13s} {r['batch_spec']} {r['dtype']}: {num(r, 'latency_us_p50'):9.1f} us "
-                     f"{num(r, 'achieved_gbps'):8.1f} GB/s  paging {num(r, 'paging_overhead'):.3f}x")
+        lines.append(
+            f"  {backend:13s} {r['batch_spec']} {r['dtype']}: {num(r, 'latency_us_p50'):9.1f} us "
+            f"{num(r, 'achieved_gbps'):8.1f} GB/s  paging {num(r, 'paging_overhead'):.3f}x"
+        )
     return lines
 
 
@@ -78,10 +83,12 @@ def graph_figures(rows: list[dict]) -> list[str]:
                     continue
                 tpot = num(r, "median_tpot_ms") / 1e3
                 versus = f"({tpot * 1e3 / num(eager, 'median_tpot_ms'):.2f}x eager)" if eager else ""
-                lines.append(f"batch {batch:3d} {graph:9s} async={async_:5s}: {tpot * 1e3:8.3f} ms/decode step "
-                             f"{versus}, launch {num(r, 'launch_s') * 1e3:.3f} ms, device "
-                             f"{num(r, 'device_s') * 1e3:.3f} ms, cpu_overhead_frac "
-                             f"{num(r, 'cpu_overhead_frac'):.2f}, uncaptured steps {r.get('graph_eager_steps', '')}")
+                lines.append(
+                    f"batch {batch:3d} {graph:9s} async={async_:5s}: {tpot * 1e3:8.3f} ms/decode step "
+                    f"{versus}, launch {num(r, 'launch_s') * 1e3:.3f} ms, device "
+                    f"{num(r, 'device_s') * 1e3:.3f} ms, cpu_overhead_frac "
+                    f"{num(r, 'cpu_overhead_frac'):.2f}, uncaptured steps {r.get('graph_eager_steps', '')}"
+                )
     return lines or ["graphs: no serve point finished"]
 
 

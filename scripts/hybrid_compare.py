@@ -33,15 +33,33 @@ MODELS = {  # model -> hardware overrides (qwen3-next-like's 160 GB of bf16 weig
     "qwen3-next-like": ["hardware=h200", "hardware.num_gpus=2"],
 }
 POLICIES = {"as_full": "paged-as-full", "static": "static partition", "shared": "hybrid (shared)"}
-COLUMNS = ["model", "policy", "max_batch_size", "mean_batch_size", "request_throughput",
-           "output_throughput", "kv_token_util", "kv_internal_frag_frac", "waste_pct", "preemptions"]
+COLUMNS = [
+    "model",
+    "policy",
+    "max_batch_size",
+    "mean_batch_size",
+    "request_throughput",
+    "output_throughput",
+    "kv_token_util",
+    "kv_internal_frag_frac",
+    "waste_pct",
+    "preemptions",
+]
 
 
 def workload(args) -> list[str]:
-    return ["workload=uniform", f"workload.input_len={args.input_len}", "workload.range_ratio=0.5",
-            f"workload.output_len={args.output_len}", "workload.rate=inf",
-            f"workload.num_requests={args.requests}", "scheduler.chunked_prefill=true",
-            "scheduler.max_num_batched_tokens=8192", "scheduler.max_num_seqs=1024", "progress=false"]
+    return [
+        "workload=uniform",
+        f"workload.input_len={args.input_len}",
+        "workload.range_ratio=0.5",
+        f"workload.output_len={args.output_len}",
+        "workload.rate=inf",
+        f"workload.num_requests={args.requests}",
+        "scheduler.chunked_prefill=true",
+        "scheduler.max_num_batched_tokens=8192",
+        "scheduler.max_num_seqs=1024",
+        "progress=false",
+    ]
 
 
 def run_all(args) -> list[dict]:
@@ -49,32 +67,50 @@ def run_all(args) -> list[dict]:
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         for model, hardware in MODELS.items():
             for policy in POLICIES:
-                cfg = compose("bench", overrides=[f"model={model}", *hardware, "+allocator=hybrid",
-                                                  f"allocator.policy={policy}", *workload(args)])
+                cfg = compose(
+                    "bench",
+                    overrides=[
+                        f"model={model}",
+                        *hardware,
+                        "+allocator=hybrid",
+                        f"allocator.policy={policy}",
+                        *workload(args),
+                    ],
+                )
                 row = run_point(cfg)[0]
                 row["waste_pct"] = 100 * (1 - row["kv_token_util"] - row["kv_reserved_frac"])
                 rows.append(row)
-                print(f"{model:16s} {policy:8s} max batch {row['max_batch_size']:4d}  "
-                      f"{row['output_throughput']:8.1f} tok/s  waste {row['waste_pct']:5.1f}%", flush=True)
+                print(
+                    f"{model:16s} {policy:8s} max batch {row['max_batch_size']:4d}  "
+                    f"{row['output_throughput']:8.1f} tok/s  waste {row['waste_pct']:5.1f}%",
+                    flush=True,
+                )
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| model | policy | max concurrent | mean batch | req/s | tok/s | token util | "
-            "internal frag | waste | preemptions |")
+    head = (
+        "| model | policy | max concurrent | mean batch | req/s | tok/s | token util | "
+        "internal frag | waste | preemptions |"
+    )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
-        lines.append(f"| {r['model']} | {POLICIES[r['policy']]} | {r['max_batch_size']} | "
-                     f"{r['mean_batch_size']:.1f} | {r['request_throughput']:.3f} | "
-                     f"{r['output_throughput']:.0f} | {100 * r['kv_token_util']:.1f}% | "
-                     f"{100 * r['kv_internal_frag_frac']:.1f}% | {r['waste_pct']:.1f}% | "
-                     f"{r['preemptions']} |")
+        lines.append(
+            f"| {r['model']} | {POLICIES[r['policy']]} | {r['max_batch_size']} | "
+            f"{r['mean_batch_size']:.1f} | {r['request_throughput']:.3f} | "
+            f"{r['output_throughput']:.0f} | {100 * r['kv_token_util']:.1f}% | "
+            f"{100 * r['kv_internal_frag_frac']:.1f}% | {r['waste_pct']:.1f}% | "
+            f"{r['preemptions']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    metrics = [("max_batch_size", "max concurrent requests"), ("output_throughput", "output tokens / s"),
-               ("waste_pct", "KV waste %")]
+    metrics = [
+        ("max_batch_size", "max concurrent requests"),
+        ("output_throughput", "output tokens / s"),
+        ("waste_pct", "KV waste %"),
+    ]
     fig, axes = plt.subplots(1, len(metrics), figsize=(14, 4))
     models, width = list(MODELS), 0.27
     for ax, (key, title) in zip(axes, metrics):
@@ -84,8 +120,9 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xticks(range(len(models)), models, fontsize=8)
         ax.set_title(title)
     axes[0].legend(fontsize=8)
-    fig.suptitle("hybrid models, long-context prompts (uniform 8k-24k), all requests at t=0, "
-                 "H200 (qwen3-next-like: 2 x H200)")
+    fig.suptitle(
+        "hybrid models, long-context prompts (uniform 8k-24k), all requests at t=0, H200 (qwen3-next-like: 2 x H200)"
+    )
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)

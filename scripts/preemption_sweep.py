@@ -41,8 +41,10 @@ def main() -> None:
     if args.real:
         sweeps.append(("serve (tiny, cpu)", REAL, REAL_BLOCK_SIZES))
     rows = []
-    print(f"{'engine':18} {'block':>5} {'mode':>9} {'preempt':>8} {'model ms/preempt':>17} "
-          f"{'measured swap ms/preempt':>25} {'norm. latency s/tok':>20}")
+    print(
+        f"{'engine':18} {'block':>5} {'mode':>9} {'preempt':>8} {'model ms/preempt':>17} "
+        f"{'measured swap ms/preempt':>25} {'norm. latency s/tok':>20}"
+    )
     for label, overrides, block_sizes in sweeps:
         for block_size in block_sizes:
             for mode in ("swap", "recompute"):
@@ -50,12 +52,15 @@ def main() -> None:
                 preemptions = max(row["preemptions"], 1)
                 model_s = row["swap_time_model_s"] + row["recompute_time_model_s"]
                 measured = row.get("swap_time_s")
-                rows.append({"engine": label, "mode": mode, "model_ms_per_preemption": 1e3 * model_s / preemptions,
-                             **row})
+                rows.append(
+                    {"engine": label, "mode": mode, "model_ms_per_preemption": 1e3 * model_s / preemptions, **row}
+                )
                 shown = f"{1e3 * measured / preemptions:25.3f}" if measured and mode == "swap" else f"{'-':>25}"
-                print(f"{label:18} {block_size:5d} {mode:>9} {row['preemptions']:8d} "
-                      f"{1e3 * model_s / preemptions:17.3f} {shown} {row['normalized_latency_s_per_tok']:20.4f}",
-                      flush=True)
+                print(
+                    f"{label:18} {block_size:5d} {mode:>9} {row['preemptions']:8d} "
+                    f"{1e3 * model_s / preemptions:17.3f} {shown} {row['normalized_latency_s_per_tok']:20.4f}",
+                    flush=True,
+                )
     write_csv(Path(args.out), rows)
     print(f"wrote {args.out}", file=sys.stderr)
 

@@ -82,16 +82,21 @@ def main() -> None:
     if args.real:
         points.append(("serve/alpaca (tiny, cpu)", REAL))
     rows = []
-    print(f"{'engine/workload':28} {'sharing':>14} {'blocks saved':>13} {'copies':>8} {'mean batch':>11} "
-          f"{'preemptions':>12}")
+    print(
+        f"{'engine/workload':28} {'sharing':>14} {'blocks saved':>13} {'copies':>8} {'mean batch':>11} "
+        f"{'preemptions':>12}"
+    )
     for label, overrides in points:
         for knob, value in SHARING:
             if label.startswith("serve") and value == 6:
                 continue
             row = measured([*overrides, f"workload.{knob}={value}"])
             rows.append({"point": label, "sharing": f"{knob}={value}", **row})
-            print(f"{label:28} {knob + '=' + str(value):>14} {row['blocks_saved_pct']:12.1f}% "
-                  f"{row['copies']:8d} {row['mean_batch_size']:11.1f} {row['preemptions']:12d}", flush=True)
+            print(
+                f"{label:28} {knob + '=' + str(value):>14} {row['blocks_saved_pct']:12.1f}% "
+                f"{row['copies']:8d} {row['mean_batch_size']:11.1f} {row['preemptions']:12d}",
+                flush=True,
+            )
     write_csv(Path(args.out), rows)
     print(f"wrote {args.out}", file=sys.stderr)
 

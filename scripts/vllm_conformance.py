@@ -42,6 +42,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from kvbench.arith import cdiv
 from kvbench.errors import UserError
 
 SUPPORTED_VLLM = "0.33.0"
@@ -49,11 +50,21 @@ SUPPORTED_VLLM = "0.33.0"
 # OPT-125m's shape (12 layers, hidden 768 = 12 heads x 64, vocabulary 50,272, 2,048 positions):
 # all vLLM's config needs; the scheduler never touches weights.
 MODEL_CONFIG = {
-    "architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 768,
-    "num_attention_heads": 12, "num_hidden_layers": 12, "ffn_dim": 3072,
-    "max_position_embeddings": 2048, "vocab_size": 50272, "word_embed_proj_dim": 768,
-    "do_layer_norm_before": True, "torch_dtype": "float16", "activation_function": "relu",
-    "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1,
+    "architectures": ["OPTForCausalLM"],
+    "model_type": "opt",
+    "hidden_size": 768,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "ffn_dim": 3072,
+    "max_position_embeddings": 2048,
+    "vocab_size": 50272,
+    "word_embed_proj_dim": 768,
+    "do_layer_norm_before": True,
+    "torch_dtype": "float16",
+    "activation_function": "relu",
+    "bos_token_id": 2,
+    "eos_token_id": 2,
+    "pad_token_id": 1,
 }
 VOCAB = MODEL_CONFIG["vocab_size"]
 
@@ -82,26 +93,57 @@ class Case:
     overrides: tuple = ()  # kvbench config overrides the case needs (before --set)
 
 
-CASES = {c.name: c for c in (
-    Case("sharegpt", "300 ShareGPT-length requests at once, 2,000 blocks, 256 seqs, 2,048-token steps"),
-    Case("sharegpt-prefix", "the same with prefix caching (resumed requests hit their own blocks)",
-         prefix_caching=True),
-    Case("system-prompts", "4 shared 400-token system prompts, prefix caching, ~1 arrival per 4 steps",
-         prefix_caching=True, prefix_len=400, num_prefixes=4, arrivals_per_step=0.25),
-    Case("max-num-seqs", "max_num_seqs=24 binds long before memory does (6,000 blocks)",
-         num_blocks=6000, max_num_seqs=24, arrivals_per_step=2.0),
-    Case("small-budget", "a 192-token step budget: prompts are chunked over many steps",
-         max_num_batched_tokens=192, max_num_seqs=128, num_requests=200),
-    Case("preemption", "heavy preemption: 400 blocks (6,400 tokens) for 300 requests",
-         num_blocks=400),
-    Case("preemption-prefix", "heavy preemption with prefix caching: evictions and re-hits",
-         num_blocks=400, prefix_caching=True),
-    Case("idle-watermark", "a 25 % watermark on both sides and ~1,600-token prompts that fit only an idle "
-         "pool (121 blocks): the watermark is skipped when nothing runs",
-         workload=(("kind", "uniform"), ("input_len", 1500), ("output_len", 100), ("range_ratio", 0.1)),
-         num_requests=20, num_blocks=121, arrivals_per_step=0.02, vllm_watermark=0.25,
-         overrides=("allocator.watermark=0.25",)),
-)}
+CASES = {
+    c.name: c
+    for c in (
+        Case("sharegpt", "300 ShareGPT-length requests at once, 2,000 blocks, 256 seqs, 2,048-token steps"),
+        Case(
+            "sharegpt-prefix",
+            "the same with prefix caching (resumed requests hit their own blocks)",
+            prefix_caching=True,
+        ),
+        Case(
+            "system-prompts",
+            "4 shared 400-token system prompts, prefix caching, ~1 arrival per 4 steps",
+            prefix_caching=True,
+            prefix_len=400,
+            num_prefixes=4,
+            arrivals_per_step=0.25,
+        ),
+        Case(
+            "max-num-seqs",
+            "max_num_seqs=24 binds long before memory does (6,000 blocks)",
+            num_blocks=6000,
+            max_num_seqs=24,
+            arrivals_per_step=2.0,
+        ),
+        Case(
+            "small-budget",
+            "a 192-token step budget: prompts are chunked over many steps",
+            max_num_batched_tokens=192,
+            max_num_seqs=128,
+            num_requests=200,
+        ),
+        Case("preemption", "heavy preemption: 400 blocks (6,400 tokens) for 300 requests", num_blocks=400),
+        Case(
+            "preemption-prefix",
+            "heavy preemption with prefix caching: evictions and re-hits",
+            num_blocks=400,
+            prefix_caching=True,
+        ),
+        Case(
+            "idle-watermark",
+            "a 25 % watermark on both sides and ~1,600-token prompts that fit only an idle "
+            "pool (121 blocks): the watermark is skipped when nothing runs",
+            workload=(("kind", "uniform"), ("input_len", 1500), ("output_len", 100), ("range_ratio", 0.1)),
+            num_requests=20,
+            num_blocks=121,
+            arrivals_per_step=0.02,
+            vllm_watermark=0.25,
+            overrides=("allocator.watermark=0.25",),
+        ),
+    )
+}
 
 
 @dataclass
@@ -145,20 +187,26 @@ class Report:
 
     def summary(self) -> str:
         us = lambda s: 1e6 * s / max(self.steps, 1)
-        head = (f"{self.case}: {self.steps} steps, {self.finished} finished, {self.preemptions} preemptions, "
-                f"per step kvbench {us(self.kvbench_s):.0f} us / vLLM {us(self.vllm_s):.0f} us = {self.ratio:.3f}x")
+        head = (
+            f"{self.case}: {self.steps} steps, {self.finished} finished, {self.preemptions} preemptions, "
+            f"per step kvbench {us(self.kvbench_s):.0f} us / vLLM {us(self.vllm_s):.0f} us = {self.ratio:.3f}x"
+        )
         if self.divergence is None:
             return head + " -- identical at every step"
         d = self.divergence
-        return (f"{head} -- DIVERGED at step {d.step} ({d.what}): {d.reason}\n"
-                f"  kvbench: {_show(d.kvbench)}\n  vLLM:    {_show(d.vllm)}")
+        return (
+            f"{head} -- DIVERGED at step {d.step} ({d.what}): {d.reason}\n"
+            f"  kvbench: {_show(d.kvbench)}\n  vLLM:    {_show(d.vllm)}"
+        )
 
 
 def _show(view: StepView, limit: int = 12) -> str:
     items = " ".join(f"{r}:{n}" for r, n in view.scheduled[:limit])
     more = f" ... (+{len(view.scheduled) - limit})" if len(view.scheduled) > limit else ""
-    return (f"batch [{items}{more}] preempted {view.preempted} finished {view.finished} "
-            f"free {view.free_after_schedule} -> {view.free_after_step}")
+    return (
+        f"batch [{items}{more}] preempted {view.preempted} finished {view.finished} "
+        f"free {view.free_after_schedule} -> {view.free_after_step}"
+    )
 
 
 def fake_token(request_id: int, position: int) -> int:
@@ -177,8 +225,10 @@ def import_vllm():
         raise UserError(f"vllm is not importable ({err}); build its environment with scripts/vllm_env.sh") from None
     version = getattr(vllm, "__version__", "unknown")
     if version != SUPPORTED_VLLM:
-        raise UserError(f"vllm {version} is not supported: this harness is written for vllm {SUPPORTED_VLLM} "
-                        f"(scripts/vllm_env.sh installs it)")
+        raise UserError(
+            f"vllm {version} is not supported: this harness is written for vllm {SUPPORTED_VLLM} "
+            f"(scripts/vllm_env.sh installs it)"
+        )
     return vllm
 
 
@@ -199,34 +249,48 @@ class VllmSide:
         from vllm.v1.structured_output import StructuredOutputManager
 
         self._Request, self._SamplingParams, self._Output = Request, SamplingParams, ModelRunnerOutput
-        model = ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=case.max_model_len,
-                            dtype="float16")
+        model = ModelConfig(
+            model=model_dir, skip_tokenizer_init=True, max_model_len=case.max_model_len, dtype="float16"
+        )
         watermark = {} if case.vllm_watermark is None else {"watermark": case.vllm_watermark}
-        sched = SchedulerConfig(max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
-                                max_model_len=case.max_model_len, is_encoder_decoder=False,
-                                enable_chunked_prefill=True, async_scheduling=False, **watermark)
+        sched = SchedulerConfig(
+            max_num_seqs=case.max_num_seqs,
+            max_num_batched_tokens=case.max_num_batched_tokens,
+            max_model_len=case.max_model_len,
+            is_encoder_decoder=False,
+            enable_chunked_prefill=True,
+            async_scheduling=False,
+            **watermark,
+        )
         cache = CacheConfig(block_size=case.block_size, enable_prefix_caching=case.prefix_caching)
         cache.num_gpu_blocks = case.num_blocks
         config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched)
-        spec = FullAttentionSpec(block_size=case.block_size, num_kv_heads=MODEL_CONFIG["num_attention_heads"],
-                                 head_size=64, dtype=torch.float16)
-        kv = KVCacheConfig(num_blocks=case.num_blocks, kv_cache_tensors=[],
-                           kv_cache_groups=[KVCacheGroupSpec(["decoder"], spec)])
+        spec = FullAttentionSpec(
+            block_size=case.block_size,
+            num_kv_heads=MODEL_CONFIG["num_attention_heads"],
+            head_size=64,
+            dtype=torch.float16,
+        )
+        kv = KVCacheConfig(
+            num_blocks=case.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["decoder"], spec)]
+        )
         self.hasher = None
         if case.prefix_caching:
             hash_fn = get_hash_fn_by_name(cache.prefix_caching_hash_algo)
             init_none_hash(hash_fn)
             self.hasher = get_request_block_hasher(case.block_size, hash_fn, config.num_hash_lookahead_tokens)
-        self.scheduler = Scheduler(config, kv, StructuredOutputManager(config), block_size=case.block_size,
-                                   log_stats=False)
+        self.scheduler = Scheduler(
+            config, kv, StructuredOutputManager(config), block_size=case.block_size, log_stats=False
+        )
         self.pool = self.scheduler.kv_cache_manager.block_pool
         self.watermark_blocks = self.scheduler.kv_cache_manager.watermark_blocks
         self.watermark = config.scheduler_config.watermark
 
     def add(self, request_id: int, prompt: list, output_len: int, step: int) -> None:
         params = self._SamplingParams(max_tokens=output_len, ignore_eos=True)
-        self.scheduler.add_request(self._Request(str(request_id), prompt, params, None,
-                                                 arrival_time=float(step), block_hasher=self.hasher))
+        self.scheduler.add_request(
+            self._Request(str(request_id), prompt, params, None, arrival_time=float(step), block_hasher=self.hasher)
+        )
 
     def has_work(self) -> bool:
         return self.scheduler.get_num_unfinished_requests() > 0
@@ -241,8 +305,11 @@ class VllmSide:
         return self.scheduler.schedule()
 
     def view(self, out) -> StepView:
-        return StepView([(int(r), n) for r, n in out.num_scheduled_tokens.items()],
-                        sorted(int(r) for r in out.preempted_req_ids), self.free_blocks())
+        return StepView(
+            [(int(r), n) for r, n in out.num_scheduled_tokens.items()],
+            sorted(int(r) for r in out.preempted_req_ids),
+            self.free_blocks(),
+        )
 
     def model_output(self, out):
         """One sampled token for each scheduled request whose prompt is done, none for a chunk."""
@@ -252,16 +319,19 @@ class VllmSide:
         for rid in ids:
             req = requests[rid]
             sampled.append([fake_token(int(rid), req.num_tokens)] if req.num_computed_tokens >= req.num_tokens else [])
-        return self._Output(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                            sampled_token_ids=sampled)
+        return self._Output(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
 
     def update(self, out, model_output):
         return self.scheduler.update_from_output(out, model_output)
 
     @staticmethod
     def finished(engine_outputs) -> list:
-        return sorted(int(o.request_id) for outputs in engine_outputs.values() for o in outputs.outputs
-                      if o.finish_reason is not None)
+        return sorted(
+            int(o.request_id)
+            for outputs in engine_outputs.values()
+            for o in outputs.outputs
+            if o.finish_reason is not None
+        )
 
 
 # --- kvbench --------------------------------------------------------------------------------
@@ -277,10 +347,14 @@ def kvbench_config(case: Case, preset: str | None, overrides: list):
     if preset is not None and preset not in presets():
         raise UserError(f"unknown preset {preset!r}; known: {', '.join(presets())}")
     base = [f"+preset={preset}"] if preset else ["+allocator=paged"]
-    base += [f"allocator.block_size={case.block_size}", f"allocator.prefix_caching={str(case.prefix_caching).lower()}",
-             f"scheduler.max_num_seqs={case.max_num_seqs}",
-             f"scheduler.max_num_batched_tokens={case.max_num_batched_tokens}",
-             f"seed={case.seed}", "progress=false"]
+    base += [
+        f"allocator.block_size={case.block_size}",
+        f"allocator.prefix_caching={str(case.prefix_caching).lower()}",
+        f"scheduler.max_num_seqs={case.max_num_seqs}",
+        f"scheduler.max_num_batched_tokens={case.max_num_batched_tokens}",
+        f"seed={case.seed}",
+        "progress=false",
+    ]
     if preset is None:
         base.append("scheduler.chunked_prefill=true")
     GlobalHydra.instance().clear()
@@ -297,8 +371,11 @@ def presets() -> list[str]:
     """The options of kvbench's preset config group (conf/preset/*.yaml), sorted."""
     from importlib.resources import files
 
-    return sorted(f.name.removesuffix(".yaml") for f in files("kvbench.conf").joinpath("preset").iterdir()
-                  if f.name.endswith(".yaml"))
+    return sorted(
+        f.name.removesuffix(".yaml")
+        for f in files("kvbench.conf").joinpath("preset").iterdir()
+        if f.name.endswith(".yaml")
+    )
 
 
 class KvbenchSide:
@@ -334,7 +411,7 @@ class KvbenchSide:
         """Free blocks the admission of `seq` takes now: its whole sequence, less prefix-cache hits
         that are in use (a hit on a free cached block still takes that block off the free queue)."""
         alloc = self.allocator
-        need = -(-seq.num_tokens // alloc.block_size)
+        need = cdiv(seq.num_tokens, alloc.block_size)
         if alloc.prefix_caching and seq.num_computed == 0:
             hits, _ = alloc._cached_prefix(seq)
             return alloc.pool.admission_need(need, hits)
@@ -344,13 +421,18 @@ class KvbenchSide:
         return self.scheduler.schedule()
 
     def view(self, batch) -> StepView:
-        return StepView([(s.request.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
-                        sorted(s.request.request_id for s in batch.preempted), self.free_blocks())
+        return StepView(
+            [(s.request.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
+            sorted(s.request.request_id for s in batch.preempted),
+            self.free_blocks(),
+        )
 
     @staticmethod
     def model_output(batch) -> list:
-        return [fake_token(s.request.request_id, s.num_tokens) if s.num_computed >= s.num_tokens else None
-                for s in batch.seqs]
+        return [
+            fake_token(s.request.request_id, s.num_tokens) if s.num_computed >= s.num_tokens else None
+            for s in batch.seqs
+        ]
 
     def update(self, batch, tokens) -> None:
         self.engine._advance(batch, tokens, 0.0)  # the engine's own bookkeeping: append, finish, free
@@ -368,17 +450,29 @@ def requests_for(case: Case):
     from kvbench.core.workload import generate
 
     rate = case.arrivals_per_step if case.arrivals_per_step else math.inf
-    requests = generate({**dict(case.workload), "rate": rate, "num_requests": case.num_requests,
-                         "duration_s": None, "prefix_len": case.prefix_len, "num_prefixes": case.num_prefixes},
-                        case.seed, case.max_model_len, with_tokens=True, vocab_size=VOCAB)
+    requests = generate(
+        {
+            **dict(case.workload),
+            "rate": rate,
+            "num_requests": case.num_requests,
+            "duration_s": None,
+            "prefix_len": case.prefix_len,
+            "num_prefixes": case.num_prefixes,
+        },
+        case.seed,
+        case.max_model_len,
+        with_tokens=True,
+        vocab_size=VOCAB,
+    )
     return [(r, 1 + int(r.arrival_s)) for r in requests]
 
 
-def likely_rule(what: str, kv: StepView, vl: StepView, before: dict, kvside: KvbenchSide,
-                vside: VllmSide, case: Case) -> str:
+def likely_rule(
+    what: str, kv: StepView, vl: StepView, before: dict, kvside: KvbenchSide, vside: VllmSide, case: Case
+) -> str:
     """A one-line guess at the rule that differs, from the first differing decision."""
     if what == "scheduled":
-        for i, (a, b) in enumerate(zip(kv.scheduled, vl.scheduled)):
+        for i, (a, b) in enumerate(zip(kv.scheduled, vl.scheduled)):  # noqa: B007 (i is read after the loop)
             if a != b:
                 break
         else:
@@ -401,33 +495,52 @@ def likely_rule(what: str, kv: StepView, vl: StepView, before: dict, kvside: Kvb
             return f"{side} schedules request {rid}, {other} is at max_num_seqs={case.max_num_seqs}"
         wk, wv = kvside.watermark_blocks, vside.watermark_blocks
         idle_k = "kept" if kvside.scheduler.watermark_when_idle else "skipped"
-        rule = (f"the admission watermark: kvbench keeps {wk} blocks free (allocator.watermark, {idle_k} when "
-                f"nothing runs), vLLM {wv} (watermark={vside.watermark}, skipped when nothing runs)")
+        rule = (
+            f"the admission watermark: kvbench keeps {wk} blocks free (allocator.watermark, {idle_k} when "
+            f"nothing runs), vLLM {wv} (watermark={vside.watermark}, skipped when nothing runs)"
+        )
         if running == 0 and kvside.scheduler.watermark_when_idle and wk:
-            rule = (f"the admission watermark while nothing runs: vLLM skips it, kvbench keeps {wk} blocks free "
-                    f"(scheduler.watermark_when_idle=true)")
+            rule = (
+                f"the admission watermark while nothing runs: vLLM skips it, kvbench keeps {wk} blocks free "
+                f"(scheduler.watermark_when_idle=true)"
+            )
         kept = wv if other == "vLLM" else wk
         if 0 <= need <= free < need + kept:
-            return (f"{side} admits request {rid} ({need} new blocks for its {seq.num_tokens} tokens), {other} "
-                    f"refuses it with {free} blocks free and {running} requests running before the step "
-                    f"(likely: {rule})")
-        return (f"{side} admits request {rid} ({need} new blocks by kvbench's count), {other} refuses it with "
-                f"{free} blocks free (likely: free-block accounting or prefix-cache hits; {rule})")
+            return (
+                f"{side} admits request {rid} ({need} new blocks for its {seq.num_tokens} tokens), {other} "
+                f"refuses it with {free} blocks free and {running} requests running before the step "
+                f"(likely: {rule})"
+            )
+        return (
+            f"{side} admits request {rid} ({need} new blocks by kvbench's count), {other} refuses it with "
+            f"{free} blocks free (likely: free-block accounting or prefix-cache hits; {rule})"
+        )
     if what == "preempted":
-        return (f"kvbench preempts {kv.preempted}, vLLM {vl.preempted} (likely: preemption order or the free "
-                f"blocks before the step: kvbench {before['kvbench_free']}, vLLM {before['vllm_free']})")
+        return (
+            f"kvbench preempts {kv.preempted}, vLLM {vl.preempted} (likely: preemption order or the free "
+            f"blocks before the step: kvbench {before['kvbench_free']}, vLLM {before['vllm_free']})"
+        )
     if what == "free_after_schedule":
         rule = "prefix-cache hits or eviction order" if case.prefix_caching else "block accounting"
-        return (f"the same batch leaves {kv.free_after_schedule} blocks free in kvbench, {vl.free_after_schedule} "
-                f"in vLLM (likely: {rule})")
+        return (
+            f"the same batch leaves {kv.free_after_schedule} blocks free in kvbench, {vl.free_after_schedule} "
+            f"in vLLM (likely: {rule})"
+        )
     if what == "finished":
         return f"kvbench finishes {kv.finished}, vLLM {vl.finished} (likely: the stop rule)"
-    return (f"after freeing finished requests kvbench has {kv.free_after_step} blocks free, vLLM "
-            f"{vl.free_after_step} (likely: blocks kept by a finished request, or prefix-cache eviction)")
+    return (
+        f"after freeing finished requests kvbench has {kv.free_after_step} blocks free, vLLM "
+        f"{vl.free_after_step} (likely: blocks kept by a finished request, or prefix-cache eviction)"
+    )
 
 
-def run_case(case: Case, preset: str | None = "vllm", overrides: list = (), max_steps: int | None = None,
-             model_dir: str | None = None) -> Report:
+def run_case(
+    case: Case,
+    preset: str | None = "vllm",
+    overrides: list = (),
+    max_steps: int | None = None,
+    model_dir: str | None = None,
+) -> Report:
     vllm = import_vllm()
     cfg = kvbench_config(case, preset, overrides)
     with tempfile.TemporaryDirectory(prefix="kvbench-vllm-model-") as tmp:
@@ -451,8 +564,12 @@ def run_case(case: Case, preset: str | None = "vllm", overrides: list = (), max_
             vside.add(request.request_id, prompt, request.output_len, clock)
             kvside.add(request)
             next_arrival += 1
-        before = {"kvbench_free": kvside.free_blocks(), "vllm_free": vside.free_blocks(),
-                  "kvbench_running": kvside.num_running(), "vllm_running": vside.num_running()}
+        before = {
+            "kvbench_free": kvside.free_blocks(),
+            "vllm_free": vside.free_blocks(),
+            "kvbench_running": kvside.num_running(),
+            "vllm_running": vside.num_running(),
+        }
         t0 = perf()
         batch = kvside.schedule()
         t1 = perf()
@@ -492,13 +609,23 @@ def _finish(report: Report, kvside: KvbenchSide) -> Report:
 
 
 def main(argv: list | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--case", action="append", help="a case name (repeatable; default: all)")
-    parser.add_argument("--preset", default="vllm", help="kvbench preset to check (default vllm; 'none': "
-                        "kvbench's own defaults, with chunked prefill on and the case's pool and budgets)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a kvbench config override on top of the preset (repeatable)")
+    parser.add_argument(
+        "--preset",
+        default="vllm",
+        help="kvbench preset to check (default vllm; 'none': "
+        "kvbench's own defaults, with chunked prefill on and the case's pool and budgets)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a kvbench config override on top of the preset (repeatable)",
+    )
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
@@ -517,8 +644,11 @@ def main(argv: list | None = None) -> int:
             if preset not in presets():
                 raise UserError(f"unknown preset {preset!r}; known: {', '.join(presets())}, none")
         vllm = import_vllm()
-        print(f"vllm {vllm.__version__} (supported: {SUPPORTED_VLLM}); kvbench "
-              f"{'+preset=' + preset if preset else 'defaults'} {' '.join(args.set)}".rstrip(), flush=True)
+        print(
+            f"vllm {vllm.__version__} (supported: {SUPPORTED_VLLM}); kvbench "
+            f"{'+preset=' + preset if preset else 'defaults'} {' '.join(args.set)}".rstrip(),
+            flush=True,
+        )
         reports = []
         for name in names:
             report = run_case(CASES[name], preset, args.set, args.max_steps)
@@ -529,9 +659,11 @@ def main(argv: list | None = None) -> int:
         return 2
     total_k, total_v = sum(r.kvbench_s for r in reports), sum(r.vllm_s for r in reports)
     steps = sum(r.steps for r in reports)
-    print(f"all: {steps} steps compared, {sum(r.divergence is None for r in reports)}/{len(reports)} cases "
-          f"identical; per step kvbench {1e6 * total_k / max(steps, 1):.0f} us, vLLM "
-          f"{1e6 * total_v / max(steps, 1):.0f} us, ratio {total_k / total_v if total_v else math.nan:.3f}x")
+    print(
+        f"all: {steps} steps compared, {sum(r.divergence is None for r in reports)}/{len(reports)} cases "
+        f"identical; per step kvbench {1e6 * total_k / max(steps, 1):.0f} us, vLLM "
+        f"{1e6 * total_v / max(steps, 1):.0f} us, ratio {total_k / total_v if total_v else math.nan:.3f}x"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{**asdict(r), "ratio": r.ratio} for r in reports], f, indent=1, default=str)

@@ -7,18 +7,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.block_pool import BlockPool
+from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.plugins.allocators.placement import PLACEMENTS, BuddySpace
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
 
 from helpers.sequences import make_seq
 
-ALLOCATORS = [(cls, {"placement": p}) for cls in (ContiguousAllocator, OracleAllocator, Pow2Allocator)
-              for p in PLACEMENTS] + [(PagedAllocator, {})]
-OPS = st.lists(st.tuples(st.sampled_from(["admit", "grow", "grow", "grow", "fork", "free"]),
-                         st.integers(0, 10_000), st.integers(1, 40)), min_size=1, max_size=80)
+ALLOCATORS = [
+    (cls, {"placement": p}) for cls in (ContiguousAllocator, OracleAllocator, Pow2Allocator) for p in PLACEMENTS
+] + [(PagedAllocator, {})]
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "grow", "grow", "grow", "fork", "free"]), st.integers(0, 10_000), st.integers(1, 40)
+    ),
+    min_size=1,
+    max_size=80,
+)
 
 
 def occupancy(allocator) -> Counter:
@@ -111,8 +117,15 @@ def test_random_operations_keep_every_invariant(cls, options, ops, block_size):
 
 
 # --- the block pool under the paged allocator and every hybrid manager ------------------
-POOL_OPS = st.lists(st.tuples(st.sampled_from(["take", "take", "hold", "drop", "drop", "name", "cow"]),
-                              st.integers(0, 10_000), st.integers(0, 5)), min_size=1, max_size=120)
+POOL_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "take", "hold", "drop", "drop", "name", "cow"]),
+        st.integers(0, 10_000),
+        st.integers(0, 5),
+    ),
+    min_size=1,
+    max_size=120,
+)
 
 
 def check_pool(pool: BlockPool, holders: Counter, content: dict) -> None:

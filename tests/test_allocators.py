@@ -2,6 +2,7 @@
 
 import pytest
 
+from kvbench.arith import cdiv
 from kvbench.core.spec import ModelSpec
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
@@ -38,8 +39,11 @@ def grown(allocator, seq):
 # estimate and placement: Pow2 reserves min(100 + 512, 2048) = 612 -> 39 blocks, which the
 # buddy system holds as a 64-block chunk; Oracle reserves 400 -> 25 blocks -> a 32-block chunk.
 LECTURE_HELD = [
-    (ContiguousAllocator, "buddy", 2048), (Pow2Allocator, "buddy", 1024), (OracleAllocator, "buddy", 512),
-    (ContiguousAllocator, "first_fit", 2048), (Pow2Allocator, "first_fit", 624),
+    (ContiguousAllocator, "buddy", 2048),
+    (Pow2Allocator, "buddy", 1024),
+    (OracleAllocator, "buddy", 512),
+    (ContiguousAllocator, "first_fit", 2048),
+    (Pow2Allocator, "first_fit", 624),
     (OracleAllocator, "first_fit", 400),
 ]
 
@@ -60,7 +64,7 @@ def test_lecture_reservation_times_placement_after_150_of_300_output_tokens(cls,
 def test_paged_lecture_example_holds_256_slots_its_tail_is_rounding(seq_factory):
     allocator = PagedAllocator(num_slots=16 * 1024, max_model_len=2048, block_size=16)
     seq = grown(allocator, seq_factory(100, 300, generated=150))
-    assert allocator.capacity(seq) == 256 == 16 * -(-250 // 16)
+    assert allocator.capacity(seq) == 256 == 16 * cdiv(250, 16)
     acc = allocator.accounting()
     assert (acc.token, acc.reserved, acc.internal, acc.rounding) == (250, 6, 0, 0)  # 6 slots it will fill
     done = grown(allocator, seq_factory(100, 5))  # 104 tokens stored at its end, 112 slots held
@@ -71,7 +75,7 @@ def test_paged_lecture_example_holds_256_slots_its_tail_is_rounding(seq_factory)
 
 def test_oracle_reserves_what_the_request_produces_and_nothing_more(seq_factory):
     allocator = OracleAllocator(num_slots=1024, max_model_len=2048, placement="first_fit")
-    seq = grown(allocator, seq_factory(100, 300))
+    grown(allocator, seq_factory(100, 300))
     acc = allocator.accounting()
     assert (acc.token, acc.reserved, acc.internal, acc.rounding) == (100, 300, 0, 0)
     assert acc.free == 1024 - 400

@@ -21,7 +21,7 @@ from helpers.batches import Batch
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 NUM_HEADS, HEAD_DIM = 4, 16
-SCALE = HEAD_DIM ** -0.5
+SCALE = HEAD_DIM**-0.5
 
 # name -> (context length of each sequence, how many of its last tokens are this step's queries)
 SCENARIOS = {
@@ -34,8 +34,9 @@ SCENARIOS = {
 
 def make_batch(scenario: str, block_size: int, layout: str, **options) -> Batch:
     seq_lens, query_lens = SCENARIOS[scenario]
-    return batches.make_batch(seq_lens, query_lens, block_size, layout, num_heads=NUM_HEADS,
-                              head_dim=HEAD_DIM, device=DEVICE, **options)
+    return batches.make_batch(
+        seq_lens, query_lens, block_size, layout, num_heads=NUM_HEADS, head_dim=HEAD_DIM, device=DEVICE, **options
+    )
 
 
 def contiguous_attention(batch: Batch, window: int) -> torch.Tensor:
@@ -43,7 +44,7 @@ def contiguous_attention(batch: Batch, window: int) -> torch.Tensor:
     outputs = []
     starts = batch.meta.query_start_loc.tolist()
     for seq, (k, v) in enumerate(zip(batch.context_keys, batch.context_values)):
-        q = batch.query[starts[seq]:starts[seq + 1]].float()
+        q = batch.query[starts[seq] : starts[seq + 1]].float()
         q_len, seq_len = q.shape[0], k.shape[0]
         group = NUM_HEADS // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -52,8 +53,7 @@ def contiguous_attention(batch: Batch, window: int) -> torch.Tensor:
         if window:
             visible &= ~ones.tril(seq_len - q_len - window)
         bias = torch.zeros(q_len, seq_len, device=DEVICE).masked_fill(~visible, float("-inf"))
-        heads = [torch.softmax(q[:, h] @ k[:, h].T * SCALE + bias, dim=-1) @ v[:, h]
-                 for h in range(NUM_HEADS)]
+        heads = [torch.softmax(q[:, h] @ k[:, h].T * SCALE + bias, dim=-1) @ v[:, h] for h in range(NUM_HEADS)]
         outputs.append(torch.stack(heads, dim=1))
     padding = batch.query.shape[0] - starts[-1]
     outputs.append(torch.zeros(padding, NUM_HEADS, HEAD_DIM, device=DEVICE))
@@ -73,6 +73,7 @@ def require_triton():
 
 
 # ---- eager is the reference: check it against attention that never touches a cache ----
+
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("block_size", [1, 4, 16])
@@ -114,6 +115,7 @@ def test_eager_write_kv_skips_padding_slot():
 
 
 # ---- triton_paged against eager (interpreter on CPU) ----
+
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
@@ -157,9 +159,18 @@ def test_split_kv_decode_matches_eager(layout, window):
     meta = batch.meta
     for num_splits in (2, 3):
         # block_n 8: splits of 13-19 tokens take several tiles each, so both merges are exercised.
-        out = paged_decode(batch.query, k_cache, v_cache, meta.seq_lens, SCALE,
-                           block_tables=meta.block_tables, seq_starts=meta.seq_starts,
-                           window=window, num_splits=num_splits, block_n=8)
+        out = paged_decode(
+            batch.query,
+            k_cache,
+            v_cache,
+            meta.seq_lens,
+            SCALE,
+            block_tables=meta.block_tables,
+            seq_starts=meta.seq_starts,
+            window=window,
+            num_splits=num_splits,
+            block_n=8,
+        )
         torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
 
 
@@ -174,9 +185,19 @@ def test_prefill_over_several_key_tiles_matches_eager(layout, window):
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     EagerBackend().write_kv(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
     meta = batch.meta
-    out = paged_prefill(batch.query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, SCALE,
-                        max_query_len=meta.max_query_len, block_tables=meta.block_tables,
-                        seq_starts=meta.seq_starts, window=window, block_n=16)
+    out = paged_prefill(
+        batch.query,
+        k_cache,
+        v_cache,
+        meta.query_start_loc,
+        meta.seq_lens,
+        SCALE,
+        max_query_len=meta.max_query_len,
+        block_tables=meta.block_tables,
+        seq_starts=meta.seq_starts,
+        window=window,
+        block_n=16,
+    )
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-4)
 
 
@@ -213,9 +234,6 @@ def test_triton_paged_says_why_cpu_needs_the_interpreter(monkeypatch):
     assert "TRITON_INTERPRET=1" in reason
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if DEVICE.type == "cpu":  # on a GPU machine the kernels here were compiled, not interpreted
-        assert TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.float32,
-                                                     "contiguous", 8) is None
-    assert "int8" in TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.int8,
-                                                           "paged", 0)
-    assert EagerBackend.unsupported_reason(torch.device("cpu"), torch.float64, "contiguous",
-                                           3) is None
+        assert TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.float32, "contiguous", 8) is None
+    assert "int8" in TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.int8, "paged", 0)
+    assert EagerBackend.unsupported_reason(torch.device("cpu"), torch.float64, "contiguous", 3) is None

@@ -144,7 +144,7 @@ def files(tmp_path_factory):
     return folder
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def composed(base: tuple):
     GlobalHydra.instance().clear()
     with initialize_config_module("kvbench.conf", version_base="1.3"):
@@ -195,7 +195,10 @@ COMPOSE_CASES = [
     (["workload.rate=[1"], "cannot parse the override"),
     (["workload.rate=${nope}"], "Interpolation key 'nope' not found"),
     (["workload.rate=${hardware.nope}"], "nope"),
-    (["model.window=8"], "model.window is a model key that this model config does not set: add it with +model.window=8"),
+    (
+        ["model.window=8"],
+        "model.window is a model key that this model config does not set: add it with +model.window=8",
+    ),
 ]
 
 
@@ -285,10 +288,14 @@ RUN_CASES = [
     (["+allocator=contiguous", "engine.kv_cache_bytes=1e8", "workload.num_requests=5"], "smaller than one request"),
     (["scheduler.max_num_batched_tokens=10", "workload.num_requests=5"], "exceeds scheduler.max_num_batched_tokens=10"),
     (["profile=true", "workload.num_requests=5"], "profile=true traces torch operators"),
-    (["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
-     "1 of 2 points of the sweep failed"),
-    (["-m", "workload.rate=-1,0", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-b"],
-     "every point of the sweep failed"),
+    (
+        ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
+        "1 of 2 points of the sweep failed",
+    ),
+    (
+        ["-m", "workload.rate=-1,0", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-b"],
+        "every point of the sweep failed",
+    ),
     (["hydra.run.dir=FILES/trace.csv/run"], "trace.csv"),
     (["hydra.run.dir=/proc/kvbench-run"], "/proc/kvbench-run"),
     (["--cfg", "bogus"], "bench: argument --cfg/-c: invalid choice: 'bogus'"),
@@ -330,7 +337,10 @@ POLICIES = {  # file -> (its text, what the error line says)
     "scalar.yaml": ("metrics:\n  completed: 3\n", "metrics.completed=3"),
     "identity.yaml": ("identity: 3\nmetrics:\n  completed: {better: higher, tolerance: 0}\n", "identity=3"),
     "scenarios.yaml": ("scenarios: 3\nmetrics:\n  completed: {better: higher, tolerance: 0}\n", "scenarios=3"),
-    "typo.yaml": ("metrics:\n  completed: {better: higher, tolerence: 0}\n", "did you mean metrics.completed.tolerance?"),
+    "typo.yaml": (
+        "metrics:\n  completed: {better: higher, tolerence: 0}\n",
+        "did you mean metrics.completed.tolerance?",
+    ),
     "toplevel.yaml": ("metric:\n  completed: {better: higher}\nmetrics: {}\n", "did you mean metrics?"),
 }
 COMPARE_CASES = [
@@ -353,8 +363,10 @@ COMPARE_CASES = [
     (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES"], "is not a regular file"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "/dev/null"], "/dev/null is not a regular file"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES/binary.csv"], "binary.csv"),
-    *[(["FILES/good.csv", "FILES/good.csv", "--policy", f"FILES/{name}"], message)
-      for name, (_, message) in POLICIES.items()],
+    *[
+        (["FILES/good.csv", "FILES/good.csv", "--policy", f"FILES/{name}"], message)
+        for name, (_, message) in POLICIES.items()
+    ],
 ]
 REPORT_CASES = [
     ([], "bench-report: the following arguments are required: dirs"),
@@ -400,8 +412,14 @@ def test_bench_report_refuses_with_one_line(args, message, result_files):
 
 
 def test_there_are_at_least_250_bad_inputs():
-    total = (len(SCHEMA_CASES) + len(COMPOSE_CASES) + len(CROSS_CASES) + len(RUN_CASES)
-             + len(COMPARE_CASES) + len(REPORT_CASES))
+    total = (
+        len(SCHEMA_CASES)
+        + len(COMPOSE_CASES)
+        + len(CROSS_CASES)
+        + len(RUN_CASES)
+        + len(COMPARE_CASES)
+        + len(REPORT_CASES)
+    )
     assert total >= 250, total
 
 

@@ -30,15 +30,18 @@ def test_window_and_k_counts():
     assert parse(" 4d1k ").text == "4d1k"
 
 
-@pytest.mark.parametrize("text, bad", [
-    ("32x1k", "'32x1k'"),           # unknown kind
-    ("2p512+16d", "'16d'"),         # missing length
-    ("2p512++4d8", "''"),           # empty part
-    ("4d1m", "'4d1m'"),             # unknown suffix
-    ("0d128", "'0d128'"),           # zero count
-    ("4d128:512", "'512'"),         # window without w
-    ("4d128:w0", "'w0'"),           # zero window
-])
+@pytest.mark.parametrize(
+    "text, bad",
+    [
+        ("32x1k", "'32x1k'"),  # unknown kind
+        ("2p512+16d", "'16d'"),  # missing length
+        ("2p512++4d8", "''"),  # empty part
+        ("4d1m", "'4d1m'"),  # unknown suffix
+        ("0d128", "'0d128'"),  # zero count
+        ("4d128:512", "'512'"),  # window without w
+        ("4d128:w0", "'w0'"),  # zero window
+    ],
+)
 def test_malformed_spec_names_the_bad_part(text, bad):
     with pytest.raises(UserError) as err:
         parse(text)

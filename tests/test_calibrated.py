@@ -48,7 +48,7 @@ def context(shape: Shape) -> int:
 
 
 def pairs(shape: Shape) -> int:
-    return shape.prefill_seqs * shape.prefill_len ** 2 + shape.decode_seqs * shape.decode_context
+    return shape.prefill_seqs * shape.prefill_len**2 + shape.decode_seqs * shape.decode_context
 
 
 def compose_cfg(*overrides: str):
@@ -58,15 +58,33 @@ def compose_cfg(*overrides: str):
 
 def synthetic_profile(path, model: str = "tiny", device: str | None = None, **changes) -> str:
     spec, _ = load_specs(compose_cfg(f"model={model}"))
-    shapes = ([Shape(prefill_seqs=p, prefill_len=n) for p in (1, 4) for n in (16, 64, 256, 512)]
-              + [Shape(decode_seqs=b, decode_context=c) for b in (1, 4, 16, 64) for c in (16, 128, 512)]
-              + [Shape(prefill_seqs=1, prefill_len=n, decode_seqs=b, decode_context=c)
-                 for b in (4, 32) for n in (32, 256) for c in (16, 512)])
-    rows = [{"model": spec.name, "model_shape": model_shape(spec), "dtype": spec.dtype,
-             "device": device or local_device_name(), "backend": "eager", "graph": "eager", "phase": s.phase,
-             "num_tokens": s.num_tokens, "num_seqs": s.prefill_seqs + s.decode_seqs,
-             "context_tokens": context(s), "attention_pairs": pairs(s), "time_s_median": formula(s)}
-            for s in shapes]
+    shapes = (
+        [Shape(prefill_seqs=p, prefill_len=n) for p in (1, 4) for n in (16, 64, 256, 512)]
+        + [Shape(decode_seqs=b, decode_context=c) for b in (1, 4, 16, 64) for c in (16, 128, 512)]
+        + [
+            Shape(prefill_seqs=1, prefill_len=n, decode_seqs=b, decode_context=c)
+            for b in (4, 32)
+            for n in (32, 256)
+            for c in (16, 512)
+        ]
+    )
+    rows = [
+        {
+            "model": spec.name,
+            "model_shape": model_shape(spec),
+            "dtype": spec.dtype,
+            "device": device or local_device_name(),
+            "backend": "eager",
+            "graph": "eager",
+            "phase": s.phase,
+            "num_tokens": s.num_tokens,
+            "num_seqs": s.prefill_seqs + s.decode_seqs,
+            "context_tokens": context(s),
+            "attention_pairs": pairs(s),
+            "time_s_median": formula(s),
+        }
+        for s in shapes
+    ]
     held = heldout_split(rows, 0.25, 0)
     for i, row in enumerate(rows):
         row.update(heldout=i in held, **changes)
@@ -83,17 +101,28 @@ def test_the_fit_gives_back_the_formula_a_profile_was_generated_from(tiny_profil
     report = load_profile(tiny_profile).report
     assert report.model.form == "per_phase"
     assert report.heldout_max < 0.01
-    off_grid = [Shape(decode_seqs=37, decode_context=300), Shape(prefill_seqs=2, prefill_len=400),
-                Shape(prefill_seqs=1, prefill_len=100, decode_seqs=10, decode_context=200)]
+    off_grid = [
+        Shape(decode_seqs=37, decode_context=300),
+        Shape(prefill_seqs=2, prefill_len=400),
+        Shape(prefill_seqs=1, prefill_len=100, decode_seqs=10, decode_context=200),
+    ]
     for shape in off_grid:
         features = (shape.num_tokens, shape.prefill_seqs + shape.decode_seqs, context(shape), pairs(shape))
         assert report.model.predict(*features) == pytest.approx(formula(shape), rel=0.01)
 
 
 def calibrated(profile: str, *overrides: str) -> tuple[dict, object]:
-    return simulate(compose_cfg("executor=calibrated", f"executor.profile={profile}", "model=tiny",
-                                "engine.kv_cache_bytes=2097152", "workload.num_requests=40",
-                                "workload.rate=inf", *overrides))
+    return simulate(
+        compose_cfg(
+            "executor=calibrated",
+            f"executor.profile={profile}",
+            "model=tiny",
+            "engine.kv_cache_bytes=2097152",
+            "workload.num_requests=40",
+            "workload.rate=inf",
+            *overrides,
+        )
+    )
 
 
 def test_a_profile_of_another_model_is_refused(tmp_path):
@@ -124,9 +153,15 @@ def test_a_profile_of_another_backend_is_refused(tmp_path):
 @pytest.mark.parametrize("allocator", ["paged", "contiguous"])
 def test_the_calibrated_executor_drives_the_same_scheduler_and_allocators(tiny_profile, allocator):
     row, engine = calibrated(tiny_profile, f"+allocator={allocator}")
-    roofline, roofline_engine = simulate(compose_cfg("model=tiny", "engine.kv_cache_bytes=2097152",
-                                                     "workload.num_requests=40", "workload.rate=inf",
-                                                     f"+allocator={allocator}"))
+    roofline, roofline_engine = simulate(
+        compose_cfg(
+            "model=tiny",
+            "engine.kv_cache_bytes=2097152",
+            "workload.num_requests=40",
+            "workload.rate=inf",
+            f"+allocator={allocator}",
+        )
+    )
     assert isinstance(engine.executor, CalibratedExecutor)
     assert type(engine.scheduler) is Scheduler
     assert type(engine.allocator) is default_registry().get("allocator", allocator)
@@ -141,9 +176,20 @@ def test_the_calibrated_executor_drives_the_same_scheduler_and_allocators(tiny_p
 
 
 def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "executor=calibrated",
-                             f"executor.profile={tmp_path / 'none.csv'}", "model=tiny", "progress=false",
-                             f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "executor=calibrated",
+            f"executor.profile={tmp_path / 'none.csv'}",
+            "model=tiny",
+            "progress=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "no such file" in result.stderr
 
@@ -169,11 +215,22 @@ def test_calibrated_without_a_profile_says_so():
 
 
 def profile(tmp_path, *overrides: str) -> list[dict]:
-    return run_point(compose_cfg("scenario=profile", "model=tiny", f"scenario.out_dir={tmp_path}",
-                                 "scenario.repeats=1", "scenario.warmup=0", "scenario.prefill_len=[16,64]",
-                                 "scenario.prefill_seqs=[1,2]", "scenario.decode_batch=[1,4]",
-                                 "scenario.decode_context=[16,max]", "scenario.mixed_batch=[2]",
-                                 "scenario.mixed_prefill_len=[16]", *overrides))
+    return run_point(
+        compose_cfg(
+            "scenario=profile",
+            "model=tiny",
+            f"scenario.out_dir={tmp_path}",
+            "scenario.repeats=1",
+            "scenario.warmup=0",
+            "scenario.prefill_len=[16,64]",
+            "scenario.prefill_seqs=[1,2]",
+            "scenario.decode_batch=[1,4]",
+            "scenario.decode_context=[16,max]",
+            "scenario.mixed_batch=[2]",
+            "scenario.mixed_prefill_len=[16]",
+            *overrides,
+        )
+    )
 
 
 def test_a_grid_longer_than_the_model_is_refused(tmp_path):
@@ -201,12 +258,24 @@ def test_a_measured_profile_calibrates_a_simulation(tmp_path):
 
 
 def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(tmp_path):
-    rows = run_point(compose_cfg("+experiment=validate_simulator", "model=tiny", "workload.num_requests=8",
-                                 f"scenario.out_dir={tmp_path}", "scenario.runs=1", "++scenario.serve.warmup_steps=0",
-                                 "++scenario.profiling.repeats=1", "++scenario.profiling.warmup=0",
-                                 "++scenario.profiling.prefill_len=[16,128]", "++scenario.profiling.prefill_seqs=[1,2]",
-                                 "++scenario.profiling.decode_batch=[1,8]", "++scenario.profiling.decode_context=[16,max]",
-                                 "++scenario.profiling.mixed_batch=[4]", "++scenario.profiling.mixed_prefill_len=[32]"))
+    rows = run_point(
+        compose_cfg(
+            "+experiment=validate_simulator",
+            "model=tiny",
+            "workload.num_requests=8",
+            f"scenario.out_dir={tmp_path}",
+            "scenario.runs=1",
+            "++scenario.serve.warmup_steps=0",
+            "++scenario.profiling.repeats=1",
+            "++scenario.profiling.warmup=0",
+            "++scenario.profiling.prefill_len=[16,128]",
+            "++scenario.profiling.prefill_seqs=[1,2]",
+            "++scenario.profiling.decode_batch=[1,8]",
+            "++scenario.profiling.decode_context=[16,max]",
+            "++scenario.profiling.mixed_batch=[4]",
+            "++scenario.profiling.mixed_prefill_len=[32]",
+        )
+    )
     assert [r["metric"] for r in rows][:3] == ["throughput (req/s)", "throughput (tok/s)", "mean batch"]
     for name in ("profile.csv", "validation.csv", "validation.md", "step_time.png"):
         assert (tmp_path / name).is_file()

@@ -16,8 +16,14 @@ from kvbench.schema.docs import doc_of, schema_fields
 
 
 def bench(tmp_path, *args, env=None):
-    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_path):
@@ -29,22 +35,35 @@ def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_
     assert identity == ("simulate", "pow2", "opt-13b", "a100-40gb")
     assert row["completed"] == "30" and row["status"] == "ok"
     assert (metrics.parent / "kv_breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for column in ("kv_token_util", "normalized_latency_s_per_tok", "p99_ttft_ms", "median_tpot_ms",
-                   "kvbench_version", "git_sha", "torch", "device", "workload.num_requests"):
+    for column in (
+        "kv_token_util",
+        "normalized_latency_s_per_tok",
+        "p99_ttft_ms",
+        "median_tpot_ms",
+        "kvbench_version",
+        "git_sha",
+        "torch",
+        "device",
+        "workload.num_requests",
+    ):
         assert column in row
 
 
 def test_help_lists_the_groups_every_field_with_its_doc_and_the_launchers(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "--help"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0
     section = result.stdout.split("== Config groups")[1].split("== Fields")[0]
     groups = dict(line.split(": ", 1) for line in section.splitlines() if ": " in line)
     assert {"contiguous", "oracle", "pow2", "paged"} <= set(groups["allocator"].split(", "))
     assert {"eager", "triton_paged", "flashinfer"} <= set(groups["backend"].split(", "))
     assert "a100-40gb" in groups["hardware"] and "opt-13b" in groups["model"]
-    documented = {line.split()[0]: line for line in result.stdout.split("== Fields")[1].split("== Config ==")[0]
-                  .splitlines()[1:] if line.strip()}
+    documented = {
+        line.split()[0]: line
+        for line in result.stdout.split("== Fields")[1].split("== Config ==")[0].splitlines()[1:]
+        if line.strip()
+    }
     assert "requests/s; inf = every request at t=0" in documented["workload.rate"]
     assert "tokens per block" in documented["allocator.block_size"]
     assert "at most this many tokens fed to the model in one step" in documented["scheduler.max_num_batched_tokens"]
@@ -59,13 +78,19 @@ def test_every_field_a_user_can_set_has_a_doc_line():
     assert undocumented == []
 
 
-@pytest.mark.parametrize("args, message", [
-    (["+allocator=bogus"], "error: unknown allocator 'bogus'; known: contiguous"),
-    (["workload.rate=fast"], "error: workload.rate=fast must be a number"),
-    (["+workload.rat=4"], "error: workload.rat is not a key of workload; did you mean workload.rate?"),
-    (["+allocator=paged", "allocator.prefix_caching=maybe"], "error: allocator.prefix_caching=maybe must be true or false"),
-    (["workload.burstiness=inf"], "error: workload.burstiness=inf must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["+allocator=bogus"], "error: unknown allocator 'bogus'; known: contiguous"),
+        (["workload.rate=fast"], "error: workload.rate=fast must be a number"),
+        (["+workload.rat=4"], "error: workload.rat is not a key of workload; did you mean workload.rate?"),
+        (
+            ["+allocator=paged", "allocator.prefix_caching=maybe"],
+            "error: allocator.prefix_caching=maybe must be true or false",
+        ),
+        (["workload.burstiness=inf"], "error: workload.burstiness=inf must be a finite number"),
+    ],
+)
 def test_bad_input_through_the_console_entry_point_is_one_line_with_exit_code_2(tmp_path, args, message):
     result = bench(tmp_path, *args, "workload.num_requests=5")
     assert result.returncode == 2, result.stderr
@@ -75,17 +100,35 @@ def test_bad_input_through_the_console_entry_point_is_one_line_with_exit_code_2(
 
 def test_an_error_after_a_progress_bar_starts_its_own_line(tmp_path):
     # the bar is drawn when the run starts; the engine then finds no prompt fits a step
-    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "scheduler.max_num_batched_tokens=10",
-                             "workload.num_requests=5", "progress=true"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "scheduler.max_num_batched_tokens=10",
+            "workload.num_requests=5",
+            "progress=true",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     last_line = result.stderr.rstrip("\n").split("\n")[-1]
     assert last_line.split("\r")[-1].startswith("error: a prompt of"), result.stderr
 
 
 def test_two_runs_started_in_the_same_second_write_two_directories(tmp_path):
-    start = [subprocess.Popen([sys.executable, "-m", "kvbench.cli", "workload.num_requests=5", "progress=false"],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    start = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kvbench.cli", "workload.num_requests=5", "progress=false"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     assert [p.wait(timeout=120) for p in start] == [0, 0]
     runs = sorted(tmp_path.glob("results/runs/*/metrics.csv"))
     assert len(runs) == 2
@@ -106,7 +149,9 @@ def test_a_results_directory_that_is_a_file_is_one_line(tmp_path, monkeypatch, c
         in_process(tmp_path, monkeypatch, "workload.num_requests=5")
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("error: cannot use ") and "results" in line and "a file is where a directory should be" in line
+    assert (
+        line.startswith("error: cannot use ") and "results" in line and "a file is where a directory should be" in line
+    )
 
 
 def test_a_read_only_results_directory_is_one_line(tmp_path, monkeypatch, capsys):
@@ -178,7 +223,8 @@ def test_the_readme_plugin_example_works_as_written(tmp_path):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my_package\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(  # the toml table as pip writes it
-        blocks["toml"].replace("[project.entry-points.kvbench]", "[kvbench]").replace('"', ""))
+        blocks["toml"].replace("[project.entry-points.kvbench]", "[kvbench]").replace('"', "")
+    )
     command = shlex.split(blocks["bash"].strip())
     assert command[0] == "bench"
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -191,4 +237,5 @@ def test_the_readme_plugin_example_works_as_written(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "error: allocator mine has no option 'spares'; did you mean spare_blocks? "
-        "(it accepts: block_size, spare_blocks, watermark, prefix_caching)"]
+        "(it accepts: block_size, spare_blocks, watermark, prefix_caching)"
+    ]

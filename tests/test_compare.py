@@ -14,14 +14,14 @@ from hydra import compose, initialize_config_module
 import kvbench.scenarios.build
 import kvbench.scenarios.run
 from kvbench.errors import UserError
-from kvbench.reporting.compare import compare, main
-from kvbench.reporting.policy import Rule, SignificanceTest, load_policy
-from kvbench.reporting.significance import judge
 from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.registry import Registry
+from kvbench.reporting.compare import compare, main
+from kvbench.reporting.policy import Rule, SignificanceTest, load_policy
 from kvbench.reporting.results import write_csv
+from kvbench.reporting.significance import judge
 from kvbench.scenarios.repeats import run_interleaved
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]
@@ -63,12 +63,15 @@ def degraded_registry(monkeypatch):
 
 
 def run_compare(*args):
-    return subprocess.run([sys.executable, "-m", "kvbench.reporting.compare", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.reporting.compare", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def test_degraded_paged_plugin_fails_the_comparison_and_names_the_metric(tmp_path, baseline_rows,
-                                                                          degraded_registry):
+def test_degraded_paged_plugin_fails_the_comparison_and_names_the_metric(tmp_path, baseline_rows, degraded_registry):
     write_csv(tmp_path / "baseline.csv", baseline_rows)
     degraded = sweep_rows(["oracle", "paged"])
     base_paged = next(r for r in baseline_rows if r["allocator"] == "paged")
@@ -93,15 +96,18 @@ def test_an_identical_rerun_passes(tmp_path, baseline_rows):
     assert "OK: 2 point(s)" in result.stdout
 
 
-@pytest.mark.parametrize("better, base, cur, verdict", [
-    ("higher", 10.0, 9.0, "REGRESSED"),   # 10 % worse, tolerance 5 %
-    ("higher", 10.0, 9.6, "worse"),       # 4 % worse: inside the tolerance
-    ("higher", 10.0, 11.0, "better"),
-    ("lower", 10.0, 11.0, "REGRESSED"),
-    ("lower", 10.0, 9.0, "better"),
-    ("lower", 10.0, 10.0, "same"),
-    ("lower", 10.0, math.nan, "REGRESSED"),  # the metric vanished
-])
+@pytest.mark.parametrize(
+    "better, base, cur, verdict",
+    [
+        ("higher", 10.0, 9.0, "REGRESSED"),  # 10 % worse, tolerance 5 %
+        ("higher", 10.0, 9.6, "worse"),  # 4 % worse: inside the tolerance
+        ("higher", 10.0, 11.0, "better"),
+        ("lower", 10.0, 11.0, "REGRESSED"),
+        ("lower", 10.0, 9.0, "better"),
+        ("lower", 10.0, 10.0, "same"),
+        ("lower", 10.0, math.nan, "REGRESSED"),  # the metric vanished
+    ],
+)
 def test_rule_direction_and_tolerance(better, base, cur, verdict):
     assert Rule(better, 0.05).verdict(base, cur) == verdict
 
@@ -113,23 +119,33 @@ def test_zero_baseline_needs_absolute_slack_and_report_only_never_fails():
 
 
 def row(allocator, throughput, **extra):
-    return {"scenario": "simulate", "allocator": allocator, "seed": "0", "status": "ok",
-            "request_throughput": str(throughput), "torch": "2.13.0", **extra}
+    return {
+        "scenario": "simulate",
+        "allocator": allocator,
+        "seed": "0",
+        "status": "ok",
+        "request_throughput": str(throughput),
+        "torch": "2.13.0",
+        **extra,
+    }
 
 
 def test_missing_point_fails_new_point_and_environment_change_are_reported():
     policy = load_policy()
     out = io.StringIO()
-    code = compare([row("paged", 2.0), row("pow2", 1.0)],
-                   [row("paged", 2.0, torch="2.14.0"), row("oracle", 1.5, torch="2.14.0")], policy, out=out)
+    code = compare(
+        [row("paged", 2.0), row("pow2", 1.0)],
+        [row("paged", 2.0, torch="2.14.0"), row("oracle", 1.5, torch="2.14.0")],
+        policy,
+        out=out,
+    )
     text = out.getvalue()
     assert code == 1
     assert "missing in current: allocator=pow2" in text
     assert "new in current (no baseline): allocator=oracle" in text
     assert "environment changed: torch 2.13.0 -> 2.14.0" in text
     out = io.StringIO()
-    assert compare([row("paged", 2.0), row("pow2", 1.0)], [row("paged", 2.0)], policy,
-                   allow_missing=True, out=out) == 0
+    assert compare([row("paged", 2.0), row("pow2", 1.0)], [row("paged", 2.0)], policy, allow_missing=True, out=out) == 0
 
 
 def test_a_point_that_failed_now_is_a_regression():
@@ -161,18 +177,29 @@ def test_measured_serve_rows_are_judged_by_the_test_simulated_rows_exactly():
 
 def benchmark_json(path, medians: dict, machine: str = "test cpu") -> None:
     """A merged A/B file: each benchmark's per-run statistics under `runs`."""
-    path.write_text(json.dumps({
-        "machine_info": {"python_version": "3.11.7", "cpu": {"brand_raw": machine}},
-        "benchmarks": [{"fullname": name, "stats": {"median": runs[0], "min": runs[0], "rounds": 10},
-                        "runs": [{"median": m, "min": m, "rounds": 10} for m in runs]}
-                       for name, runs in medians.items()]}))
+    path.write_text(
+        json.dumps(
+            {
+                "machine_info": {"python_version": "3.11.7", "cpu": {"brand_raw": machine}},
+                "benchmarks": [
+                    {
+                        "fullname": name,
+                        "stats": {"median": runs[0], "min": runs[0], "rounds": 10},
+                        "runs": [{"median": m, "min": m, "rounds": 10} for m in runs],
+                    }
+                    for name, runs in medians.items()
+                ],
+            }
+        )
+    )
 
 
 def test_benchmark_runs_are_samples_a_25pc_slowdown_regresses_noise_does_not(tmp_path):
     noisy = [1.00e-3, 1.12e-3, 0.95e-3, 1.30e-3, 1.02e-3]
     benchmark_json(tmp_path / "base.json", {"test_step": noisy, "test_cost": [2.0e-6] * 5})
-    benchmark_json(tmp_path / "same.json", {"test_step": [1.05e-3, 0.98e-3, 1.25e-3, 1.01e-3, 1.10e-3],
-                                            "test_cost": [2.0e-6] * 5})
+    benchmark_json(
+        tmp_path / "same.json", {"test_step": [1.05e-3, 0.98e-3, 1.25e-3, 1.01e-3, 1.10e-3], "test_cost": [2.0e-6] * 5}
+    )
     benchmark_json(tmp_path / "slower.json", {"test_step": [m * 1.25 for m in noisy], "test_cost": [2.0e-6] * 5})
     result = run_compare(tmp_path / "base.json", tmp_path / "same.json")
     assert result.returncode == 0, result.stdout
@@ -233,8 +260,9 @@ def test_baseline_without_matching_points_is_a_user_error(tmp_path):
 def test_policy_naming_an_unknown_metric_is_a_user_error(tmp_path):
     write_csv(tmp_path / "base.csv", [row("paged", 2.0)])
     (tmp_path / "policy.yaml").write_text("metrics:\n  thruput_req: {better: higher, tolerance: 0.1}\n")
-    message = one_line_error(run_compare(tmp_path / "base.csv", tmp_path / "base.csv",
-                                         "--policy", tmp_path / "policy.yaml"))
+    message = one_line_error(
+        run_compare(tmp_path / "base.csv", tmp_path / "base.csv", "--policy", tmp_path / "policy.yaml")
+    )
     assert "unknown metric 'thruput_req'" in message and "request_throughput" in message
 
 
@@ -244,23 +272,35 @@ def test_sweep_directory_without_results_is_a_user_error(tmp_path):
     assert "has no results" in one_line_error(run_compare(tmp_path / "base.csv", tmp_path / "empty_sweep"))
 
 
-@pytest.mark.parametrize("policy, complaint", [
-    ("test: {method: ttest}\nmetrics: {}\n", "test.method must be one of mannwhitneyu, bootstrap, not 'ttest'"),
-    ("test: {alpha: 0.7}\nmetrics: {}\n", "alpha must be a number between 0 and 0.5"),
-    ("metrics:\n  median_s: {better: lower, min_effect: 0}\n", "min_effect must be a number between 0 and 10"),
-    ("metrics:\n  median_s: {better: lower, min_effect: ten}\n", "min_effect must be a number"),
-    ("metrics:\n  median_s: {better: lower, min_effect: 0.1, tolerance: 1}\n", "not both"),
-])
+@pytest.mark.parametrize(
+    "policy, complaint",
+    [
+        ("test: {method: ttest}\nmetrics: {}\n", "test.method must be one of mannwhitneyu, bootstrap, not 'ttest'"),
+        ("test: {alpha: 0.7}\nmetrics: {}\n", "alpha must be a number between 0 and 0.5"),
+        ("metrics:\n  median_s: {better: lower, min_effect: 0}\n", "min_effect must be a number between 0 and 10"),
+        ("metrics:\n  median_s: {better: lower, min_effect: ten}\n", "min_effect must be a number"),
+        ("metrics:\n  median_s: {better: lower, min_effect: 0.1, tolerance: 1}\n", "not both"),
+    ],
+)
 def test_policy_with_an_invalid_test_or_effect_size_is_a_user_error(tmp_path, policy, complaint):
     benchmark_json(tmp_path / "base.json", {"test_step": [1e-3, 1.1e-3]})
     (tmp_path / "policy.yaml").write_text(policy)
-    message = one_line_error(run_compare(tmp_path / "base.json", tmp_path / "base.json",
-                                         "--policy", tmp_path / "policy.yaml"))
+    message = one_line_error(
+        run_compare(tmp_path / "base.json", tmp_path / "base.json", "--policy", tmp_path / "policy.yaml")
+    )
     assert complaint in message
 
 
-SERVE = ["scenario=serve", "model=tiny", "workload=fixed", "workload.input_len=32", "workload.output_len=48",
-         "scenario.num_requests=4", "+allocator=paged", "progress=false"]
+SERVE = [
+    "scenario=serve",
+    "model=tiny",
+    "workload=fixed",
+    "workload.input_len=32",
+    "workload.output_len=48",
+    "scenario.num_requests=4",
+    "+allocator=paged",
+    "progress=false",
+]
 
 
 def serve_once() -> list[dict]:
@@ -319,14 +359,20 @@ def test_repeats_must_be_a_whole_number():
 
 
 def run_against(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "kvbench.reporting.compare", "--against", *map(str, args)],
-                          capture_output=True, text=True, timeout=600, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.reporting.compare", "--against", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kwargs,
+    )
 
 
 def test_ab_bad_ref_and_too_few_repeats_are_user_errors():
     assert "no such commit" in one_line_error(run_against("no-such-ref-anywhere"))
     assert "--repeats 1: the significance test needs at least 2" in one_line_error(
-        run_against("HEAD", "--repeats", "1"))
+        run_against("HEAD", "--repeats", "1")
+    )
 
 
 def test_ab_worktree_that_cannot_be_created_is_a_user_error(tmp_path, monkeypatch, capsys):

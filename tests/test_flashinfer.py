@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 
+from kvbench.arith import cdiv
 from kvbench.errors import UserError
 from kvbench.plugins.backends.flashinfer import (
     INSTALL_HINT,
@@ -46,12 +47,13 @@ def make_step(scenario, block_size, layout, **options):
 
 def token_slots(kv, seq):
     """Flat slots of a sequence's tokens, read back from the CSR page table."""
-    pages = kv.indices[kv.indptr[seq]:kv.indptr[seq + 1]].tolist()
+    pages = kv.indices[kv.indptr[seq] : kv.indptr[seq + 1]].tolist()
     length = (len(pages) - 1) * kv.page_size + int(kv.last_page_len[seq]) if pages else 0
     return [pages[i // kv.page_size] * kv.page_size + i % kv.page_size for i in range(length)]
 
 
 # ---- CSR page tables ----
+
 
 def test_block_table_to_csr_worked_example():
     block_tables = torch.tensor([[7, 2, 5], [3, 0, 5], [9, 5, 5]], dtype=torch.int32)
@@ -70,11 +72,10 @@ def test_csr_reaches_exactly_the_block_table_slots(block_size, scenario):
     kv = paged_kv(meta)
     for seq, seq_len in enumerate(meta.seq_lens.tolist()):
         blocks = meta.block_tables[seq]
-        expected = [int(blocks[i // block_size]) * block_size + i % block_size
-                    for i in range(seq_len)]
+        expected = [int(blocks[i // block_size]) * block_size + i % block_size for i in range(seq_len)]
         assert token_slots(kv, seq) == expected
         assert 1 <= int(kv.last_page_len[seq]) <= block_size
-    assert int(kv.indptr[-1]) == sum(-(-n // block_size) for n in meta.seq_lens.tolist())
+    assert int(kv.indptr[-1]) == sum(cdiv(n, block_size) for n in meta.seq_lens.tolist())
 
 
 def test_exact_multiple_of_block_size_fills_the_last_page():
@@ -105,18 +106,18 @@ def test_window_maps_to_inclusive_left_bound():
 
 # ---- plans and forward, with the reference wrapper standing in for the kernels ----
 
+
 def test_decode_plan_arguments():
     query, _, _, k_cache, _, meta = make_step("decode", 16, "paged")
     factory = ReferenceFactory()
     FlashInferBackend(factory).forward(query, k_cache, k_cache, meta, scale=0.25, window=8)
     (wrapper,) = factory.wrappers
-    (args, options), = wrapper.plans
+    ((args, options),) = wrapper.plans
     assert wrapper.decode
     indptr, indices, last, num_heads, num_kv_heads, head_dim, page_size = args
     assert indptr.tolist() == [0, 3, 4, 5] and last.tolist() == [5, 5, 16]
     assert (num_heads, num_kv_heads, head_dim, page_size) == (4, 2, 16, 16)
-    assert options == dict(window_left=7, sm_scale=0.25, q_data_type=torch.float32,
-                           kv_data_type=torch.float32)
+    assert options == dict(window_left=7, sm_scale=0.25, q_data_type=torch.float32, kv_data_type=torch.float32)
 
 
 def test_chunked_prefill_plan_arguments():
@@ -124,7 +125,7 @@ def test_chunked_prefill_plan_arguments():
     factory = ReferenceFactory()
     FlashInferBackend(factory).forward(query, k_cache, k_cache, meta, scale=0.25)
     (wrapper,) = factory.wrappers
-    (args, options), = wrapper.plans
+    ((args, options),) = wrapper.plans
     assert not wrapper.decode
     qo_indptr, indptr, _, last, *_ = args
     assert qo_indptr.tolist() == [0, 7, 8, 31] and qo_indptr.dtype == torch.int32
@@ -133,14 +134,12 @@ def test_chunked_prefill_plan_arguments():
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-@pytest.mark.parametrize("layout,block_size", [("paged", 1), ("paged", 4), ("paged", 16),
-                                               ("contiguous", 4)])
+@pytest.mark.parametrize("layout,block_size", [("paged", 1), ("paged", 4), ("paged", 16), ("contiguous", 4)])
 @pytest.mark.parametrize("window", [0, 5])
 def test_forward_through_reference_wrapper_equals_eager(scenario, layout, block_size, window):
     from kvbench.plugins.backends.eager import EagerBackend
 
-    query, key, value, k_cache, v_cache, meta = make_step(scenario, block_size, layout,
-                                                          pad_tokens=2)
+    query, key, value, k_cache, v_cache, meta = make_step(scenario, block_size, layout, pad_tokens=2)
     backend = FlashInferBackend(ReferenceFactory())
     backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
     got = backend.forward(query, k_cache, v_cache, meta, scale=0.25, window=window)
@@ -169,42 +168,49 @@ def test_one_plan_per_step_and_window_shared_by_all_layers():
 
 # ---- what the backend says it cannot run ----
 
+
 def test_unsupported_reasons(monkeypatch):
     # As if flashinfer were installed (it is an optional extra): the checks after that one.
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "flashinfer" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "flashinfer" else real_find_spec(name, *a)
+    )
     reason = FlashInferBackend.unsupported_reason
-    assert reason(torch.device("cpu"), torch.float16, "paged", 0) == \
-        "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
+    assert (
+        reason(torch.device("cpu"), torch.float16, "paged", 0) == "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
+    )
     assert "float32" in reason(torch.device("cuda"), torch.float32, "paged", 0)
     assert "layout" in reason("cuda", torch.float16, "ring", 0)
     assert "window" in reason("cuda", torch.bfloat16, "paged", -1)
 
 
 def test_module_imports_and_explains_without_flashinfer():
-    probe = ("import sys; sys.modules['flashinfer'] = None\n"
-             "import torch\n"
-             "from kvbench.plugins.backends.flashinfer import FlashInferBackend\n"
-             "print(FlashInferBackend.unsupported_reason(torch.device('cuda'), torch.float16, "
-             "'paged', 0))")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            timeout=120)
+    probe = (
+        "import sys; sys.modules['flashinfer'] = None\n"
+        "import torch\n"
+        "from kvbench.plugins.backends.flashinfer import FlashInferBackend\n"
+        "print(FlashInferBackend.unsupported_reason(torch.device('cuda'), torch.float16, "
+        "'paged', 0))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == INSTALL_HINT
 
 
 # ---- the real kernels (marked gpu: skipped without a CUDA device) ----
 
+
 def gpu_skip_reason(dtype):
     """Why FlashInfer cannot run on this GPU (not installed, dtype), or None."""
     return FlashInferBackend.unsupported_reason(torch.device("cuda"), dtype, "paged", 0)
 
 
-GPU_CASES = [(scenario, layout, block_size, window, torch.float16)
-             for scenario in SCENARIOS
-             for layout, block_size in [("paged", 1), ("paged", 16), ("contiguous", 16)]
-             for window in (0, 5)]
+GPU_CASES = [
+    (scenario, layout, block_size, window, torch.float16)
+    for scenario in SCENARIOS
+    for layout, block_size in [("paged", 1), ("paged", 16), ("contiguous", 16)]
+    for window in (0, 5)
+]
 GPU_CASES.append(("chunked_mixed", "paged", 16, 0, torch.bfloat16))
 
 
@@ -217,9 +223,17 @@ def test_flashinfer_kernels_equal_eager(scenario, layout, block_size, window, dt
     from kvbench.plugins.backends.eager import EagerBackend
 
     query, key, value, k_cache, v_cache, meta = make_step(
-        scenario, block_size, layout, num_heads=8, num_kv_heads=2, head_dim=128, dtype=dtype,
-        device="cuda", pad_tokens=3)
-    scale = 128 ** -0.5
+        scenario,
+        block_size,
+        layout,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        dtype=dtype,
+        device="cuda",
+        pad_tokens=3,
+    )
+    scale = 128**-0.5
     backend, eager = FlashInferBackend(), EagerBackend()
     backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
     got = backend.forward(query, k_cache, v_cache, meta, scale, window)
@@ -229,8 +243,7 @@ def test_flashinfer_kernels_equal_eager(scenario, layout, block_size, window, dt
     # a second layer of the same step reuses the plan and sees its own cache
     got_again = backend.forward(query, k_cache * 2, v_cache, meta, scale, window)
     want_again = eager.forward(query, k_cache * 2, v_cache, meta, scale, window)
-    torch.testing.assert_close(got_again.float(), want_again.float(), atol=tolerance,
-                               rtol=tolerance)
+    torch.testing.assert_close(got_again.float(), want_again.float(), atol=tolerance, rtol=tolerance)
 
 
 @pytest.mark.gpu
@@ -238,8 +251,9 @@ def test_full_cuda_graph_capture_is_refused():
     reason = gpu_skip_reason(torch.float16)
     if reason:
         pytest.skip(reason)
-    query, _, _, k_cache, v_cache, meta = make_step("decode", 16, "paged", head_dim=128,
-                                                    dtype=torch.float16, device="cuda")
+    query, _, _, k_cache, v_cache, meta = make_step(
+        "decode", 16, "paged", head_dim=128, dtype=torch.float16, device="cuda"
+    )
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(UserError, match="full CUDA graph"), torch.cuda.graph(graph):
         FlashInferBackend().forward(query, k_cache, v_cache, meta, scale=0.1)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from kvbench.arith import cdiv
 from kvbench.core.spec import ModelSpec
 from kvbench.errors import UserError
 from kvbench.model.attention_op import ForwardContext
@@ -30,8 +31,9 @@ from kvbench.registry import default_registry
 # without a GPU, conftest has put the Triton kernels under the interpreter
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BLOCK_SIZE = 4
-TINY = OmegaConf.to_container(OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf",
-                                                          "model", "tiny.yaml")))
+TINY = OmegaConf.to_container(
+    OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf", "model", "tiny.yaml"))
+)
 
 
 def tiny_spec(num_layers: int = 2) -> ModelSpec:
@@ -45,24 +47,23 @@ class Decoding:
     a capture that held more rows the step before.
     """
 
-    def __init__(self, graph: str, backend, prompt_lens=(5, 3, 9, 6), num_layers: int = 2,
-                 capture_sizes=(1, 2, 4)):
+    def __init__(self, graph: str, backend, prompt_lens=(5, 3, 9, 6), num_layers: int = 2, capture_sizes=(1, 2, 4)):
         spec = tiny_spec(num_layers)
         self.spec = spec
         self.model = TinyDecoder(spec, seed=0).to(DEVICE)
         gen = torch.Generator().manual_seed(0)
-        blocks_per_seq = -(-spec.max_model_len // BLOCK_SIZE) // 8
+        blocks_per_seq = cdiv(spec.max_model_len, BLOCK_SIZE) // 8
         physical = (1 + torch.randperm(blocks_per_seq * len(prompt_lens), generator=gen)).tolist()
-        self.tables = [physical[i * blocks_per_seq:(i + 1) * blocks_per_seq] for i in range(len(prompt_lens))]
+        self.tables = [physical[i * blocks_per_seq : (i + 1) * blocks_per_seq] for i in range(len(prompt_lens))]
         num_blocks = 1 + len(physical)
         shape = (num_blocks, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [(torch.zeros(shape, device=DEVICE), torch.zeros(shape, device=DEVICE))
-                          for _ in range(num_layers)]
+        self.kv_caches = [
+            (torch.zeros(shape, device=DEVICE), torch.zeros(shape, device=DEVICE)) for _ in range(num_layers)
+        ]
         self.tokens = [torch.randint(0, spec.vocab_size, (n,), generator=gen).tolist() for n in prompt_lens]
         self.backend = backend
         cls = default_registry().get("graph", graph)
-        self.graph = cls(self.model.forward, DEVICE, max_seq_len=spec.max_model_len,
-                         capture_sizes=list(capture_sizes))
+        self.graph = cls(self.model.forward, DEVICE, max_seq_len=spec.max_model_len, capture_sizes=list(capture_sizes))
 
     def context(self, seqs: list[int], query_lens: list[int]) -> tuple:
         ids, positions, slots, query_start = [], [], [], [0]
@@ -74,13 +75,16 @@ class Decoding:
                 slots.append(self.tables[seq][pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
             query_start.append(query_start[-1] + n)
         lens = [len(self.tokens[s]) for s in seqs]
-        width = -(-max(lens) // BLOCK_SIZE)
+        width = cdiv(max(lens), BLOCK_SIZE)
         meta = AttentionMetadata(
             query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=DEVICE),
             seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
-            block_size=BLOCK_SIZE, max_query_len=max(query_lens), max_seq_len=max(lens),
-            block_tables=torch.tensor([self.tables[s][:width] for s in seqs], dtype=torch.int32, device=DEVICE))
+            block_size=BLOCK_SIZE,
+            max_query_len=max(query_lens),
+            max_seq_len=max(lens),
+            block_tables=torch.tensor([self.tables[s][:width] for s in seqs], dtype=torch.int32, device=DEVICE),
+        )
         ctx = ForwardContext(self.backend, meta, self.kv_caches, self.model.scale, self.model.attention_windows)
         to = dict(dtype=torch.long, device=DEVICE)
         return torch.tensor(ids, **to), torch.tensor(positions, **to), ctx
@@ -164,8 +168,10 @@ def test_piecewise_splits_at_attention_into_layers_plus_one_pieces(num_layers):
 
 
 def test_piecewise_matches_eager_on_prefill_and_shrinking_decodes():
-    eager, piecewise = Decoding("eager", EagerBackend()), Decoding("piecewise", EagerBackend(),
-                                                                   capture_sizes=(1, 2, 4, 8, 32))
+    eager, piecewise = (
+        Decoding("eager", EagerBackend()),
+        Decoding("piecewise", EagerBackend(), capture_sizes=(1, 2, 4, 8, 32)),
+    )
     assert_same_run(piecewise, eager, piecewise.run(SHRINKING), eager.run(SHRINKING))
     stats = piecewise.graph.stats()
     # prefill 23 tokens -> 32; decodes 4 -> 4, 3 -> 4, 1 -> 1: every step ran captured pieces
@@ -244,8 +250,14 @@ def test_full_graph_runs_eager_for_per_layer_metadata():
 
 
 def bench(cwd, *args):
-    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
 
 
 SERVE = ["scenario=serve", "model=tiny", "workload=fixed", "workload.num_requests=2", "progress=false"]

@@ -32,6 +32,7 @@ from kvbench.scenarios.run import run_point  # noqa: E402
 
 # ---- the lecture's model ----
 
+
 def test_async_scheduling_hides_2ms_of_scheduling_behind_an_8ms_step():
     assert step_time_s(8e-3, 2e-3, async_scheduling=False) == pytest.approx(10e-3)
     assert step_time_s(8e-3, 2e-3, async_scheduling=True) == pytest.approx(8e-3)
@@ -66,31 +67,34 @@ def test_cpu_clock_counts_the_forward_as_device_time_when_it_runs_inline():
 
 # ---- async scheduling in the real engine ----
 
-TINY = OmegaConf.to_container(OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf",
-                                                          "model", "tiny.yaml")))
+TINY = OmegaConf.to_container(
+    OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "conf", "model", "tiny.yaml"))
+)
 
 
 def serve(async_scheduling: bool, temperature: float, num_slots: int = 48):
     """Six requests through a pool small enough to preempt; the tokens each request produced."""
     spec = ModelSpec.from_cfg(TINY)
     rng = np.random.default_rng(0)
-    requests = [Request(i, 0.0, int(p), int(o), prompt_tokens=rng.integers(0, spec.vocab_size, int(p)))
-                for i, (p, o) in enumerate([(12, 9), (5, 14), (20, 6), (9, 11), (16, 8), (3, 12)])]
+    requests = [
+        Request(i, 0.0, int(p), int(o), prompt_tokens=rng.integers(0, spec.vocab_size, int(p)))
+        for i, (p, o) in enumerate([(12, 9), (5, 14), (20, 6), (9, 11), (16, 8), (3, 12)])
+    ]
     allocator = PagedAllocator(num_slots=num_slots, max_model_len=spec.max_model_len, block_size=4, model=spec)
     allocator.record_copies = True
     model = TinyDecoder(spec, seed=0).eval()
-    executor = ModelExecutor(model, allocator, EagerBackend(), SamplingParams(temperature, 1.0, seed=3),
-                             async_scheduling=async_scheduling)
+    executor = ModelExecutor(
+        model, allocator, EagerBackend(), SamplingParams(temperature, 1.0, seed=3), async_scheduling=async_scheduling
+    )
     recorder = Recorder(keep_sequences=True)
-    engine = Engine(Scheduler(allocator, max_num_seqs=4, max_num_batched_tokens=32), executor, recorder,
-                    progress=False)
+    engine = Engine(Scheduler(allocator, max_num_seqs=4, max_num_batched_tokens=32), executor, recorder, progress=False)
     if async_scheduling:
         check_async_supported(requests, allocator)
         engine.executor = AsyncScheduling(executor, recorder, len(requests))
     row = engine.run(requests)
     if async_scheduling:
         engine.executor.drain()
-    tokens = {seq.request.request_id: seq.token_ids[seq.request.prompt_len:] for seq in recorder.finished}
+    tokens = {seq.request.request_id: seq.token_ids[seq.request.prompt_len :] for seq in recorder.finished}
     return tokens, row, recorder, executor
 
 
@@ -122,12 +126,20 @@ def test_async_scheduling_refuses_forks_and_prefix_caching():
 HOST_SPLIT = ("schedule_s", "prepare_s", "launch_s", "device_s", "sample_s", "cpu_overhead_frac")
 
 
-@pytest.mark.parametrize("graph, backend", [("eager", "eager"), ("full", "triton_paged"),
-                                            ("piecewise", "eager")])
+@pytest.mark.parametrize("graph, backend", [("eager", "eager"), ("full", "triton_paged"), ("piecewise", "eager")])
 def test_serve_rows_carry_the_host_split_in_every_graph_mode(graph, backend):
-    overrides = ["scenario=serve", "model=tiny", f"+graph={graph}", f"+backend={backend}", "workload=fixed",
-                 "workload.num_requests=3", "workload.input_len=6", "workload.output_len=3", "progress=false",
-                 "graph.capture_sizes=[1,2,4]" if graph != "eager" else "seed=0"]
+    overrides = [
+        "scenario=serve",
+        "model=tiny",
+        f"+graph={graph}",
+        f"+backend={backend}",
+        "workload=fixed",
+        "workload.num_requests=3",
+        "workload.input_len=6",
+        "workload.output_len=3",
+        "progress=false",
+        "graph.capture_sizes=[1,2,4]" if graph != "eager" else "seed=0",
+    ]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=overrides)
     [row] = run_point(cfg)
@@ -142,8 +154,16 @@ def test_serve_rows_carry_the_host_split_in_every_graph_mode(graph, backend):
 
 
 def test_serve_async_scheduling_row_says_so():
-    overrides = ["scenario=serve", "model=tiny", "engine.async_scheduling=true", "workload=fixed",
-                 "workload.num_requests=4", "workload.input_len=6", "workload.output_len=5", "progress=false"]
+    overrides = [
+        "scenario=serve",
+        "model=tiny",
+        "engine.async_scheduling=true",
+        "workload=fixed",
+        "workload.num_requests=4",
+        "workload.input_len=6",
+        "workload.output_len=5",
+        "progress=false",
+    ]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=overrides)
     [row] = run_point(cfg)

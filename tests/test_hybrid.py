@@ -47,8 +47,9 @@ def model(name: str, **changes) -> ModelSpec:
 
 
 def hybrid(spec: ModelSpec, num_slots: int = 2000, block_size: int = 4, **options) -> HybridAllocator:
-    return HybridAllocator(num_slots=num_slots, max_model_len=spec.max_model_len,
-                           block_size=block_size, model=spec, **options)
+    return HybridAllocator(
+        num_slots=num_slots, max_model_len=spec.max_model_len, block_size=block_size, model=spec, **options
+    )
 
 
 def new_seq(seq_id: int, prompt_len: int, output_len: int, n: int = 1) -> Sequence:
@@ -63,8 +64,7 @@ def step(allocator, seq: Sequence, num_tokens: int) -> bool:
 
 
 # --- page-size unification --------------------------------------------------------------
-@pytest.mark.parametrize("name", ["gpt-oss-like", "gemma-3-like", "qwen3-next-like",
-                                  "tiny-gemma3", "tiny-qwen3-next"])
+@pytest.mark.parametrize("name", ["gpt-oss-like", "gemma-3-like", "qwen3-next-like", "tiny-gemma3", "tiny-qwen3-next"])
 @pytest.mark.parametrize("linear_as_full", [False, True])
 def test_page_size_unification_gives_every_kind_pages_of_equal_bytes(name, linear_as_full):
     spec = model(name)
@@ -161,8 +161,7 @@ def test_the_gated_delta_rule_gives_the_same_state_in_one_chunk_in_two_or_token_
     torch.testing.assert_close(torch.cat(outs, dim=1), whole_out)
     # a ragged batch: sequence 1 runs 4 tokens, its padded steps leave its state alone
     ragged_state, _ = delta_rule(empty, q, k, v, write, decay, torch.tensor([t, 4, t]))
-    short_state, _ = delta_rule(empty, q[:, :4], k[:, :4], v[:, :4], write[:, :4], decay[:, :4],
-                                torch.full((b,), 4))
+    short_state, _ = delta_rule(empty, q[:, :4], k[:, :4], v[:, :4], write[:, :4], decay[:, :4], torch.full((b,), 4))
     torch.testing.assert_close(ragged_state[1], short_state[1])
 
 
@@ -189,7 +188,7 @@ def recount(allocator) -> None:
     pools_used = Counter()
     for m in allocator.managers.values():
         if isinstance(m, AttentionManager):
-            live = [p for sid, table in m.tables.items() for p in table[m.first_live[sid]:]]
+            live = [p for sid, table in m.tables.items() for p in table[m.first_live[sid] :]]
             assert -1 not in live
             for page, holders in Counter(live).items():
                 assert m.pool.ref_count[page] == holders
@@ -214,16 +213,26 @@ def recount(allocator) -> None:
     assert acc.internal == sum(v.internal for v in acc.by_kind.values())
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["admit", "grow", "grow", "grow", "grow", "fork", "free"]),
-                         st.integers(0, 10_000), st.integers(1, 12)), min_size=1, max_size=70)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "grow", "grow", "grow", "grow", "fork", "free"]),
+        st.integers(0, 10_000),
+        st.integers(1, 12),
+    ),
+    min_size=1,
+    max_size=70,
+)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(["tiny-gpt-oss", "tiny-gemma3", "tiny-qwen3-next"]),
-       policy=st.sampled_from(POLICIES), block_size=st.sampled_from([1, 2, 4]),
-       num_slots=st.integers(40, 400), ops=OPS)
-def test_accounting_sums_to_one_per_kind_and_in_total_under_random_operations(
-        name, policy, block_size, num_slots, ops):
+@given(
+    name=st.sampled_from(["tiny-gpt-oss", "tiny-gemma3", "tiny-qwen3-next"]),
+    policy=st.sampled_from(POLICIES),
+    block_size=st.sampled_from([1, 2, 4]),
+    num_slots=st.integers(40, 400),
+    ops=OPS,
+)
+def test_accounting_sums_to_one_per_kind_and_in_total_under_random_operations(name, policy, block_size, num_slots, ops):
     allocator = hybrid(model(name), num_slots=num_slots, block_size=block_size, policy=policy)
     allocator.record_copies = True
     running, next_id = [], 0
@@ -276,8 +285,15 @@ def test_window_layers_read_at_most_their_window_and_linear_layers_their_state()
 # --- serving: hybrid generation equals independent generation ---------------------------
 def serve_model(name: str) -> ModelSpec:
     """The tiny config at test size: its layer pattern and window, narrower layers."""
-    return model(name, hidden_size=32, head_dim=8, intermediate_size=64, vocab_size=128,
-                 max_model_len=96, linear_state_dim=8 if name == "tiny-qwen3-next" else 0)
+    return model(
+        name,
+        hidden_size=32,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=128,
+        max_model_len=96,
+        linear_state_dim=8 if name == "tiny-qwen3-next" else 0,
+    )
 
 
 @functools.cache
@@ -306,7 +322,9 @@ def serve(name: str, requests: list, num_slots: int, **options):
         return execute(batch)
 
     executor.execute = watched
-    engine = Engine(Scheduler(allocator, 16, 12, chunked_prefill=True), executor, Recorder(keep_sequences=True), progress=False)
+    engine = Engine(
+        Scheduler(allocator, 16, 12, chunked_prefill=True), executor, Recorder(keep_sequences=True), progress=False
+    )
     row = engine.run(requests)
     assert allocator.accounting().free == allocator.accounting().num_slots
     return row, engine, held
@@ -315,18 +333,24 @@ def serve(name: str, requests: list, num_slots: int, **options):
 def prompts(count: int, prefix: int = 0, n: int = 1, output_len: int = 8) -> list:
     rng = np.random.default_rng(1)
     shared = list(rng.integers(0, 128, prefix))
-    return [Request(i, 0.0, prefix + int(length), output_len,
-                    np.array(shared + list(rng.integers(0, 128, int(length)))), n=n)
-            for i, length in enumerate(rng.integers(12, 30, count))]
+    return [
+        Request(
+            i, 0.0, prefix + int(length), output_len, np.array(shared + list(rng.integers(0, 128, int(length)))), n=n
+        )
+        for i, length in enumerate(rng.integers(12, 30, count))
+    ]
 
 
-@pytest.mark.parametrize("name,policy,num_slots,prefix,n,output_len", [
-    ("tiny-gpt-oss", "shared", 44, 0, 1, 30),  # tight: preempts
-    ("tiny-gemma3", "static", 600, 0, 1, 8),
-    ("tiny-gemma3", "shared", 600, 20, 1, 8),  # prefix hits across kinds
-    ("tiny-gpt-oss", "as_full", 600, 0, 1, 8),
-    ("tiny-qwen3-next", "shared", 150, 0, 2, 8),  # forked samples copy their state; preempts
-])
+@pytest.mark.parametrize(
+    "name,policy,num_slots,prefix,n,output_len",
+    [
+        ("tiny-gpt-oss", "shared", 44, 0, 1, 30),  # tight: preempts
+        ("tiny-gemma3", "static", 600, 0, 1, 8),
+        ("tiny-gemma3", "shared", 600, 20, 1, 8),  # prefix hits across kinds
+        ("tiny-gpt-oss", "as_full", 600, 0, 1, 8),
+        ("tiny-qwen3-next", "shared", 150, 0, 2, 8),  # forked samples copy their state; preempts
+    ],
+)
 def test_hybrid_generation_equals_independent_generation(name, policy, num_slots, prefix, n, output_len):
     requests = prompts(4, prefix, n, output_len)
     row, engine, held = serve(name, requests, num_slots, policy=policy, prefix_caching=bool(prefix))
@@ -334,7 +358,7 @@ def test_hybrid_generation_equals_independent_generation(name, policy, num_slots
     for seq in engine.recorder.finished:
         r = seq.request
         want = alone(name, r.request_id, tuple(int(t) for t in r.prompt_tokens), r.output_len, seq.sample_index)
-        assert seq.token_ids[r.prompt_len:] == want, (r.request_id, seq.sample_index)
+        assert seq.token_ids[r.prompt_len :] == want, (r.request_id, seq.sample_index)
     spec = serve_model(name)
     if policy in ("shared", "static") and held:  # between steps, after decodes: the window bound
         assert min(held) <= math.ceil(spec.window / 4) + 1 < max(held)
@@ -350,12 +374,24 @@ def test_in_simulation_hybrid_admits_more_concurrent_requests_than_paged_as_full
     rows = {}
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         for policy in POLICIES:
-            cfg = compose("bench", overrides=[
-                "model=gemma-3-like", "hardware=h200", "engine.kv_cache_bytes=12e9",
-                "+allocator=hybrid", f"allocator.policy={policy}", "workload=fixed",
-                "workload.input_len=8192", "workload.output_len=256", "workload.rate=inf",
-                "workload.num_requests=24", "scheduler.chunked_prefill=true",
-                "scheduler.max_num_batched_tokens=2048", "progress=false"])
+            cfg = compose(
+                "bench",
+                overrides=[
+                    "model=gemma-3-like",
+                    "hardware=h200",
+                    "engine.kv_cache_bytes=12e9",
+                    "+allocator=hybrid",
+                    f"allocator.policy={policy}",
+                    "workload=fixed",
+                    "workload.input_len=8192",
+                    "workload.output_len=256",
+                    "workload.rate=inf",
+                    "workload.num_requests=24",
+                    "scheduler.chunked_prefill=true",
+                    "scheduler.max_num_batched_tokens=2048",
+                    "progress=false",
+                ],
+            )
             rows[policy] = run_point(cfg)[0]
     # 12 GB = 1760 pages of 6.5 MiB. As full, an 8k request is 8.4k x 62 layers x 8 KiB = 4 GiB:
     # 2 at once; the full layers' static share (10/62 = 1.9 GB) holds 2 x 0.64 GiB. Shared: 102
@@ -368,35 +404,56 @@ def test_in_simulation_hybrid_admits_more_concurrent_requests_than_paged_as_full
     for row in rows.values():
         assert row["completed"] == 24
         for kind in ("full", "window"):
-            parts = [row[f"kv_{p}_{kind}"] for p in ("token_util", "reserved_frac", "internal_frag_frac",
-                                                    "external_frag_frac")]
+            parts = [
+                row[f"kv_{p}_{kind}"]
+                for p in ("token_util", "reserved_frac", "internal_frag_frac", "external_frag_frac")
+            ]
             assert min(parts) >= 0 and sum(parts) == pytest.approx(1.0)
 
 
 # --- bad input --------------------------------------------------------------------------
 def bench(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args, "progress=false",
-                           "workload.num_requests=3"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", *args, "progress=false", "workload.num_requests=3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["model=gemma-3-like", "model.window=0", "+allocator=hybrid"], "model.window=0 must be > 0"),
-    (["model=gemma-3-like", "model.window=-5", "+allocator=hybrid"], "model.window=-5 must be >= 0"),
-    (["model=gpt-oss-like", "model.layer_pattern=[full,banded]", "+allocator=hybrid"],
-     "model.layer_pattern=banded must be 'full', 'window' or 'linear'"),
-    (["model=qwen3-next-like", "hardware=h200", "hardware.num_gpus=2", "+allocator=contiguous"],
-     "allocator contiguous cannot hold the linear layers of model qwen3-next-like"),
-    (["model=gemma-3-like", "hardware=h200"], "allocator paged cannot hold the window layers"),
-    (["model=gpt-oss-like", "hardware=h200", "+allocator=hybrid", "allocator.policy=split"],
-     "allocator.policy=split must be 'shared', 'static' or 'as_full'"),
-    (["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "+graph=piecewise"],
-     "a model with linear layers serves with graph=eager"),
-    (["scenario=serve", "model=tiny-gpt-oss", "+allocator=hybrid", "engine.async_scheduling=true"],
-     "allocator hybrid serves with engine.async_scheduling=false"),
-    (["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "allocator.policy=as_full"],
-     "policy=as_full sizes linear layers as attention"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["model=gemma-3-like", "model.window=0", "+allocator=hybrid"], "model.window=0 must be > 0"),
+        (["model=gemma-3-like", "model.window=-5", "+allocator=hybrid"], "model.window=-5 must be >= 0"),
+        (
+            ["model=gpt-oss-like", "model.layer_pattern=[full,banded]", "+allocator=hybrid"],
+            "model.layer_pattern=banded must be 'full', 'window' or 'linear'",
+        ),
+        (
+            ["model=qwen3-next-like", "hardware=h200", "hardware.num_gpus=2", "+allocator=contiguous"],
+            "allocator contiguous cannot hold the linear layers of model qwen3-next-like",
+        ),
+        (["model=gemma-3-like", "hardware=h200"], "allocator paged cannot hold the window layers"),
+        (
+            ["model=gpt-oss-like", "hardware=h200", "+allocator=hybrid", "allocator.policy=split"],
+            "allocator.policy=split must be 'shared', 'static' or 'as_full'",
+        ),
+        (
+            ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "+graph=piecewise"],
+            "a model with linear layers serves with graph=eager",
+        ),
+        (
+            ["scenario=serve", "model=tiny-gpt-oss", "+allocator=hybrid", "engine.async_scheduling=true"],
+            "allocator hybrid serves with engine.async_scheduling=false",
+        ),
+        (
+            ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "allocator.policy=as_full"],
+            "policy=as_full sizes linear layers as attention",
+        ),
+    ],
+)
 def test_bad_hybrid_input_is_one_line_with_exit_code_2(tmp_path, args, message):
     result = bench(tmp_path, *args)
     assert result.returncode == 2, result.stderr
@@ -420,8 +477,17 @@ def test_a_backend_without_window_support_cannot_serve_a_window_model():
     registry.register(module)
     try:
         with initialize_config_module("kvbench.conf", version_base="1.3"):
-            cfg = compose("bench", overrides=["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid",
-                                              "+backend=eager", "backend.name=no_window", "progress=false"])
+            cfg = compose(
+                "bench",
+                overrides=[
+                    "scenario=serve",
+                    "model=tiny-gemma3",
+                    "+allocator=hybrid",
+                    "+backend=eager",
+                    "backend.name=no_window",
+                    "progress=false",
+                ],
+            )
         with pytest.raises(UserError, match="backend no_window cannot run here: it has no sliding-window"):
             run_point(cfg)
     finally:
@@ -449,8 +515,9 @@ def test_hybrid_admits_a_cached_prompt_exactly_when_paged_does(first_still_runni
             if not first_still_running:
                 allocator.free(first)
             prompt = list(range(40)) + [1000 + i for i in range(extra)]
-            admitted.append(allocator.admit(Sequence(1, Request(1, 0.0, len(prompt), 4), len(prompt),
-                                                     token_ids=prompt)))
+            admitted.append(
+                allocator.admit(Sequence(1, Request(1, 0.0, len(prompt), 4), len(prompt), token_ids=prompt))
+            )
         assert admitted[0] == admitted[1], f"a {40 + extra}-token prompt: paged {admitted[0]}, hybrid {admitted[1]}"
         outcomes.append(admitted[0])
     # held hits cost no free block, revived ones do: either way prompts of up to the pool's

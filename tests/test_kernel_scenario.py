@@ -23,25 +23,33 @@ from kvbench.scenarios import kernel_case
 from kvbench.scenarios.batch_spec import parse
 
 BENCH = [sys.executable, "-m", "kvbench.cli"]
-TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
-                 num_params=1e5, max_model_len=512, dtype="fp32")
+TINY = ModelSpec(
+    name="tiny",
+    num_layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    num_params=1e5,
+    max_model_len=512,
+    dtype="fp32",
+)
 
 
 def bench(cwd, *args, env=None):
-    return subprocess.run([*BENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*BENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})}
+    )
 
 
 def kernel_cfg(*overrides):
     with initialize_config_module("kvbench.conf", version_base="1.3"):
-        return compose("bench", overrides=["scenario=kernel", "model=tiny", "scenario.min_run_time_s=0.01",
-                                           *overrides])
+        return compose("bench", overrides=["scenario=kernel", "model=tiny", "scenario.min_run_time_s=0.01", *overrides])
 
 
 def flat_slots(meta, seq: int, seq_len: int, block_size: int) -> list[int]:
     if meta.block_tables is not None:
-        return [int(meta.block_tables[seq, i // block_size]) * block_size + i % block_size
-                for i in range(seq_len)]
+        return [int(meta.block_tables[seq, i // block_size]) * block_size + i % block_size for i in range(seq_len)]
     return [int(meta.seq_starts[seq]) + i for i in range(seq_len)]
 
 
@@ -94,21 +102,34 @@ def test_eager_kernel_row_has_every_kernel_column():
 
 
 def test_triton_kernel_matches_eager_on_a_shuffled_paged_cache():
-    [row] = kernel_scenario.run(kernel_cfg("+backend=triton_paged", "batch=2d24:w16", "+allocator=paged",
-                                        "allocator.block_size=4"))
+    [row] = kernel_scenario.run(
+        kernel_cfg("+backend=triton_paged", "batch=2d24:w16", "+allocator=paged", "allocator.block_size=4")
+    )
     assert row["max_abs_err_vs_eager"] < 1e-4
     assert row["window"] == 16 and row["layout"] == "paged"
 
 
 def test_sweep_over_backends_and_specs_writes_summary_and_plot(tmp_path):
-    result = bench(tmp_path, "-m", "scenario=kernel", "model=tiny", "+backend=eager,triton_paged",
-                   "batch=1d16,2d32", "scenario.min_run_time_s=0.01", "hydra.sweep.dir=sweep",
-                   env={"TRITON_INTERPRET": "1"})
+    result = bench(
+        tmp_path,
+        "-m",
+        "scenario=kernel",
+        "model=tiny",
+        "+backend=eager,triton_paged",
+        "batch=1d16,2d32",
+        "scenario.min_run_time_s=0.01",
+        "hydra.sweep.dir=sweep",
+        env={"TRITON_INTERPRET": "1"},
+    )
     assert result.returncode == 0, result.stderr
     with open(tmp_path / "sweep" / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["backend"], r["batch_spec"]) for r in rows) == [
-        ("eager", "1d16"), ("eager", "2d32"), ("triton_paged", "1d16"), ("triton_paged", "2d32")]
+        ("eager", "1d16"),
+        ("eager", "2d32"),
+        ("triton_paged", "1d16"),
+        ("triton_paged", "2d32"),
+    ]
     assert all(r["status"] == "ok" for r in rows)
     if not torch.cuda.is_available():
         assert all(r["interpreted"] == "True" for r in rows)
@@ -125,8 +146,9 @@ def test_malformed_batch_spec_is_one_line_exit_2(tmp_path):
 def test_backend_that_cannot_run_says_why(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("triton_paged runs on the GPU here")
-    result = bench(tmp_path, "scenario=kernel", "model=tiny", "+backend=triton_paged", "batch=1d16",
-                   env={"TRITON_INTERPRET": "0"})
+    result = bench(
+        tmp_path, "scenario=kernel", "model=tiny", "+backend=triton_paged", "batch=1d16", env={"TRITON_INTERPRET": "0"}
+    )
     assert result.returncode == 2 and "TRITON_INTERPRET=1" in result.stderr
     assert result.stderr.strip().count("\n") == 0
 
@@ -134,18 +156,28 @@ def test_backend_that_cannot_run_says_why(tmp_path):
 @pytest.mark.slow
 def test_gpu_check_script_runs_its_whole_pipeline_in_cpu_mode(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu_check.sh")
-    result = subprocess.run(["bash", script, "--cpu"], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
+    result = subprocess.run(
+        ["bash", script, "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     with open(tmp_path / "kernel.csv") as f:
         kernel = list(csv.DictReader(f))
     assert sorted((r["backend"], r["batch_spec"]) for r in kernel) == [
-        ("eager", "1d16"), ("eager", "2d16"), ("triton_paged", "1d16"), ("triton_paged", "2d16")]
+        ("eager", "1d16"),
+        ("eager", "2d16"),
+        ("triton_paged", "1d16"),
+        ("triton_paged", "2d16"),
+    ]
     with open(tmp_path / "graphs.csv") as f:
         graphs = list(csv.DictReader(f))
     # 3 graph modes x blocking / async, each with the per-step host split
     assert sorted((r["graph"], r["async_scheduling"]) for r in graphs) == sorted(
-        (g, a) for g in ("eager", "full", "piecewise") for a in ("False", "True"))
+        (g, a) for g in ("eager", "full", "piecewise") for a in ("False", "True")
+    )
     assert all(r["cpu_overhead_frac"] != "" for r in graphs)
     figures = (tmp_path / "figures.txt").read_text()
     assert "triton_paged 2d16 fp32" in figures and "batch   2 piecewise" in figures

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.arith import cdiv
 from kvbench.errors import UserError
 from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.model.decoder import TinyDecoder, layer_class
@@ -27,12 +28,23 @@ STEPS = [(7, 3), (1, 5), (6, 1), (1, 3), (1, 0)]
 def full_forward(model: TinyDecoder, tokens: torch.Tensor) -> torch.Tensor:
     """Hidden states of one sequence computed alone in a private contiguous cache."""
     n = len(tokens)
-    caches = [(torch.zeros(1, n, SPEC.num_kv_heads, SPEC.head_dim), torch.zeros(1, n, SPEC.num_kv_heads, SPEC.head_dim))
-              for _ in model.attention_windows]
-    meta = AttentionMetadata(torch.tensor([0, n], dtype=torch.int32), torch.tensor([n], dtype=torch.int32),
-                             torch.arange(n), n, n, n, seq_starts=torch.zeros(1, dtype=torch.int64))
-    with torch.inference_mode(), forward_context(ForwardContext(EagerBackend(), meta, caches, model.scale,
-                                                                model.attention_windows)):
+    caches = [
+        (torch.zeros(1, n, SPEC.num_kv_heads, SPEC.head_dim), torch.zeros(1, n, SPEC.num_kv_heads, SPEC.head_dim))
+        for _ in model.attention_windows
+    ]
+    meta = AttentionMetadata(
+        torch.tensor([0, n], dtype=torch.int32),
+        torch.tensor([n], dtype=torch.int32),
+        torch.arange(n),
+        n,
+        n,
+        n,
+        seq_starts=torch.zeros(1, dtype=torch.int64),
+    )
+    with (
+        torch.inference_mode(),
+        forward_context(ForwardContext(EagerBackend(), meta, caches, model.scale, model.attention_windows)),
+    ):
         return model(tokens, torch.arange(n))
 
 
@@ -43,9 +55,9 @@ def test_stepwise_batched_forward_over_the_cache_equals_forward_alone(block_size
     gen = torch.Generator().manual_seed(block_size)
     lengths = [sum(step[b] for step in STEPS) for b in range(2)]
     sequences = [torch.randint(0, SPEC.vocab_size, (n,), generator=gen) for n in lengths]
-    num_blocks = sum(-(-n // block_size) for n in lengths) + 2
+    num_blocks = sum(cdiv(n, block_size) for n in lengths) + 2
     physical = torch.randperm(num_blocks, generator=gen)
-    tables = [physical[:-(-lengths[0] // block_size)], physical[-(-lengths[0] // block_size):]]
+    tables = [physical[: cdiv(lengths[0], block_size)], physical[cdiv(lengths[0], block_size) :]]
     starts = torch.tensor([lengths[1] + 3, 1])  # contiguous: B before A, gaps around both
     shape = (num_blocks + (lengths[0] + lengths[1] + 4) // block_size + 1, block_size, SPEC.num_kv_heads, SPEC.head_dim)
     caches = [(torch.full(shape, float("nan")), torch.full(shape, float("nan"))) for _ in model.attention_windows]
@@ -56,22 +68,29 @@ def test_stepwise_batched_forward_over_the_cache_equals_forward_alone(block_size
             pos = torch.arange(done[b], done[b] + n)
             ids.append(sequences[b][pos])
             positions.append(pos)
-            slots.append(tables[b][pos // block_size] * block_size + pos % block_size if layout == "paged"
-                         else starts[b] + pos)
+            slots.append(
+                tables[b][pos // block_size] * block_size + pos % block_size if layout == "paged" else starts[b] + pos
+            )
             query_start.append(query_start[-1] + n)
             done[b] += n
         width = max(len(t) for t in tables)
         meta = AttentionMetadata(
-            torch.tensor(query_start, dtype=torch.int32), torch.tensor(done, dtype=torch.int32), torch.cat(slots),
-            block_size, max(step), max(done),
+            torch.tensor(query_start, dtype=torch.int32),
+            torch.tensor(done, dtype=torch.int32),
+            torch.cat(slots),
+            block_size,
+            max(step),
+            max(done),
             block_tables=torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in tables]).int()
-            if layout == "paged" else None,
-            seq_starts=starts if layout == "contiguous" else None)
+            if layout == "paged"
+            else None,
+            seq_starts=starts if layout == "contiguous" else None,
+        )
         context = ForwardContext(EagerBackend(), meta, caches, model.scale, model.attention_windows)
         with torch.inference_mode(), forward_context(context):
             hidden = model(torch.cat(ids), torch.cat(positions))
         for b in range(2):
-            outputs[b].append(hidden[query_start[b]:query_start[b + 1]])
+            outputs[b].append(hidden[query_start[b] : query_start[b + 1]])
     for b in range(2):
         torch.testing.assert_close(torch.cat(outputs[b]), full_forward(model, sequences[b]), rtol=0, atol=1e-5)
 
@@ -94,7 +113,7 @@ def test_a_token_depends_only_on_its_requests_seed_and_logits():
     params = SamplingParams(temperature=1.0, seed=7)
     keys = [(0, 0, 10), (1, 0, 10), (2, 1, 4)]
     batched = sample(logits, params, keys)
-    alone = [sample(logits[i:i + 1], params, [keys[i]])[0] for i in range(3)]
+    alone = [sample(logits[i : i + 1], params, [keys[i]])[0] for i in range(3)]
     assert batched == alone
     assert sample(logits, SamplingParams(), keys) == logits.argmax(-1).tolist()
 

@@ -14,13 +14,20 @@ from kvbench.reporting.paper import FIGURES, capacities, capacity_rows, fig2, re
 
 
 def curve(allocator: str, points: dict, workload: str = "sharegpt") -> list[dict]:
-    return [{"allocator": allocator, "workload": workload, "rate": str(rate), "status": "ok",
-             "normalized_latency_s_per_tok": str(latency)} for rate, latency in points.items()]
+    return [
+        {
+            "allocator": allocator,
+            "workload": workload,
+            "rate": str(rate),
+            "status": "ok",
+            "normalized_latency_s_per_tok": str(latency),
+        }
+        for rate, latency in points.items()
+    ]
 
 
 def test_capacity_is_interpolated_at_the_target_and_given_as_a_ratio_to_the_baseline():
-    rows = (curve("contiguous", {0.5: 0.05, 1.0: 5.0, 2.0: 50.0})
-            + curve("paged", {1.0: 0.04, 2.0: 0.05, 3.0: 5.0}))
+    rows = curve("contiguous", {0.5: 0.05, 1.0: 5.0, 2.0: 50.0}) + curve("paged", {1.0: 0.04, 2.0: 0.05, 3.0: 5.0})
     found = capacities(rows, slo=0.5)
     # log-linear between the last rate under the target and the first above it: half-way here
     assert found[("sharegpt", "contiguous")] == pytest.approx(0.75)
@@ -29,11 +36,14 @@ def test_capacity_is_interpolated_at_the_target_and_given_as_a_ratio_to_the_base
     assert ratios == {"contiguous": 1.0, "paged": pytest.approx(2.5 / 0.75, rel=1e-3)}
 
 
-@pytest.mark.parametrize("points, message", [
-    ({1.0: 0.04, 2.0: 0.3}, "never exceeds report.slo_s_per_token=0.5 .* too short to find its knee"),
-    ({1.0: 0.9, 2.0: 5.0}, "already at the lowest rate"),
-    ({1.0: 0.04}, "fewer than 2 rates"),
-])
+@pytest.mark.parametrize(
+    "points, message",
+    [
+        ({1.0: 0.04, 2.0: 0.3}, "never exceeds report.slo_s_per_token=0.5 .* too short to find its knee"),
+        ({1.0: 0.9, 2.0: 5.0}, "already at the lowest rate"),
+        ({1.0: 0.04}, "fewer than 2 rates"),
+    ],
+)
 def test_a_rate_sweep_without_a_knee_says_so_instead_of_inventing_one(points, message):
     with pytest.raises(UserError, match=message):
         capacities(curve("paged", points), slo=0.5)
@@ -45,32 +55,45 @@ def test_a_baseline_that_is_not_in_the_sweep_names_the_systems_that_are():
         capacity_rows(found, "oracle")
 
 
-@pytest.mark.parametrize("report, message", [
-    ({"slo_s_per_token": 0}, "slo_s_per_token=0 must be a number > 0"),
-    ({"slo_s_per_token": -1.5}, "slo_s_per_token=-1.5"),
-    ({"paper": "fig99"}, "report.paper='fig99' is not one of fig2, fig12"),
-])
+@pytest.mark.parametrize(
+    "report, message",
+    [
+        ({"slo_s_per_token": 0}, "slo_s_per_token=0 must be a number > 0"),
+        ({"slo_s_per_token": -1.5}, "slo_s_per_token=-1.5"),
+        ({"paper": "fig99"}, "report.paper='fig99' is not one of fig2, fig12"),
+    ],
+)
 def test_bad_report_settings_are_refused(report, message):
     with pytest.raises(UserError, match=message):
         report_settings(report)
 
 
 def test_fig2_files_rounding_under_external_and_other_as_the_paper_does():
-    row = {"allocator": "pow2", "workload": "sharegpt", "status": "ok", "kv_token_util": "0.27",
-           "kv_reserved_frac": "0.18", "kv_internal_frag_frac": "0.14", "kv_rounding_frac": "0.3",
-           "kv_external_frag_frac": "0.11"}
+    row = {
+        "allocator": "pow2",
+        "workload": "sharegpt",
+        "status": "ok",
+        "kv_token_util": "0.27",
+        "kv_reserved_frac": "0.18",
+        "kv_internal_frag_frac": "0.14",
+        "kv_rounding_frac": "0.3",
+        "kv_external_frag_frac": "0.11",
+    }
     compared = {r["quantity"]: r for r in fig2([row], {}) if r["system"] == "Orca (Pow2)"}
     assert compared["% external fragmentation & other"]["kvbench"] == pytest.approx(41.0)
     assert compared["% external fragmentation & other"]["delta"] == pytest.approx(41.0 - 41.6)
     assert compared["% token states"]["paper"] == "26.8"
 
 
-@pytest.mark.parametrize("overrides, rate, duration", [
-    (["+experiment=fig2"], 4.0, 900),
-    (["+experiment=fig13", "workload=alpaca"], 30.0, 300),
-    (["+experiment=fig12", "workload=sharegpt", "fig12.point=r6"], 2.0, 450),
-    (["+experiment=fig12", "workload=alpaca", "fig12.point=r4"], 32, 100),
-])
+@pytest.mark.parametrize(
+    "overrides, rate, duration",
+    [
+        (["+experiment=fig2"], 4.0, 900),
+        (["+experiment=fig13", "workload=alpaca"], 30.0, 300),
+        (["+experiment=fig12", "workload=sharegpt", "fig12.point=r6"], 2.0, 450),
+        (["+experiment=fig12", "workload=alpaca", "fig12.point=r4"], 32, 100),
+    ],
+)
 def test_an_experiment_fixes_the_paper_s_setup_and_its_sweep(overrides, rate, duration):
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=overrides, return_hydra_config=True)
@@ -82,8 +105,13 @@ def test_an_experiment_fixes_the_paper_s_setup_and_its_sweep(overrides, rate, du
 
 
 def test_an_unknown_experiment_is_one_line_with_the_known_ones(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "+experiment=fig99"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "+experiment=fig99"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     # the shared unknown-option line (as for +allocator=page): the nearest name, then the known ones
@@ -91,20 +119,48 @@ def test_an_unknown_experiment_is_one_line_with_the_known_ones(tmp_path):
 
 
 def test_a_target_latency_of_zero_is_refused_before_the_sweep_runs(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=paged",
-                             "report.slo_s_per_token=0", "hydra.sweep.dir=sweep"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "-m",
+            "+allocator=paged",
+            "report.slo_s_per_token=0",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: report.slo_s_per_token=0 must be a number > 0 (seconds per output token)")
+        "error: report.slo_s_per_token=0 must be a number > 0 (seconds per output token)"
+    )
     assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
 
 
 def test_a_rate_sweep_too_short_for_a_knee_is_one_line_exit_2_and_keeps_its_summary(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=paged", "workload.rate=0.5,1",
-                             "workload.num_requests=20", "workload.duration_s=null", "report.paper=fig12",
-                             "progress=false", "hydra.sweep.dir=sweep"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "-m",
+            "+allocator=paged",
+            "workload.rate=0.5,1",
+            "workload.num_requests=20",
+            "workload.duration_s=null",
+            "report.paper=fig12",
+            "progress=false",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "paged on sharegpt (rates 0.5, 1) never exceeds" in errors[0]

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 from hydra import compose, initialize_config_module
 
+from kvbench.arith import cdiv
 from kvbench.core.spec import Hardware
 from kvbench.errors import UserError
 from kvbench.executors.cost_model import copies_per_block, swap_time_s
@@ -22,9 +23,10 @@ from helpers.engine import GREEDY, SPEC, alone, make_requests, outputs, run_engi
 
 
 def test_lecture_swap_out_of_1000_tokens_takes_about_6_ms():
-    hardware = Hardware("lecture", hbm_bytes_per_s=1e12, peak_flops=1e15, memory_bytes=8e10,
-                        pcie_bytes_per_s=25e9, copy_latency_s=10e-6)
-    blocks = -(-1000 // 16)
+    hardware = Hardware(
+        "lecture", hbm_bytes_per_s=1e12, peak_flops=1e15, memory_bytes=8e10, pcie_bytes_per_s=25e9, copy_latency_s=10e-6
+    )
+    blocks = cdiv(1000, 16)
     assert blocks == 63
     seconds = swap_time_s(hardware, blocks, 1000 * 128 * 1024)  # one copy per block
     assert seconds == pytest.approx(0.63e-3 + 5.24e-3, rel=0.01)
@@ -40,7 +42,7 @@ def test_swap_counts_every_block_it_moves_and_recomputes_nothing():
 
 def test_a_full_swap_pool_falls_back_to_recompute_without_losing_tokens():
     requests = make_requests(8, output_len=20)
-    one_request = -(-max(r.max_tokens for r in requests) // 4) * 4
+    one_request = cdiv(max(r.max_tokens for r in requests), 4) * 4
     row, engine = run_engine(requests, num_slots=96, preemption="swap", swap_slots=one_request)
     assert row["swapped_blocks"] > 0 and row["recomputed_tokens"] > 0
     got = outputs(engine)
@@ -54,8 +56,14 @@ def test_a_swap_pool_smaller_than_one_request_is_refused():
 
 
 def simulate(block_size: int, preemption: str) -> dict:
-    overrides = ["+allocator=paged", f"allocator.block_size={block_size}", f"engine.preemption={preemption}",
-                 "workload.duration_s=60", "workload.rate=6", "progress=false"]
+    overrides = [
+        "+allocator=paged",
+        f"allocator.block_size={block_size}",
+        f"engine.preemption={preemption}",
+        "workload.duration_s=60",
+        "workload.rate=6",
+        "progress=false",
+    ]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         return run_point(compose("bench", overrides=overrides))[0]
 
@@ -76,16 +84,24 @@ def test_copies_per_block_are_k_and_v_of_every_attention_layer():
     assert copies_per_block(SPEC) == 4
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["workload.n=0"], "workload.n=0 must be >= 1"),
-    (["workload.beam_width=0"], "workload.beam_width=0 must be >= 1"),
-    (["workload.prefix_len=4096"], "prefix_len=4096 must be shorter than max_model_len"),
-    (["+allocator=paged", "engine.preemption=swap", "engine.swap_space_bytes=1e6"], "swap pool"),
-    (["scenario=serve", "model=tiny", "+backend=triton_paged"], "backend triton_paged cannot run here: "),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["workload.n=0"], "workload.n=0 must be >= 1"),
+        (["workload.beam_width=0"], "workload.beam_width=0 must be >= 1"),
+        (["workload.prefix_len=4096"], "prefix_len=4096 must be shorter than max_model_len"),
+        (["+allocator=paged", "engine.preemption=swap", "engine.swap_space_bytes=1e6"], "swap pool"),
+        (["scenario=serve", "model=tiny", "+backend=triton_paged"], "backend triton_paged cannot run here: "),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_code_2(overrides, message, tmp_path):
-    result = subprocess.run(["bench", *overrides, "progress=false"], capture_output=True, text=True,
-                            cwd=tmp_path, env={"PATH": _venv_bin(), "HOME": str(tmp_path)})
+    result = subprocess.run(
+        ["bench", *overrides, "progress=false"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": _venv_bin(), "HOME": str(tmp_path)},
+    )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()

@@ -40,10 +40,20 @@ def test_radix_hit_rate_never_covers_the_last_prompt_token():
 
 
 def shared_prefix_config(block_size: int, extra=()):
-    overrides = ["workload=uniform", "workload.num_requests=40", "workload.rate=inf",
-                 "workload.input_len=40", "workload.output_len=8", "workload.prefix_len=50",
-                 "workload.num_prefixes=3", "+allocator=paged", f"allocator.block_size={block_size}",
-                 "allocator.prefix_caching=true", "progress=false", *extra]
+    overrides = [
+        "workload=uniform",
+        "workload.num_requests=40",
+        "workload.rate=inf",
+        "workload.input_len=40",
+        "workload.output_len=8",
+        "workload.prefix_len=50",
+        "workload.num_prefixes=3",
+        "+allocator=paged",
+        f"allocator.block_size={block_size}",
+        "allocator.prefix_caching=true",
+        "progress=false",
+        *extra,
+    ]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         return compose("bench", overrides=overrides)
 
@@ -62,15 +72,21 @@ def test_block_hash_hit_rate_is_at_most_the_radix_trees_and_equal_at_block_size_
 
 
 def test_real_engine_reports_both_hit_rates_and_they_agree_at_block_size_1():
-    cfg = shared_prefix_config(1, ["scenario=serve", "model=tiny", "workload.num_requests=8",
-                                   "workload.input_len=10", "workload.prefix_len=20"])
+    cfg = shared_prefix_config(
+        1,
+        ["scenario=serve", "model=tiny", "workload.num_requests=8", "workload.input_len=10", "workload.prefix_len=20"],
+    )
     row = run_point(cfg)[0]
     assert row["prefix_hit_rate"] == row["prefix_hit_rate_radix"] > 0.3
 
 
 def admitted(pool: PagedAllocator, tokens) -> Sequence:
-    seq = Sequence(len(pool.block_tables) + 100 * pool.prefix_query_tokens, Request(0, 0.0, len(tokens), 4),
-                   len(tokens), token_ids=list(tokens))
+    seq = Sequence(
+        len(pool.block_tables) + 100 * pool.prefix_query_tokens,
+        Request(0, 0.0, len(tokens), 4),
+        len(tokens),
+        token_ids=list(tokens),
+    )
     assert pool.admit(seq)
     assert pool.grow(seq, seq.num_tokens - seq.num_computed)
     seq.num_computed = seq.num_tokens
@@ -120,8 +136,9 @@ def test_block_hashes_are_equal_in_processes_with_different_hash_seeds():
     outputs = set()
     for seed in ("0", "1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        run = subprocess.run([sys.executable, "-c", HASHES_OF_A_PROMPT], env=env, capture_output=True,
-                             text=True, check=True)
+        run = subprocess.run(
+            [sys.executable, "-c", HASHES_OF_A_PROMPT], env=env, capture_output=True, text=True, check=True
+        )
         outputs.add(run.stdout)
     assert len(outputs) == 1
     paged, window = eval(outputs.pop().replace("] [", "], ["))

@@ -44,8 +44,15 @@ def test_an_external_plugin_is_found_by_name_and_runs_a_simulation(monkeypatch):
     registry.register(module)
     try:
         with initialize_config_module("kvbench.conf", version_base="1.3"):
-            cfg = compose("bench", overrides=["+allocator=oracle", "allocator.name=half_oracle",
-                                              "workload.num_requests=40", "progress=false"])
+            cfg = compose(
+                "bench",
+                overrides=[
+                    "+allocator=oracle",
+                    "allocator.name=half_oracle",
+                    "workload.num_requests=40",
+                    "progress=false",
+                ],
+            )
         row = run_point(cfg)[0]
     finally:
         registry.unregister(module)

@@ -26,13 +26,15 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def bench(cwd, *args):
-    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def bench_report(*args):
-    return subprocess.run([sys.executable, "-m", "kvbench.reporting.report", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.reporting.report", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,21 +113,24 @@ def test_the_verdict_comes_first_and_names_the_winner_and_its_margin(sweep, tmp_
     assert page.index("<h2>Verdict</h2>") < page.index("<h2>Results</h2>") < page.index("<h2>Plots</h2>")
     # no contiguous point: the ratios are taken against the first system of the paper's order
     assert "ratios against <b>oracle</b> (report.baseline=contiguous is not in the sweep)" in verdict
-    assert f"<b>all points</b>: <b>paged</b>" in verdict
+    assert "<b>all points</b>: <b>paged</b>" in verdict
     assert f"{ratio:.2f}× lower normalized latency than oracle" in verdict
     assert "<h1>kvbench report: opt-13b on a100-40gb, sharegpt workload (simulate)</h1>" in page
 
 
 def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted(sweep, tmp_path):
     other = tmp_path / "other"
-    result = bench(tmp_path, "-m", "+allocator=pow2", "allocator.block_size=16,300", *SMALL,
-                   f"hydra.sweep.dir={other}")
+    result = bench(tmp_path, "-m", "+allocator=pow2", "allocator.block_size=16,300", *SMALL, f"hydra.sweep.dir={other}")
     assert result.returncode == 2, result.stderr  # the refused point is recorded, and the sweep says so
     result = bench_report(other, sweep)
     assert result.returncode == 0, result.stderr
     rows = read_csv(other / "summary.csv")
     assert list(zip(rows["sweep"], rows["allocator"], rows["status"])) == [
-        ("other", "pow2", "ok"), ("other", "pow2", "failed"), ("sweep", "oracle", "ok"), ("sweep", "paged", "ok")]
+        ("other", "pow2", "ok"),
+        ("other", "pow2", "failed"),
+        ("sweep", "oracle", "ok"),
+        ("sweep", "paged", "ok"),
+    ]
     _, cells = decoded_images(other / "report.html")
     assert "sweep" in cells
     page = (other / "report.html").read_text()
@@ -181,7 +186,8 @@ def test_bench_report_of_two_sweeps_of_the_same_allocators_labels_every_bar(swee
         drawn = bars(panels[text])
         assert drawn == pytest.approx({key: truth.at[key, column] for key in truth.index}), column
     assert truth.at[("second", "paged"), "request_throughput"] == pytest.approx(
-        3 * truth.at[("first", "paged"), "request_throughput"])
+        3 * truth.at[("first", "paged"), "request_throughput"]
+    )
     (kv,) = figures["kv_breakdown.png"].axes
     tokens = {tick: height for (tick, part), height in bars(kv).items() if part == "token states"}
     assert tokens == pytest.approx({f"{s}, {a}": 100 * truth.at[(s, a), "kv_token_util"] for s, a in truth.index})
@@ -191,12 +197,21 @@ def test_a_baseline_not_in_the_sweep_is_one_line_exit_2(sweep, tmp_path):
     result = bench_report(sweep, "--out", tmp_path, "--baseline", "pow2")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: report.baseline='pow2' is not in the sweep; its allocators: oracle, paged"]
-    result = bench(tmp_path, "-m", "+allocator=oracle,paged", "report.baseline=contiguous", *SMALL,
-                   "workload.num_requests=10", "hydra.sweep.dir=named")
+        "error: report.baseline='pow2' is not in the sweep; its allocators: oracle, paged"
+    ]
+    result = bench(
+        tmp_path,
+        "-m",
+        "+allocator=oracle,paged",
+        "report.baseline=contiguous",
+        *SMALL,
+        "workload.num_requests=10",
+        "hydra.sweep.dir=named",
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: report.baseline='contiguous' is not in the sweep; its allocators: oracle, paged"]
+        "error: report.baseline='contiguous' is not in the sweep; its allocators: oracle, paged"
+    ]
 
 
 def test_a_directory_without_results_is_one_line_exit_2(tmp_path):
@@ -204,15 +219,30 @@ def test_a_directory_without_results_is_one_line_exit_2(tmp_path):
     result = bench_report(tmp_path / "empty")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'empty'} has no results (no */metrics.csv, metrics.csv or summary.csv in it)"]
+        f"error: {tmp_path / 'empty'} has no results (no */metrics.csv, metrics.csv or summary.csv in it)"
+    ]
 
 
 def test_the_winner_at_each_rate_with_ties_shared_and_a_failed_baseline_said():
-    rows = pd.DataFrame([
-        {"allocator": a, "rate": rate, "status": status, "normalized_latency_s_per_tok": latency, "request_throughput": tput}
-        for a, rate, status, latency, tput in [
-            ("contiguous", 1, "ok", 0.30, 0.5), ("pow2", 1, "ok", 0.10, 0.9), ("paged", 1, "ok", 0.10, 0.9),
-            ("contiguous", 2, "failed", None, None), ("pow2", 2, "ok", 0.40, 1.0), ("paged", 2, "ok", 0.05, 1.8)]])
+    rows = pd.DataFrame(
+        [
+            {
+                "allocator": a,
+                "rate": rate,
+                "status": status,
+                "normalized_latency_s_per_tok": latency,
+                "request_throughput": tput,
+            }
+            for a, rate, status, latency, tput in [
+                ("contiguous", 1, "ok", 0.30, 0.5),
+                ("pow2", 1, "ok", 0.10, 0.9),
+                ("paged", 1, "ok", 0.10, 0.9),
+                ("contiguous", 2, "failed", None, None),
+                ("pow2", 2, "ok", 0.40, 1.0),
+                ("paged", 2, "ok", 0.05, 1.8),
+            ]
+        ]
+    )
     found = winners(rows, "contiguous").set_index("setting")
     assert found.at["rate=1", "winner"] == "pow2 = paged"
     assert found.at["rate=1", "latency_vs_baseline"] == pytest.approx(3.0)

@@ -13,8 +13,9 @@ import sys
 import matplotlib.image
 import pytest
 
-BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))),
-               None)
+BROWSER = next(
+    filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))), None
+)
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium or Chrome on PATH (apt-get install chromium)")
 RATES = "0.5,1,1.5,2,2.5,3,3.5,4,4.5,5,5.5,6"
 # Appended to a copy of the page: what the browser laid out, written into the DOM it dumps.
@@ -36,17 +37,35 @@ PROBE = """<script>window.addEventListener("load", () => {
 
 
 def headless(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("rates")
-    result = subprocess.run([sys.executable, "-m", "kvbench.cli", "-m", "+allocator=contiguous,paged",
-                             f"workload.rate={RATES}", "workload.num_requests=20", "workload.duration_s=null",
-                             "progress=false", "hydra.sweep.dir=sweep"],
-                            cwd=root, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "-m",
+            "+allocator=contiguous,paged",
+            f"workload.rate={RATES}",
+            "workload.num_requests=20",
+            "workload.duration_s=null",
+            "progress=false",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     return root / "sweep" / "report.html"
 

@@ -59,8 +59,9 @@ def test_sampled_tokens_do_not_depend_on_batch_or_preemption():
 
 def test_chunked_prefill_with_prefix_caching_keeps_tokens():
     requests = make_requests(6, prefix=13)
-    row, engine = run_engine(requests, num_slots=120, chunked_prefill=True, max_num_batched_tokens=16,
-                             prefix_caching=True)
+    row, engine = run_engine(
+        requests, num_slots=120, chunked_prefill=True, max_num_batched_tokens=16, prefix_caching=True
+    )
     assert row["prefix_hit_rate"] > 0.2
     got = outputs(engine)
     for r in requests:
@@ -93,8 +94,9 @@ def test_beam_search_equals_independent_beam_search(pool):
 
 def test_prefix_caching_with_samples_beams_and_preemption_keeps_tokens():
     samples = make_requests(3, n=2, prefix=9, seed=1)
-    row, engine = run_engine(samples, num_slots=100, preemption="swap", swap_slots=400, sampling=SAMPLED,
-                             prefix_caching=True)
+    row, engine = run_engine(
+        samples, num_slots=100, preemption="swap", swap_slots=400, sampling=SAMPLED, prefix_caching=True
+    )
     assert row["prefix_hit_rate"] > 0
     got = outputs(engine)
     for r in samples:
@@ -109,8 +111,16 @@ def test_prefix_caching_with_samples_beams_and_preemption_keeps_tokens():
 
 
 def test_serve_scenario_reports_the_host_time_split():
-    overrides = ["scenario=serve", "model=tiny", "+allocator=paged", "workload=fixed",
-                 "workload.input_len=12", "workload.output_len=6", "scenario.num_requests=5", "progress=false"]
+    overrides = [
+        "scenario=serve",
+        "model=tiny",
+        "+allocator=paged",
+        "workload=fixed",
+        "workload.input_len=12",
+        "workload.output_len=6",
+        "scenario.num_requests=5",
+        "progress=false",
+    ]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=overrides)
     row = run_point(cfg)[0]

@@ -20,20 +20,44 @@ from kvbench.core.serving_metrics import ValueCounts
 from kvbench.executors.base import StepResult
 from kvbench.plugins.allocators.paged import PagedAllocator
 
-SIMULATE = ["+allocator=paged", "workload.num_requests=120", "workload.duration_s=null", "report.goodput.ttft_ms=2000",
-            "report.goodput.tpot_ms=60"]
-SERVE = ["scenario=serve", "model=tiny", "+allocator=paged", "workload=uniform", "workload.input_len=32",
-         "workload.output_len=12", "scenario.num_requests=10", "scenario.rate=20", "report.goodput.e2el_ms=400"]
+SIMULATE = [
+    "+allocator=paged",
+    "workload.num_requests=120",
+    "workload.duration_s=null",
+    "report.goodput.ttft_ms=2000",
+    "report.goodput.tpot_ms=60",
+]
+SERVE = [
+    "scenario=serve",
+    "model=tiny",
+    "+allocator=paged",
+    "workload=uniform",
+    "workload.input_len=32",
+    "workload.output_len=12",
+    "scenario.num_requests=10",
+    "scenario.rate=20",
+    "report.goodput.e2el_ms=400",
+]
 
 
 def bench(cwd, *args):
-    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args, "progress=false"], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def stats(values_ms: np.ndarray) -> list[float]:
-    return [values_ms.mean(), np.median(values_ms), values_ms.std(), np.percentile(values_ms, 90),
-            np.percentile(values_ms, 99)]
+    return [
+        values_ms.mean(),
+        np.median(values_ms),
+        values_ms.std(),
+        np.percentile(values_ms, 90),
+        np.percentile(values_ms, 99),
+    ]
 
 
 def columns(row: pd.Series, name: str) -> list[float]:
@@ -46,14 +70,26 @@ def run(request, tmp_path_factory):
     result = bench(cwd, *(SIMULATE if request.param == "simulate" else SERVE))
     assert result.returncode == 0, result.stderr
     (run_dir,) = (cwd / "results" / "runs").iterdir()
-    return result.stdout, pd.read_csv(run_dir / "metrics.csv").iloc[0], pd.read_json(run_dir / "requests.jsonl", lines=True)
+    return (
+        result.stdout,
+        pd.read_csv(run_dir / "metrics.csv").iloc[0],
+        pd.read_json(run_dir / "requests.jsonl", lines=True),
+    )
 
 
 def test_a_run_prints_its_console_table(run):
     stdout, row, _ = run
     assert "== kvbench result: " in stdout
-    for line in ("Successful requests:", "Request throughput (req/s):", "Request goodput (req/s):",
-                 "Median TTFT (ms):", "Median TPOT (ms):", "P99 ITL (ms):", "Token states:", "Preemptions:"):
+    for line in (
+        "Successful requests:",
+        "Request throughput (req/s):",
+        "Request goodput (req/s):",
+        "Median TTFT (ms):",
+        "Median TPOT (ms):",
+        "P99 ITL (ms):",
+        "Token states:",
+        "Preemptions:",
+    ):
         assert line in stdout
     assert f"{row['median_ttft_ms']:.2f}" in stdout and f"{100 * row['kv_token_util']:.1f}%" in stdout
 
@@ -72,12 +108,16 @@ def test_latencies_recomputed_from_requests_jsonl_equal_the_summary(run):
     assert columns(row, "itl") == pytest.approx(stats(itl), rel=1e-6, abs=1e-5)  # the file keeps ns
     # a request's TPOT is the mean of its inter-token latencies
     first = requests.iloc[int(np.argmax(many))]
-    assert np.mean(first["itl_s"]) == pytest.approx((first["finish_s"] - first["first_token_s"]) / (first["output_len"] - 1))
+    assert np.mean(first["itl_s"]) == pytest.approx(
+        (first["finish_s"] - first["first_token_s"]) / (first["output_len"] - 1)
+    )
 
     duration = row["duration_s"]
     assert row["request_throughput"] == pytest.approx(len(requests) / duration)
     assert row["output_throughput"] == pytest.approx(requests["output_len"].sum() / duration)
-    assert row["total_token_throughput"] == pytest.approx((requests["input_len"] + requests["output_len"]).sum() / duration)
+    assert row["total_token_throughput"] == pytest.approx(
+        (requests["input_len"] + requests["output_len"]).sum() / duration
+    )
     assert row["normalized_latency_s_per_tok"] == pytest.approx((e2el / 1e3 / requests["output_len"]).mean())
     assert requests["preemptions"].sum() == row["preemptions"]
 
@@ -131,15 +171,24 @@ def test_the_recorder_lets_finished_sequences_go():
     assert row["median_itl_ms"] == pytest.approx(10.0) and row["median_tpot_ms"] == pytest.approx(10.0)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["+report.goodput.itl_ms=5"], "report.goodput.itl_ms is not a key of report.goodput; did you mean "
-                                   "report.goodput.ttft_ms? (its keys: ttft_ms, tpot_ms, e2el_ms)"),
-    (["report.goodput.itl_ms=5"], "report.goodput.itl_ms is not a key of report.goodput; did you mean "
-                                  "report.goodput.ttft_ms? (its keys: ttft_ms, tpot_ms, e2el_ms)"),
-    (["report.goodput.ttft_ms=0"], "report.goodput.ttft_ms=0 must be a number of milliseconds > 0"),
-    (["report.goodput.e2el_ms=-5"], "report.goodput.e2el_ms=-5 must be a number of milliseconds > 0"),
-    (["report.goodput.tpot_ms=fast"], "report.goodput.tpot_ms=fast must be a number of milliseconds > 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["+report.goodput.itl_ms=5"],
+            "report.goodput.itl_ms is not a key of report.goodput; did you mean "
+            "report.goodput.ttft_ms? (its keys: ttft_ms, tpot_ms, e2el_ms)",
+        ),
+        (
+            ["report.goodput.itl_ms=5"],
+            "report.goodput.itl_ms is not a key of report.goodput; did you mean "
+            "report.goodput.ttft_ms? (its keys: ttft_ms, tpot_ms, e2el_ms)",
+        ),
+        (["report.goodput.ttft_ms=0"], "report.goodput.ttft_ms=0 must be a number of milliseconds > 0"),
+        (["report.goodput.e2el_ms=-5"], "report.goodput.e2el_ms=-5 must be a number of milliseconds > 0"),
+        (["report.goodput.tpot_ms=fast"], "report.goodput.tpot_ms=fast must be a number of milliseconds > 0"),
+    ],
+)
 def test_a_bad_goodput_slo_is_one_line_with_exit_code_2(tmp_path, args, message):
     result = bench(tmp_path, *args, "workload.num_requests=5")
     assert result.returncode == 2, result.stderr

@@ -29,9 +29,11 @@ def test_n_samples_of_a_prompt_make_n_minus_1_copies(prompt_len, copies):
 
 def blocks_held(log: list):
     """on_step hook: (physical blocks in use, blocks the live sequences' tables name)."""
+
     def on_step(batch, pool):
         held = (pool.num_slots - pool.accounting().free) // pool.block_size
         log.append((held, sum(len(table) for table in pool.block_tables.values())))
+
     return on_step
 
 
@@ -58,8 +60,14 @@ def test_a_request_counts_its_width_against_max_num_seqs():
 
 @pytest.mark.parametrize("n, beam_width", [(4, 1), (1, 4)])
 def test_simulated_samples_and_beams_share_blocks(n, beam_width):
-    overrides = ["workload=alpaca", "workload.num_requests=60", f"workload.n={n}",
-                 f"workload.beam_width={beam_width}", "+allocator=paged", "progress=false"]
+    overrides = [
+        "workload=alpaca",
+        "workload.num_requests=60",
+        f"workload.n={n}",
+        f"workload.beam_width={beam_width}",
+        "+allocator=paged",
+        "progress=false",
+    ]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=overrides)
     model, hardware = load_specs(cfg)

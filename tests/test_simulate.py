@@ -21,8 +21,16 @@ def at_4_req_s():
 
 def test_kv_fractions_add_up_to_one(at_4_req_s):
     for row in at_4_req_s.values():
-        parts = [row[k] for k in ("kv_token_util", "kv_reserved_frac", "kv_internal_frag_frac", "kv_rounding_frac",
-                                  "kv_external_frag_frac")]
+        parts = [
+            row[k]
+            for k in (
+                "kv_token_util",
+                "kv_reserved_frac",
+                "kv_internal_frag_frac",
+                "kv_rounding_frac",
+                "kv_external_frag_frac",
+            )
+        ]
         assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(1.0)
 
 

@@ -87,27 +87,40 @@ def sampled(seq: Sequence) -> int:
     return (seq.token_ids[0] + seq.num_tokens) % 11
 
 
-REQUESTS = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2)),
-                    min_size=1, max_size=30)
+REQUESTS = st.lists(
+    st.tuples(st.integers(0, 30), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2)), min_size=1, max_size=30
+)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=REQUESTS, block_size=st.sampled_from([1, 4, 16]), num_slots=st.integers(96, 400),
-       prefix_caching=st.booleans(), chunked_prefill=st.booleans(),
-       preemption=st.sampled_from(["recompute", "swap"]), max_num_seqs=st.integers(1, 12),
-       budget=st.sampled_from([16, 48, 256]))
+@given(
+    requests=REQUESTS,
+    block_size=st.sampled_from([1, 4, 16]),
+    num_slots=st.integers(96, 400),
+    prefix_caching=st.booleans(),
+    chunked_prefill=st.booleans(),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    max_num_seqs=st.integers(1, 12),
+    budget=st.sampled_from([16, 48, 256]),
+)
 def test_the_fast_decode_path_schedules_and_preempts_exactly_as_before(
-        requests, block_size, num_slots, prefix_caching, chunked_prefill, preemption, max_num_seqs, budget):
+    requests, block_size, num_slots, prefix_caching, chunked_prefill, preemption, max_num_seqs, budget
+):
     sides = []
     for allocator_cls, scheduler_cls in ((FrozenPaged, FrozenScheduler), (PagedAllocator, Scheduler)):
-        allocator = allocator_cls(num_slots, 256, block_size=block_size, watermark=0.02,
-                                  prefix_caching=prefix_caching)
+        allocator = allocator_cls(num_slots, 256, block_size=block_size, watermark=0.02, prefix_caching=prefix_caching)
         allocator.enable_swap(num_slots)
-        scheduler = scheduler_cls(allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                  chunked_prefill=chunked_prefill, preemption=preemption)
+        scheduler = scheduler_cls(
+            allocator,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget,
+            chunked_prefill=chunked_prefill,
+            preemption=preemption,
+        )
         sides.append((scheduler, Engine(scheduler, executor=None, progress=False)))
-    arrivals = sorted((arrival, i, prompt, output, prefix)
-                      for i, (arrival, prompt, output, prefix) in enumerate(requests))
+    arrivals = sorted(
+        (arrival, i, prompt, output, prefix) for i, (arrival, prompt, output, prefix) in enumerate(requests)
+    )
     for step in range(400):
         observed = []
         for scheduler, engine in sides:
@@ -121,10 +134,18 @@ def test_the_fast_decode_path_schedules_and_preempts_exactly_as_before(
             else:
                 engine._advance(batch, [sampled(seq) for seq in batch.seqs], float(step))
             acc = scheduler.allocator.accounting()
-            observed.append(([(s.seq_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
-                             [s.seq_id for s in batch.preempted], batch.num_tokens, batch.context_tokens,
-                             batch.attention_pairs, batch.swapped_blocks, (acc.token, acc.reserved, acc.internal),
-                             scheduler.allocator.prefix_hit_tokens))
+            observed.append(
+                (
+                    [(s.seq_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
+                    [s.seq_id for s in batch.preempted],
+                    batch.num_tokens,
+                    batch.context_tokens,
+                    batch.attention_pairs,
+                    batch.swapped_blocks,
+                    (acc.token, acc.reserved, acc.internal),
+                    scheduler.allocator.prefix_hit_tokens,
+                )
+            )
         assert observed[0] == observed[1], f"step {step}"
         if not any(s.has_work() for s, _ in sides) and step > 30:
             break

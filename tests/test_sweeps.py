@@ -35,9 +35,16 @@ def summary(sweep_dir) -> list[dict]:
 
 
 def test_four_point_sweep_under_the_joblib_launcher(tmp_path):
-    result = bench(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                   "+allocator=contiguous,oracle,pow2,paged", "workload.num_requests=50", *SMALL,
-                   "hydra.sweep.dir=sweep")
+    result = bench(
+        tmp_path,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "+allocator=contiguous,oracle,pow2,paged",
+        "workload.num_requests=50",
+        *SMALL,
+        "hydra.sweep.dir=sweep",
+    )
     assert result.returncode == 0, result.stderr
     assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr
     rows = summary(tmp_path / "sweep")  # written by the SweepSummary callback after the jobs
@@ -53,8 +60,13 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, sto
     args = ["-m", "+allocator=paged", "workload.num_requests=40,41,5000", *SMALL, "hydra.sweep.dir=sweep"]
     sweep = tmp_path / "sweep"
     # A shell that starts jobs in the background makes them ignore SIGINT: give it back.
-    proc = subprocess.Popen([*BENCH, *args], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [*BENCH, *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while len(list(sweep.glob("*/fingerprint.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -78,8 +90,14 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, sto
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on_then_retried(tmp_path):
-    args = ["-m", "+allocator=paged", "allocator.block_size=300,16", "workload.num_requests=40", *SMALL,
-            "hydra.sweep.dir=sweep"]
+    args = [
+        "-m",
+        "+allocator=paged",
+        "allocator.block_size=300,16",
+        "workload.num_requests=40",
+        *SMALL,
+        "hydra.sweep.dir=sweep",
+    ]
     result = bench(tmp_path, *args)
     assert result.returncode == 2  # a point was refused: the sweep says so, after recording every point
     (line,) = result.stderr.splitlines()
@@ -116,11 +134,21 @@ def test_a_range_sweep_runs_one_point_per_value(tmp_path, monkeypatch):
 
 
 def test_glob_and_choice_sweeps_and_interpolations_compose(tmp_path, monkeypatch):
-    sweep_in_process(tmp_path, monkeypatch, "+allocator=glob(p*)", "seed=choice(0,1)",
-                     "workload.num_requests=${scheduler.max_num_seqs}", "scheduler.max_num_seqs=12")
+    sweep_in_process(
+        tmp_path,
+        monkeypatch,
+        "+allocator=glob(p*)",
+        "seed=choice(0,1)",
+        "workload.num_requests=${scheduler.max_num_seqs}",
+        "scheduler.max_num_seqs=12",
+    )
     rows = summary(tmp_path / "sweep")
     assert sorted((r["allocator"], r["seed"]) for r in rows) == [
-        ("paged", "0"), ("paged", "1"), ("pow2", "0"), ("pow2", "1")]
+        ("paged", "0"),
+        ("paged", "1"),
+        ("pow2", "0"),
+        ("pow2", "1"),
+    ]
     assert {r["completed"] for r in rows} == {"12"}
 
 
@@ -198,13 +226,23 @@ def test_profile_on_a_simulated_run_is_one_line_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: profile=true traces torch operators, and scenario=simulate runs none; "
-        "use it with scenario=serve or scenario=kernel"]
+        "use it with scenario=serve or scenario=kernel"
+    ]
 
 
 @pytest.mark.slow
 def test_profile_on_a_kernel_run_writes_a_chrome_trace_beside_the_metrics(tmp_path):
-    result = bench(tmp_path, "scenario=kernel", "model=tiny", "+backend=eager", "batch=2d64",
-                   "scenario.min_run_time_s=0.01", "profile=true", "progress=false", "hydra.run.dir=run")
+    result = bench(
+        tmp_path,
+        "scenario=kernel",
+        "model=tiny",
+        "+backend=eager",
+        "batch=2d64",
+        "scenario.min_run_time_s=0.01",
+        "profile=true",
+        "progress=false",
+        "hydra.run.dir=run",
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run" / "metrics.csv").is_file()
     events = json.loads(gzip.open(tmp_path / "run" / "trace.json.gz").read())["traceEvents"]
@@ -231,10 +269,18 @@ def test_chrome_trace_writes_nothing_when_the_body_fails(tmp_path):
 def test_a_sweep_over_an_absolute_trace_path_writes_its_summary(tmp_path):
     trace = tmp_path / "lengths" / "trace.csv"
     trace.parent.mkdir()
-    trace.write_text("input_len,output_len\n" + "".join(f"{10 + i},{5 + i % 7}\n" for i in range(40))
-                     + "2000,100\n")  # one pair longer than OPT's 2048: dropped and counted
-    result = bench(tmp_path, "-m", "+allocator=paged,oracle", "workload=trace", f"workload.path={trace}",
-                   "progress=false", "hydra.sweep.dir=sweep")
+    trace.write_text(
+        "input_len,output_len\n" + "".join(f"{10 + i},{5 + i % 7}\n" for i in range(40)) + "2000,100\n"
+    )  # one pair longer than OPT's 2048: dropped and counted
+    result = bench(
+        tmp_path,
+        "-m",
+        "+allocator=paged,oracle",
+        "workload=trace",
+        f"workload.path={trace}",
+        "progress=false",
+        "hydra.sweep.dir=sweep",
+    )
     assert result.returncode == 0, result.stderr
     rows = summary(tmp_path / "sweep")
     assert sorted(r["allocator"] for r in rows) == ["oracle", "paged"]

@@ -37,7 +37,7 @@ def test_arrivals_keep_the_mean_rate_and_burstiness_raises_the_spread(burstiness
     requests = generate({**SHAREGPT, "rate": 2.0, "burstiness": burstiness}, seed=0, max_model_len=2048)
     gaps = np.diff([r.arrival_s for r in requests])
     assert abs(gaps.mean() - 0.5) < 0.02
-    assert abs(gaps.std() / gaps.mean() - burstiness ** -0.5) < 0.05  # gamma: cv = 1/sqrt(shape)
+    assert abs(gaps.std() / gaps.mean() - burstiness**-0.5) < 0.05  # gamma: cv = 1/sqrt(shape)
 
 
 def test_a_duration_bounds_poisson_arrivals():
@@ -52,12 +52,15 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
     assert [(r.prompt_len, r.output_len, r.arrival_s) for r in requests] == [(20, 6, 0.1), (10, 5, 0.5), (30, 7, 2.0)]
 
 
-@pytest.mark.parametrize("text, message", [
-    (None, "does not exist"),
-    ("input_len,output_len\n", "no rows"),
-    ("input_len,output_len\n10,5\nten,5\n", "row 3"),
-    ("prompt,output\n1,2\n", "has no column for input_len: input_len or prompt_len"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "does not exist"),
+        ("input_len,output_len\n", "no rows"),
+        ("input_len,output_len\n10,5\nten,5\n", "row 3"),
+        ("prompt,output\n1,2\n", "has no column for input_len: input_len or prompt_len"),
+    ],
+)
 def test_a_bad_trace_says_what_is_wrong(tmp_path, text, message):
     path = tmp_path / "trace.csv"
     if text is not None:
@@ -66,18 +69,24 @@ def test_a_bad_trace_says_what_is_wrong(tmp_path, text, message):
         generate({"kind": "trace", "path": str(path), "rate": 1.0}, seed=0, max_model_len=2048)
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"rate": 0}, "rate"), ({"rate": -1}, "rate"), ({"burstiness": 0}, "burstiness"),
-    ({"kind": "fixed", "input_len": 2000, "output_len": 100}, "max_model_len"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"rate": 0}, "rate"),
+        ({"rate": -1}, "rate"),
+        ({"burstiness": 0}, "burstiness"),
+        ({"kind": "fixed", "input_len": 2000, "output_len": 100}, "max_model_len"),
+    ],
+)
 def test_bad_workload_settings_are_refused(override, message):
     with pytest.raises(UserError, match=message):
         generate({**SHAREGPT, "num_requests": 5, **override}, seed=0, max_model_len=2048)
 
 
 def test_a_shared_prefix_counts_against_the_length_filter():
-    requests = generate({**SHAREGPT, "num_requests": 500, "prefix_len": 64, "num_prefixes": 2},
-                        seed=0, max_model_len=512)
+    requests = generate(
+        {**SHAREGPT, "num_requests": 500, "prefix_len": 64, "num_prefixes": 2}, seed=0, max_model_len=512
+    )
     assert all(r.prompt_len + r.output_len <= 512 for r in requests)
     assert len({tuple(r.prompt_tokens[:64]) for r in requests}) == 2
 
@@ -88,8 +97,9 @@ def trace(tmp_path, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("header", ["input_len,output_len", "prompt_len,output_len",
-                                    "num_prefill_tokens,num_decode_tokens"])
+@pytest.mark.parametrize(
+    "header", ["input_len,output_len", "prompt_len,output_len", "num_prefill_tokens,num_decode_tokens"]
+)
 def test_a_trace_reads_kvbench_vllm_and_vidur_column_spellings(tmp_path, header):
     path = trace(tmp_path, f"{header}\n10,5\n20,6\n")
     requests = generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)

@@ -19,6 +19,7 @@ from itertools import repeat
 
 import numpy as np
 
+from kvbench.arith import cdiv
 from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Batch, Scheduler
 from kvbench.core.sequence import Request, SeqStatus, Sequence
@@ -26,8 +27,9 @@ from kvbench.errors import UserError
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, executor, recorder: Recorder | None = None,
-                 progress: bool = True, seed: int = 0):
+    def __init__(
+        self, scheduler: Scheduler, executor, recorder: Recorder | None = None, progress: bool = True, seed: int = 0
+    ):
         self.scheduler = scheduler
         self.rng = np.random.default_rng(seed)  # simulated beam search: which beams continue
         self.allocator = scheduler.allocator
@@ -44,18 +46,23 @@ class Engine:
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
                 f"{self.allocator.name} needs {self.allocator.footprint(longest)} slots for a "
                 f"{longest}-token request; give more memory (hardware.*, engine.kv_cache_bytes) "
-                f"or a smaller model")
+                f"or a smaller model"
+            )
         allocator, widest = self.allocator, max(r.width for r in requests)
         if allocator.footprint(longest) * widest > allocator.num_slots:
-            raise UserError(f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
-                            f"sequences of one request ({allocator.footprint(longest)} slots each with "
-                            f"{allocator.name}); lower workload.n / workload.beam_width or give more memory")
+            raise UserError(
+                f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
+                f"sequences of one request ({allocator.footprint(longest)} slots each with "
+                f"{allocator.name}); lower workload.n / workload.beam_width or give more memory"
+            )
         if self.scheduler.preemption == "swap" and allocator.supports_swap:
-            blocks = -(-longest // allocator.block_size)
+            blocks = cdiv(longest, allocator.block_size)
             if blocks > allocator.num_cpu_blocks:
-                raise UserError(f"the swap pool ({allocator.num_cpu_blocks} blocks of {allocator.block_size} "
-                                f"tokens) cannot hold one {longest}-token request ({blocks} blocks); "
-                                f"raise engine.swap_space_bytes (serve: scenario.swap_space_tokens)")
+                raise UserError(
+                    f"the swap pool ({allocator.num_cpu_blocks} blocks of {allocator.block_size} "
+                    f"tokens) cannot hold one {longest}-token request ({blocks} blocks); "
+                    f"raise engine.swap_space_bytes (serve: scenario.swap_space_tokens)"
+                )
 
     def new_sequence(self, request: Request, parent: Sequence | None = None) -> Sequence:
         tokens = list(request.prompt_tokens) if request.prompt_tokens is not None else []
@@ -89,8 +96,10 @@ class Engine:
                 if pending and not scheduler.running:
                     clock = max(clock, pending[0].arrival_s)
                     continue
-                raise RuntimeError(f"{self.allocator.name}: no sequence can run with "
-                                   f"{len(scheduler.waiting)} waiting and {len(scheduler.running)} running")
+                raise RuntimeError(
+                    f"{self.allocator.name}: no sequence can run with "
+                    f"{len(scheduler.waiting)} waiting and {len(scheduler.running)} running"
+                )
             result = executor.execute(batch)
             dt = result.duration_s if simulated else self.step_clock() - started
             clock += dt
@@ -102,10 +111,13 @@ class Engine:
             bar.close()
         first = requests[0].arrival_s if requests else 0.0
         row = recorder.summary(total, scheduler.last_admit_s, first)
-        row.update(preemptions=scheduler.num_preemptions,
-                   recomputed_tokens=scheduler.recomputed_tokens,
-                   swapped_blocks=self.allocator.swapped_blocks,
-                   kv_capacity_tokens=self.allocator.num_slots, **self.allocator.stats())
+        row.update(
+            preemptions=scheduler.num_preemptions,
+            recomputed_tokens=scheduler.recomputed_tokens,
+            swapped_blocks=self.allocator.swapped_blocks,
+            kv_capacity_tokens=self.allocator.num_slots,
+            **self.allocator.stats(),
+        )
         row.setdefault("prefix_hit_rate", 0.0)
         return row
 

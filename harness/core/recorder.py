@@ -19,8 +19,13 @@ from kvbench.core.serving_metrics import ValueCounts, latency_stats, meets_slos
 
 
 class Recorder:
-    def __init__(self, warmup_frac: float = 1 / 3, request_log: RequestLog | None = None,
-                 goodput: dict | None = None, keep_sequences: bool = False):
+    def __init__(
+        self,
+        warmup_frac: float = 1 / 3,
+        request_log: RequestLog | None = None,
+        goodput: dict | None = None,
+        keep_sequences: bool = False,
+    ):
         self.warmup_frac = warmup_frac
         self.step_end: list[float] = []
         self.step_dt: list[float] = []
@@ -84,11 +89,20 @@ class Recorder:
             tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
             self.num_good += meets_slos(self.goodput, ttft, tpot, e2el)
             if self.request_log is not None:
-                self.request_log.write({
-                    "request_id": r.request_id, "arrival_s": r.arrival_s, "first_token_s": root.first_token_s,
-                    "finish_s": root.finish_s, "input_len": r.prompt_len, "output_len": r.output_len,
-                    "num_sequences": r.width, "cached_tokens": root.num_cached,
-                    "preemptions": root.num_preemptions, "itl_s": np.round(itl, 9).tolist()})  # to the ns
+                self.request_log.write(
+                    {
+                        "request_id": r.request_id,
+                        "arrival_s": r.arrival_s,
+                        "first_token_s": root.first_token_s,
+                        "finish_s": root.finish_s,
+                        "input_len": r.prompt_len,
+                        "output_len": r.output_len,
+                        "num_sequences": r.width,
+                        "cached_tokens": root.num_cached,
+                        "preemptions": root.num_preemptions,
+                        "itl_s": np.round(itl, 9).tolist(),
+                    }
+                )  # to the ns
         self._finishing.clear()
 
     def window(self, last_admit_s: float) -> tuple[float, float]:
@@ -102,9 +116,14 @@ class Recorder:
         row = {}
         for kind, steps in self.kv_by_kind.items():
             token, reserved, internal = np.average(np.asarray(steps), axis=0, weights=weight)
-            row.update({f"kv_token_util_{kind}": token, f"kv_reserved_frac_{kind}": reserved,
-                        f"kv_internal_frag_frac_{kind}": internal,
-                        f"kv_external_frag_frac_{kind}": 1.0 - token - reserved - internal})
+            row.update(
+                {
+                    f"kv_token_util_{kind}": token,
+                    f"kv_reserved_frac_{kind}": reserved,
+                    f"kv_internal_frag_frac_{kind}": internal,
+                    f"kv_external_frag_frac_{kind}": 1.0 - token - reserved - internal,
+                }
+            )
         return row
 
     def summary(self, num_requests: int, last_admit_s: float, first_arrival_s: float) -> dict:

@@ -53,12 +53,20 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, allocator: KVAllocator, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2560, chunked_prefill: bool = False,
-                 preemption: str = "recompute", watermark_when_idle: bool = True):
+    def __init__(
+        self,
+        allocator: KVAllocator,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2560,
+        chunked_prefill: bool = False,
+        preemption: str = "recompute",
+        watermark_when_idle: bool = True,
+    ):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise UserError(f"scheduler.max_num_seqs={max_num_seqs} and max_num_batched_tokens="
-                            f"{max_num_batched_tokens} must be >= 1")
+            raise UserError(
+                f"scheduler.max_num_seqs={max_num_seqs} and max_num_batched_tokens="
+                f"{max_num_batched_tokens} must be >= 1"
+            )
         if preemption not in PREEMPTION_MODES:
             raise UserError(f"engine.preemption={preemption!r} is not one of {', '.join(PREEMPTION_MODES)}")
         self.preemption = preemption
@@ -79,8 +87,10 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         if not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens:
-            raise UserError(f"a prompt of {seq.num_tokens} tokens exceeds scheduler.max_num_batched_tokens="
-                            f"{self.max_num_batched_tokens}; raise it or set scheduler.chunked_prefill=true")
+            raise UserError(
+                f"a prompt of {seq.num_tokens} tokens exceeds scheduler.max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}; raise it or set scheduler.chunked_prefill=true"
+            )
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -196,8 +206,11 @@ class Scheduler:
         while swapped and budget > 0 and not batch.preempted:
             seq = swapped[0]
             members = seq.group or (seq,)
-            if (len(members) > budget or self.num_running_seqs + seq.request.width > self.max_num_seqs
-                    or not allocator.swap_in(members)):
+            if (
+                len(members) > budget
+                or self.num_running_seqs + seq.request.width > self.max_num_seqs
+                or not allocator.swap_in(members)
+            ):
                 break
             swapped.popleft()
             running.append(seq)

@@ -10,7 +10,7 @@ default does; std is the population std.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -25,9 +25,13 @@ def latency_stats(name: str, seconds) -> dict:
     ms = np.asarray(seconds, dtype=float) * 1e3
     if not len(ms):
         return {f"{stat}_{name}_ms": math.nan for stat in STATS}
-    return {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
-            f"std_{name}_ms": float(ms.std()), f"p90_{name}_ms": float(np.percentile(ms, 90)),
-            f"p99_{name}_ms": float(np.percentile(ms, 99))}
+    return {
+        f"mean_{name}_ms": float(ms.mean()),
+        f"median_{name}_ms": float(np.median(ms)),
+        f"std_{name}_ms": float(ms.std()),
+        f"p90_{name}_ms": float(np.percentile(ms, 90)),
+        f"p99_{name}_ms": float(np.percentile(ms, 99)),
+    }
 
 
 class ValueCounts:
@@ -57,8 +61,9 @@ class ValueCounts:
             return
         new, new_counts = np.unique(np.concatenate(self._pending), return_counts=True)
         self.values, where = np.unique(np.concatenate([self.values, new]), return_inverse=True)
-        self.counts = np.bincount(where, weights=np.concatenate([self.counts, new_counts]),
-                                  minlength=len(self.values)).astype(np.int64)
+        self.counts = np.bincount(
+            where, weights=np.concatenate([self.counts, new_counts]), minlength=len(self.values)
+        ).astype(np.int64)
         self._pending, self._num_pending = [], 0
 
     def __len__(self) -> int:
@@ -79,19 +84,25 @@ class ValueCounts:
             return latency_stats(name, [])
         ms, counts = self.values * 1e3, self.counts
         mean = float(np.average(ms, weights=counts))
-        return {f"mean_{name}_ms": mean, f"median_{name}_ms": self.percentile(50) * 1e3,
-                f"std_{name}_ms": float(np.sqrt(np.average((ms - mean) ** 2, weights=counts))),
-                f"p90_{name}_ms": self.percentile(90) * 1e3, f"p99_{name}_ms": self.percentile(99) * 1e3}
+        return {
+            f"mean_{name}_ms": mean,
+            f"median_{name}_ms": self.percentile(50) * 1e3,
+            f"std_{name}_ms": float(np.sqrt(np.average((ms - mean) ** 2, weights=counts))),
+            f"p90_{name}_ms": self.percentile(90) * 1e3,
+            f"p99_{name}_ms": self.percentile(99) * 1e3,
+        }
 
 
-def goodput_slos(spec: Optional[Mapping]) -> dict[str, float]:
+def goodput_slos(spec: Mapping | None) -> dict[str, float]:
     """`report.goodput` as {ttft_ms, tpot_ms, e2el_ms: limit}: the SLOs a request must all meet to
     count toward request_goodput (vLLM's --goodput). Unset (null) keys set no limit."""
     slos = {}
     for key, value in dict(spec or {}).items():
         if key not in SLO_KEYS:
-            raise UserError(f"report.goodput.{key} is not a goodput SLO; allowed: {', '.join(SLO_KEYS)} "
-                            f"(milliseconds, as vLLM's --goodput ttft:MS tpot:MS e2el:MS)")
+            raise UserError(
+                f"report.goodput.{key} is not a goodput SLO; allowed: {', '.join(SLO_KEYS)} "
+                f"(milliseconds, as vLLM's --goodput ttft:MS tpot:MS e2el:MS)"
+            )
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

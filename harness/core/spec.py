@@ -52,15 +52,15 @@ class ModelSpec:
             raise UserError(f"model.dtype={self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
         for kind in self.layer_pattern:
             if kind not in LAYER_KINDS:
-                raise UserError(f"model.layer_pattern names unknown layer kind {kind!r}; "
-                                f"known: {', '.join(LAYER_KINDS)}")
+                raise UserError(
+                    f"model.layer_pattern names unknown layer kind {kind!r}; known: {', '.join(LAYER_KINDS)}"
+                )
         if "window" in self.layer_pattern and self.window <= 0:
             raise UserError(f"model.window={self.window} must be > 0 for window layers")
         if "linear" in self.layer_pattern and self.linear_state_dim <= 0:
             raise UserError(f"model.linear_state_dim={self.linear_state_dim} must be > 0 for linear layers")
         if self.num_heads % self.num_kv_heads:
-            raise UserError(f"model.num_heads={self.num_heads} must be a multiple of "
-                            f"num_kv_heads={self.num_kv_heads}")
+            raise UserError(f"model.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
 
     @property
     def dtype_bytes(self) -> int:

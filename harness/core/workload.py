@@ -71,8 +71,9 @@ def _uniform(rng: np.random.Generator, length: int, r: float, size: int) -> np.n
     return rng.integers(lo, hi + 1, size=size)
 
 
-def arrivals(rng: np.random.Generator, rate: float, burstiness: float, count: int | None,
-             duration_s: float | None) -> np.ndarray:
+def arrivals(
+    rng: np.random.Generator, rate: float, burstiness: float, count: int | None, duration_s: float | None
+) -> np.ndarray:
     """Arrival times: gamma-distributed gaps with mean 1/rate (shape 1 = Poisson)."""
     if math.isinf(rate):
         return np.zeros(count or 0)
@@ -130,8 +131,9 @@ def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
                 a = row.get(columns.get("arrival_s", "arrival_s"))
                 a = float(a) if a not in (None, "") else None
             except (TypeError, ValueError):
-                raise UserError(f"trace {path} row {line}: {row} is not numbers "
-                                f"(input_len, output_len, arrival_s)") from None
+                raise UserError(
+                    f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)"
+                ) from None
             if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
                 raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
             rows.append((i, o, a, line))
@@ -140,8 +142,15 @@ def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
     return rows
 
 
-def trace_requests(cfg: dict, rng: np.random.Generator, rate: float, burstiness: float, count: int | None,
-                   duration: float | None, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def trace_requests(
+    cfg: dict,
+    rng: np.random.Generator,
+    rate: float,
+    burstiness: float,
+    count: int | None,
+    duration: float | None,
+    max_len: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Arrival times and lengths of a trace run, and how many of its rows were dropped.
 
     Rows longer than `max_len` are dropped (the paper filtered its datasets so) and counted when
@@ -155,13 +164,17 @@ def trace_requests(cfg: dict, rng: np.random.Generator, rate: float, burstiness:
     too_long = [r for r in rows if r[0] + r[1] > max_len]
     if cfg.get("strict") and too_long:
         i, o, _, line = too_long[0]
-        raise UserError(f"trace {path} row {line}: {i} input + {o} output tokens exceed max_model_len="
-                        f"{max_len} (workload.strict=true; false drops such rows and counts them)")
+        raise UserError(
+            f"trace {path} row {line}: {i} input + {o} output tokens exceed max_model_len="
+            f"{max_len} (workload.strict=true; false drops such rows and counts them)"
+        )
     kept = [r for r in rows if r[0] + r[1] <= max_len]
     if not kept:
         i, o, _, line = min(rows, key=lambda r: r[0] + r[1])
-        raise UserError(f"trace {path}: every row has more than max_model_len={max_len} tokens "
-                        f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len")
+        raise UserError(
+            f"trace {path}: every row has more than max_model_len={max_len} tokens "
+            f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len"
+        )
     if all(r[2] is not None for r in kept):
         kept.sort(key=lambda r: r[2])
         cutoff = math.inf if duration is None else duration
@@ -173,8 +186,10 @@ def trace_requests(cfg: dict, rng: np.random.Generator, rate: float, burstiness:
         dropped = sum(1 for r in too_long if r[2] is not None and r[2] <= cutoff)
     else:
         if count is not None and count > len(kept):
-            raise UserError(f"workload.num_requests={count} but trace {path} has only {len(kept)} rows "
-                            f"that fit max_model_len={max_len}")
+            raise UserError(
+                f"workload.num_requests={count} but trace {path} has only {len(kept)} rows "
+                f"that fit max_model_len={max_len}"
+            )
         if count is None and (duration is None or math.isinf(rate)):
             count = len(kept)
         times = arrivals(rng, rate, burstiness, count, duration)[: len(kept)]
@@ -194,8 +209,7 @@ class Requests(list):
     dropped = 0
 
 
-def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False,
-             vocab_size: int = 50272) -> Requests:
+def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False, vocab_size: int = 50272) -> Requests:
     """The requests of one run, sorted by arrival. Token ids are drawn only `with_tokens`."""
     rate = float(cfg["rate"])
     if not rate > 0:
@@ -229,14 +243,23 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
     dropped = 0
     if cfg["kind"] == "trace":
         if cfg.get("shuffle") not in (None, True, False) or cfg.get("strict") not in (None, True, False):
-            raise UserError(f"workload.shuffle={cfg.get('shuffle')!r} and workload.strict={cfg.get('strict')!r} "
-                            f"must be true or false")
+            raise UserError(
+                f"workload.shuffle={cfg.get('shuffle')!r} and workload.strict={cfg.get('strict')!r} "
+                f"must be true or false"
+            )
         times, inputs, outputs, dropped = trace_requests(
-            cfg, rng, rate, burstiness, None if count is None else int(count),
-            None if duration is None else float(duration), max_model_len - prefix_len)
+            cfg,
+            rng,
+            rate,
+            burstiness,
+            None if count is None else int(count),
+            None if duration is None else float(duration),
+            max_model_len - prefix_len,
+        )
     else:
-        times = arrivals(rng, rate, burstiness, None if count is None else int(count),
-                         None if duration is None else float(duration))
+        times = arrivals(
+            rng, rate, burstiness, None if count is None else int(count), None if duration is None else float(duration)
+        )
         # the shared prefix counts against the length limit the dataset's pairs are filtered by
         inputs, outputs = _lengths(cfg, rng, len(times), max_model_len - prefix_len)
 
@@ -247,8 +270,10 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
     for i, (t, p, o) in enumerate(zip(times, inputs, outputs)):
         p, o = int(p) + prefix_len, int(o)
         if p + o > max_model_len:
-            raise UserError(f"request {i} has {p} prompt + {o} output tokens, more than "
-                            f"max_model_len={max_model_len}; shorten it or raise model.max_model_len")
+            raise UserError(
+                f"request {i} has {p} prompt + {o} output tokens, more than "
+                f"max_model_len={max_model_len}; shorten it or raise model.max_model_len"
+            )
         prefix_id = int(token_rng.integers(num_prefixes)) if prefix_len else -1
         tokens = None
         if with_tokens or prefix_len:

@@ -25,12 +25,16 @@ PLACEHOLDER = -1  # token id of a token the step in flight has not sampled yet
 
 def check_async_supported(requests: list, allocator) -> None:
     if any(r.width > 1 for r in requests):
-        raise UserError("engine.async_scheduling=true serves requests of one sequence only (forks "
-                        "and beams depend on the tokens of the step still running); set workload.n=1 "
-                        "and workload.beam_width=1, or engine.async_scheduling=false")
+        raise UserError(
+            "engine.async_scheduling=true serves requests of one sequence only (forks "
+            "and beams depend on the tokens of the step still running); set workload.n=1 "
+            "and workload.beam_width=1, or engine.async_scheduling=false"
+        )
     if getattr(allocator, "prefix_caching", False):
-        raise UserError("engine.async_scheduling=true cannot run with allocator.prefix_caching=true: "
-                        "block hashes need the token values of the step still running")
+        raise UserError(
+            "engine.async_scheduling=true cannot run with allocator.prefix_caching=true: "
+            "block hashes need the token values of the step still running"
+        )
 
 
 class AsyncScheduling:
@@ -92,6 +96,9 @@ class AsyncScheduling:
 
     def _is_last(self, batch) -> bool:
         """True when every request is complete once this step's tokens are in."""
-        finishing = sum(1 for seq, n in zip(batch.seqs, batch.num_new_tokens)
-                        if seq.num_computed == seq.num_tokens and seq.num_tokens + 1 >= seq.request.max_tokens)
+        finishing = sum(
+            1
+            for seq, n in zip(batch.seqs, batch.num_new_tokens)
+            if seq.num_computed == seq.num_tokens and seq.num_tokens + 1 >= seq.request.max_tokens
+        )
         return self.recorder.num_finished + finishing >= self.num_requests

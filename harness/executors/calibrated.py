@@ -60,8 +60,10 @@ def _processor() -> str:
 def model_shape(model: ModelSpec) -> str:
     """The dimensions that set a step's work; a model of the same name overridden differs here."""
     pattern = "".join(k[0] for k in model.layer_kinds)
-    return (f"L{model.num_layers}:{pattern}-h{model.hidden_size}-q{model.num_heads}-kv{model.num_kv_heads}"
-            f"-d{model.head_dim}-i{model.intermediate_size}-v{model.vocab_size}")
+    return (
+        f"L{model.num_layers}:{pattern}-h{model.hidden_size}-q{model.num_heads}-kv{model.num_kv_heads}"
+        f"-d{model.head_dim}-i{model.intermediate_size}-v{model.vocab_size}"
+    )
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,10 @@ def _number(path: str, line: int, row: dict, column: str) -> float:
     except (TypeError, ValueError):
         raise UserError(f"profile {path} row {line}: {column}={row[column]!r} is not a number") from None
     if not math.isfinite(value) or value < 0 or (column == TIME_COLUMN and value <= 0):
-        raise UserError(f"profile {path} row {line}: {column}={row[column]!r} must be a finite number "
-                        f"{'> 0' if column == TIME_COLUMN else '>= 0'}")
+        raise UserError(
+            f"profile {path} row {line}: {column}={row[column]!r} must be a finite number "
+            f"{'> 0' if column == TIME_COLUMN else '>= 0'}"
+        )
     return value
 
 
@@ -103,12 +107,13 @@ def load_profile(path: str) -> Profile:
             identity = here
         elif here != identity:
             changed = next(k for k in IDENTITY if here[k] != identity[k])
-            raise UserError(f"profile {path} row {line}: {changed}={here[changed]!r} differs from the first "
-                            f"row's {identity[changed]!r}; one profile holds one model on one device")
+            raise UserError(
+                f"profile {path} row {line}: {changed}={here[changed]!r} differs from the first "
+                f"row's {identity[changed]!r}; one profile holds one model on one device"
+            )
         rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + (TIME_COLUMN,)}})
     if len(rows) < len(FEATURES) + 1:
-        raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least "
-                        f"{len(FEATURES) + 1}")
+        raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least {len(FEATURES) + 1}")
     # the split scenario=profile scored the fit on, so the reload reproduces its choice and error
     held = [i for i, r in enumerate(rows) if r["heldout"] == "True"]
     report = fit(rows, [r[TIME_COLUMN] for r in rows], held)
@@ -119,8 +124,10 @@ def check_profile(profile: Profile, expected: dict) -> None:
     """Refuse a profile whose identity differs from `expected` (a key absent there is not checked)."""
     for key in IDENTITY:
         if key in expected and str(expected[key]) != profile.identity[key]:
-            raise UserError(f"profile {profile.path} was measured for {key}={profile.identity[key]!r}, "
-                            f"not {expected[key]!r}; profile this configuration with bench scenario=profile")
+            raise UserError(
+                f"profile {profile.path} was measured for {key}={profile.identity[key]!r}, "
+                f"not {expected[key]!r}; profile this configuration with bench scenario=profile"
+            )
 
 
 class CalibratedExecutor:
@@ -137,6 +144,9 @@ class CalibratedExecutor:
     def execute(self, batch: Batch) -> StepResult:
         step_s = self.predict(batch.num_tokens, len(batch.seqs), batch.context_tokens, batch.attention_pairs)
         if batch.swapped_blocks:
-            step_s += swap_time_s(self.hardware, batch.swapped_blocks * self.swap_copies_per_block,
-                                  batch.swapped_slots * self.swap_bytes_per_slot)
+            step_s += swap_time_s(
+                self.hardware,
+                batch.swapped_blocks * self.swap_copies_per_block,
+                batch.swapped_slots * self.swap_bytes_per_slot,
+            )
         return StepResult(step_s)

@@ -27,19 +27,30 @@ def copies_per_block(model: ModelSpec) -> int:
     return 2 * (model.num_layers - model.num_layers_of("linear"))
 
 
-def preemption_costs(model: ModelSpec, hardware: Hardware, block_size: int, swapped_blocks: int,
-                     recomputed_tokens: int, recomputed_pairs: int) -> dict:
+def preemption_costs(
+    model: ModelSpec,
+    hardware: Hardware,
+    block_size: int,
+    swapped_blocks: int,
+    recomputed_tokens: int,
+    recomputed_pairs: int,
+) -> dict:
     """What a run's preemptions cost on `hardware`: its swap traffic, and the modelled time of
     the swaps and of the recomputation (re-prefill FLOPs at achievable compute)."""
     swapped_bytes = swapped_blocks * block_size * model.kv_bytes_per_token
     copies = swapped_blocks * copies_per_block(model)
     attention_layers = model.num_layers - model.num_layers_of("linear")
-    flops = (2.0 * model.active_params * recomputed_tokens
-             + 4.0 * attention_layers * model.num_heads * model.head_dim * recomputed_pairs)
+    flops = (
+        2.0 * model.active_params * recomputed_tokens
+        + 4.0 * attention_layers * model.num_heads * model.head_dim * recomputed_pairs
+    )
     flops_per_s = hardware.peak_flops * hardware.flops_efficiency * hardware.num_gpus
-    return {"swapped_bytes": swapped_bytes, "swap_copies": copies,
-            "swap_time_model_s": swap_time_s(hardware, copies, swapped_bytes),
-            "recompute_time_model_s": flops / flops_per_s}
+    return {
+        "swapped_bytes": swapped_bytes,
+        "swap_copies": copies,
+        "swap_time_model_s": swap_time_s(hardware, copies, swapped_bytes),
+        "recompute_time_model_s": flops / flops_per_s,
+    }
 
 
 class CostModelExecutor:
@@ -69,15 +80,27 @@ class CostModelExecutor:
         self.hybrid = bool(window or linear)
         self.step_overhead_s = hardware.step_overhead_s
 
-    def step_time(self, num_tokens: int, context_tokens: int, attention_pairs: int,
-                  window_context_tokens: int = 0, window_pairs: int = 0, num_seqs: int = 0) -> float:
-        kv_bytes = (self.kv_bytes_per_token * (context_tokens + num_tokens)
-                    + self.window_kv_bytes_per_token * (window_context_tokens + num_tokens)
-                    + self.state_bytes_per_seq * num_seqs)
+    def step_time(
+        self,
+        num_tokens: int,
+        context_tokens: int,
+        attention_pairs: int,
+        window_context_tokens: int = 0,
+        window_pairs: int = 0,
+        num_seqs: int = 0,
+    ) -> float:
+        kv_bytes = (
+            self.kv_bytes_per_token * (context_tokens + num_tokens)
+            + self.window_kv_bytes_per_token * (window_context_tokens + num_tokens)
+            + self.state_bytes_per_seq * num_seqs
+        )
         memory_s = (self.weight_bytes + kv_bytes) / self.bytes_per_s
-        compute_s = (self.flops_per_token * num_tokens + self.state_flops_per_token * num_tokens
-                     + self.flops_per_attention_pair * attention_pairs
-                     + self.window_flops_per_pair * window_pairs) / self.flops_per_s
+        compute_s = (
+            self.flops_per_token * num_tokens
+            + self.state_flops_per_token * num_tokens
+            + self.flops_per_attention_pair * attention_pairs
+            + self.window_flops_per_pair * window_pairs
+        ) / self.flops_per_s
         return max(memory_s, compute_s) + self.step_overhead_s
 
     def execute(self, batch: Batch) -> StepResult:
@@ -88,9 +111,13 @@ class CostModelExecutor:
                 seen = min(seq.num_computed, w)
                 window_context += seen
                 window_pairs += n * seen
-        step_s = self.step_time(batch.num_tokens, batch.context_tokens, batch.attention_pairs,
-                                window_context, window_pairs, len(batch.seqs))
+        step_s = self.step_time(
+            batch.num_tokens, batch.context_tokens, batch.attention_pairs, window_context, window_pairs, len(batch.seqs)
+        )
         if batch.swapped_blocks:
-            step_s += swap_time_s(self.hardware, batch.swapped_blocks * self.swap_copies_per_block,
-                                  batch.swapped_slots * self.swap_bytes_per_slot)
+            step_s += swap_time_s(
+                self.hardware,
+                batch.swapped_blocks * self.swap_copies_per_block,
+                batch.swapped_slots * self.swap_bytes_per_slot,
+            )
         return StepResult(step_s)

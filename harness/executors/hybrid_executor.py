@@ -24,27 +24,41 @@ from kvbench.model.linear_state import StateContext, new_states, state_context
 
 
 class HybridModelExecutor(ModelExecutor):
-    def __init__(self, model, allocator, backend, sampling, swap_slots: int = 0,
-                 graph: tuple[type, dict] | None = None, async_scheduling: bool = False):
+    def __init__(
+        self,
+        model,
+        allocator,
+        backend,
+        sampling,
+        swap_slots: int = 0,
+        graph: tuple[type, dict] | None = None,
+        async_scheduling: bool = False,
+    ):
         if allocator.policy == "as_full" and model.spec.num_layers_of("linear"):
-            raise UserError("allocator.policy=as_full sizes linear layers as attention (a memory "
-                            "baseline for scenario=simulate) and has no state slots to serve them; "
-                            "use policy shared or static")
+            raise UserError(
+                "allocator.policy=as_full sizes linear layers as attention (a memory "
+                "baseline for scenario=simulate) and has no state slots to serve them; "
+                "use policy shared or static"
+            )
         # A step's per-kind metadata and state slots are held from prepare to forward: one step
         # at a time. Graph modes take per-layer metadata, but not the linear layers' state slots.
         if async_scheduling:
             raise UserError("allocator hybrid serves with engine.async_scheduling=false")
         if graph is not None and graph[0].name != "eager" and model.spec.num_layers_of("linear"):
-            raise UserError("a model with linear layers serves with graph=eager: captured graphs "
-                            "do not carry the layers' per-step state slots")
+            raise UserError(
+                "a model with linear layers serves with graph=eager: captured graphs "
+                "do not carry the layers' per-step state slots"
+            )
         super().__init__(model, allocator, backend, sampling, swap_slots, graph, async_scheduling)
         spec, pages = model.spec, allocator.num_pages
         self.kinds = [k for k in spec.layer_kinds if k != "linear"]  # attention layers, cache order
         self.block_size = allocator.attention[0].block_size  # the kind block_table(seq) answers for
         shape = (spec.num_kv_heads, spec.head_dim)
         on_device = dict(device=self.device, dtype=self.dtype)
-        self.kv_caches = [tuple(torch.zeros(pages, allocator.block_size_of(kind), *shape, **on_device)
-                                for _ in "kv") for kind in self.kinds]
+        self.kv_caches = [
+            tuple(torch.zeros(pages, allocator.block_size_of(kind), *shape, **on_device) for _ in "kv")
+            for kind in self.kinds
+        ]
         self.states = new_states(spec, pages, self.device, self.dtype)
         self._flat = []  # the base's slot-addressed views of the caches replaced above
         self._step_meta, self._step_states = None, None
@@ -68,16 +82,17 @@ class HybridModelExecutor(ModelExecutor):
             tables = [self.allocator.block_table(seq, kind) for seq in batch.seqs]
             width = max(len(t) for t in tables)
             # A released window block (-1) is never read (masked out), but must index a real page.
-            block_tables = torch.tensor([[max(p, 0) for p in t] + [0] * (width - len(t)) for t in tables],
-                                        dtype=torch.int32, **to)
-            slot_mapping = (block_tables[seq_of_token, positions // bs].to(torch.int64) * bs
-                            + positions % bs)
+            block_tables = torch.tensor(
+                [[max(p, 0) for p in t] + [0] * (width - len(t)) for t in tables], dtype=torch.int32, **to
+            )
+            slot_mapping = block_tables[seq_of_token, positions // bs].to(torch.int64) * bs + positions % bs
             by_kind[kind] = replace(meta, block_tables=block_tables, slot_mapping=slot_mapping, block_size=bs)
         self._step_meta = [by_kind[kind] for kind in self.kinds]
         if self.states:
             slots = torch.tensor([self.allocator.state_slot(seq) for seq in batch.seqs], dtype=torch.int64, **to)
-            fresh = torch.tensor([seq.num_computed == n for seq, n in zip(batch.seqs, batch.num_new_tokens)],
-                                 dtype=torch.bool, **to)
+            fresh = torch.tensor(
+                [seq.num_computed == n for seq, n in zip(batch.seqs, batch.num_new_tokens)], dtype=torch.bool, **to
+            )
             self._step_states = StateContext(self.states, slots, meta.query_start_loc, fresh)
         return ids, positions, meta, last_rows, sampled
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kvbench.arith import cdiv
 from kvbench.core.scheduler import Batch
 from kvbench.executors.base import StepResult
 from kvbench.executors.host_timing import DeviceClock, overhead_columns
@@ -55,31 +56,52 @@ class LaunchedStep:
 class ModelExecutor:
     simulated = False
 
-    def __init__(self, model: TinyDecoder, allocator, backend, sampling: SamplingParams,
-                 swap_slots: int = 0, graph: tuple[type, dict] | None = None, async_scheduling: bool = False):
+    def __init__(
+        self,
+        model: TinyDecoder,
+        allocator,
+        backend,
+        sampling: SamplingParams,
+        swap_slots: int = 0,
+        graph: tuple[type, dict] | None = None,
+        async_scheduling: bool = False,
+    ):
         self.model, self.allocator, self.backend, self.sampling = model, allocator, backend, sampling
         self.device, self.dtype = model.embed.weight.device, model.embed.weight.dtype
         self.block_size = bs = allocator.block_size
         spec = model.spec
         slot_shape = (spec.num_kv_heads, spec.head_dim)
-        num_blocks = -(-allocator.num_slots // bs)
+        num_blocks = cdiv(allocator.num_slots, bs)
         on_device = dict(device=self.device, dtype=self.dtype)
-        self.kv_caches = [(torch.zeros(num_blocks, bs, *slot_shape, **on_device),
-                           torch.zeros(num_blocks, bs, *slot_shape, **on_device))
-                          for _ in model.attention_windows]
+        self.kv_caches = [
+            (
+                torch.zeros(num_blocks, bs, *slot_shape, **on_device),
+                torch.zeros(num_blocks, bs, *slot_shape, **on_device),
+            )
+            for _ in model.attention_windows
+        ]
         pinned = dict(dtype=self.dtype, pin_memory=self.device.type == "cuda")
-        swap_blocks = -(-swap_slots // bs)
-        self.swap_caches = [(torch.zeros(swap_blocks, bs, *slot_shape, **pinned),
-                             torch.zeros(swap_blocks, bs, *slot_shape, **pinned))
-                            for _ in model.attention_windows] if swap_blocks else []
+        swap_blocks = cdiv(swap_slots, bs)
+        self.swap_caches = (
+            [
+                (
+                    torch.zeros(swap_blocks, bs, *slot_shape, **pinned),
+                    torch.zeros(swap_blocks, bs, *slot_shape, **pinned),
+                )
+                for _ in model.attention_windows
+            ]
+            if swap_blocks
+            else []
+        )
         self._flat = [c.view(-1, *slot_shape) for pair in self.kv_caches for c in pair]
         self._swap_flat = [c.view(-1, *slot_shape) for pair in self.swap_caches for c in pair]
         self.paged = allocator.layout == "paged"
         self.times = {phase: [] for phase in PHASES}
         self.swap_s = 0.0  # measured time of swap copies (part of "copy")
         graph_cls, graph_options = graph or (EagerGraph, {})
-        self.graph = build_graph(graph_cls, graph_options, model.forward, type(backend), self.device,
-                                 spec.max_model_len)
+        self.graph = build_graph(
+            graph_cls, graph_options, model.forward, type(backend), self.device, spec.max_model_len
+        )
         # On cpu an async step can only overlap the host's next step on another thread.
         self.clock = DeviceClock(self.device, threaded=async_scheduling)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvbench-forward") if self.clock.threaded else None
@@ -96,8 +118,11 @@ class ModelExecutor:
 
     def refresh_inputs(self, step: PreparedStep) -> None:
         """Re-read the step's token ids: under async scheduling the step before just sampled them."""
-        ids = [token for seq, n in zip(step.batch.seqs, step.batch.num_new_tokens)
-               for token in seq.token_ids[seq.num_computed - n:seq.num_computed]]
+        ids = [
+            token
+            for seq, n in zip(step.batch.seqs, step.batch.num_new_tokens)
+            for token in seq.token_ids[seq.num_computed - n : seq.num_computed]
+        ]
         step.input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
 
     @torch.inference_mode()
@@ -106,8 +131,9 @@ class ModelExecutor:
         start = time.perf_counter()
         self._copy(self.allocator.take_copies())
         copied = time.perf_counter()
-        context = ForwardContext(self.backend, step.meta, self.kv_caches, self.model.scale,
-                                 self.model.attention_windows)
+        context = ForwardContext(
+            self.backend, step.meta, self.kv_caches, self.model.scale, self.model.attention_windows
+        )
         self.clock.start()
         if self._worker is None:
             logits = self._logits(step, context)
@@ -138,8 +164,9 @@ class ModelExecutor:
         step = launched.step
         tokens = self._sample(step.batch, step.sampled, logits)
         end = time.perf_counter()
-        for phase, seconds in zip(PHASES, (launched.copy_s, step.prepare_s, forwarded - launched.issued,
-                                           end - forwarded)):
+        for phase, seconds in zip(
+            PHASES, (launched.copy_s, step.prepare_s, forwarded - launched.issued, end - forwarded)
+        ):
             self.times[phase].append(seconds)
         return StepResult(launched.copy_s + step.prepare_s + end - launched.issued, tokens)
 
@@ -148,12 +175,16 @@ class ModelExecutor:
         like = AttentionMetadata(
             query_start_loc=torch.zeros(1, dtype=torch.int32, device=self.device),
             seq_lens=torch.zeros(0, dtype=torch.int32, device=self.device),
-            slot_mapping=torch.zeros(0, dtype=torch.int64, device=self.device), block_size=self.block_size,
-            max_query_len=1, max_seq_len=1,
+            slot_mapping=torch.zeros(0, dtype=torch.int64, device=self.device),
+            block_size=self.block_size,
+            max_query_len=1,
+            max_seq_len=1,
             block_tables=torch.zeros(0, 1, dtype=torch.int32, device=self.device) if self.paged else None,
-            seq_starts=None if self.paged else torch.zeros(0, dtype=torch.int64, device=self.device))
-        context = ForwardContext(self.backend, padding_metadata(like, 0), self.kv_caches, self.model.scale,
-                                 self.model.attention_windows)
+            seq_starts=None if self.paged else torch.zeros(0, dtype=torch.int64, device=self.device),
+        )
+        context = ForwardContext(
+            self.backend, padding_metadata(like, 0), self.kv_caches, self.model.scale, self.model.attention_windows
+        )
         with torch.inference_mode():
             self.graph.prepare(max_num_seqs, max_num_tokens, context)
 
@@ -174,13 +205,13 @@ class ModelExecutor:
         for kind, src, dst, n in copies:
             if kind == "device":
                 for cache in self._flat:
-                    cache[dst:dst + n] = cache[src:src + n]
+                    cache[dst : dst + n] = cache[src : src + n]
             elif kind == "out":
                 for cache, host in zip(self._flat, self._swap_flat):
-                    host[dst:dst + n].copy_(cache[src:src + n], non_blocking=True)
+                    host[dst : dst + n].copy_(cache[src : src + n], non_blocking=True)
             else:
                 for cache, host in zip(self._flat, self._swap_flat):
-                    cache[dst:dst + n].copy_(host[src:src + n], non_blocking=True)
+                    cache[dst : dst + n].copy_(host[src : src + n], non_blocking=True)
         self._sync()
         if any(kind != "device" for kind, *_ in copies):
             self.swap_s += time.perf_counter() - start
@@ -191,7 +222,7 @@ class ModelExecutor:
         ids, positions, query_start, seq_lens, last_rows, sampled = [], [], [0], [], [], []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             end = seq.num_computed
-            ids += seq.token_ids[end - n:end]
+            ids += seq.token_ids[end - n : end]
             positions += range(end - n, end)
             query_start.append(query_start[-1] + n)
             seq_lens.append(end)
@@ -210,16 +241,26 @@ class ModelExecutor:
             block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, **to)
             slot_mapping = block_tables[seq_of_token, positions_t // bs].to(torch.int64) * bs + positions_t % bs
         else:
-            seq_starts = torch.tensor([self.allocator.slot_start(seq) for seq in batch.seqs],
-                                      dtype=torch.int64, **to)
+            seq_starts = torch.tensor([self.allocator.slot_start(seq) for seq in batch.seqs], dtype=torch.int64, **to)
             slot_mapping = seq_starts[seq_of_token] + positions_t
         meta_ints = dict(dtype=torch.int32, **to)
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(query_start, **meta_ints), seq_lens=torch.tensor(seq_lens, **meta_ints),
-            slot_mapping=slot_mapping, block_size=bs, max_query_len=max(batch.num_new_tokens),
-            max_seq_len=max(seq_lens), block_tables=block_tables, seq_starts=seq_starts)
-        return (torch.tensor(ids, dtype=torch.int64, **to), positions_t, meta,
-                torch.tensor(last_rows, dtype=torch.int64, **to), sampled)
+            query_start_loc=torch.tensor(query_start, **meta_ints),
+            seq_lens=torch.tensor(seq_lens, **meta_ints),
+            slot_mapping=slot_mapping,
+            block_size=bs,
+            max_query_len=max(batch.num_new_tokens),
+            max_seq_len=max(seq_lens),
+            block_tables=block_tables,
+            seq_starts=seq_starts,
+        )
+        return (
+            torch.tensor(ids, dtype=torch.int64, **to),
+            positions_t,
+            meta,
+            torch.tensor(last_rows, dtype=torch.int64, **to),
+            sampled,
+        )
 
     # --- sampling ------------------------------------------------------------------------
     def _sample(self, batch: Batch, sampled: list[int], logits: torch.Tensor) -> list:
@@ -236,7 +277,7 @@ class ModelExecutor:
             request = seq.request
             if request.beam_width > 1:
                 beams = seq.group or [seq]
-                rows = logits[r:r + len(beams)]
+                rows = logits[r : r + len(beams)]
                 tokens[i] = beam_select(rows, [b.cumulative_logprob for b in beams], request.beam_width)
                 r += len(beams)
                 continue
@@ -268,4 +309,3 @@ class ModelExecutor:
             step_wall_s = [sum(parts) for parts in zip(schedule_s, *self.times.values())]
         row.update(overhead_columns(step_wall_s, self.clock), **self.graph.stats())
         return row
-

@@ -70,8 +70,7 @@ class StepTimeModel:
 
     def as_dict(self) -> dict:
         names = ("intercept_s",) + tuple(f"s_per_{f}" for f in FEATURES)
-        return {"form": self.form, "decode": dict(zip(names, self.decode)),
-                "prefill": dict(zip(names, self.prefill))}
+        return {"form": self.form, "decode": dict(zip(names, self.decode)), "prefill": dict(zip(names, self.prefill))}
 
 
 def fit_form(form: str, rows: list[dict], times: np.ndarray) -> StepTimeModel:
@@ -83,8 +82,11 @@ def fit_form(form: str, rows: list[dict], times: np.ndarray) -> StepTimeModel:
     if not decode or not prompt:  # one phase only: nothing to fit apart
         coef = least_squares(rows, times)
         return StepTimeModel(form, coef, coef)
-    return StepTimeModel(form, least_squares([rows[i] for i in decode], times[decode]),
-                         least_squares([rows[i] for i in prompt], times[prompt]))
+    return StepTimeModel(
+        form,
+        least_squares([rows[i] for i in decode], times[decode]),
+        least_squares([rows[i] for i in prompt], times[prompt]),
+    )
 
 
 def relative_errors(model: StepTimeModel, rows: list[dict], times: np.ndarray) -> np.ndarray:
@@ -108,7 +110,7 @@ def heldout_split(rows: list[dict], heldout_frac: float, seed: int) -> list[int]
     for phase in (True, False):
         members = [i for i, r in enumerate(rows) if _is_decode(r) == phase]
         rng.shuffle(members)
-        held += members[:int(round(heldout_frac * len(members))) if len(members) > 2 else 0]
+        held += members[: int(round(heldout_frac * len(members))) if len(members) > 2 else 0]
     return sorted(held)
 
 

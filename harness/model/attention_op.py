@@ -24,7 +24,7 @@ class ForwardContext:
     scale: float
     windows: list  # per attention layer: sliding window in tokens, 0 = full
     layer_meta: list | None = None  # per attention layer, where layer kinds have their own
-                                       # block tables (the hybrid allocator); None = `meta` for all
+    # block tables (the hybrid allocator); None = `meta` for all
 
 
 _current: ContextVar[ForwardContext | None] = ContextVar("kvbench_forward_context", default=None)
@@ -52,8 +52,7 @@ def current_context() -> ForwardContext:
 
 
 @torch.library.custom_op("kvbench::attention", mutates_args=("output",))
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              output: torch.Tensor, layer: int) -> None:
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor, layer: int) -> None:
     """Write this step's K/V of `layer` into its cache, then attend; result into `output`.
 
     query / output: [T, num_heads, head_dim]; key / value: [T, num_kv_heads, head_dim].

@@ -34,7 +34,7 @@ class TinyDecoder(nn.Module):
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
         self.spec = spec
-        self.scale = spec.head_dim ** -0.5
+        self.scale = spec.head_dim**-0.5
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
         with torch.no_grad():
             self.embed.weight.copy_(torch.randn(spec.vocab_size, spec.hidden_size, generator=generator))
@@ -56,8 +56,9 @@ class TinyDecoder(nn.Module):
     @property
     def attention_windows(self) -> list[int]:
         """Sliding window of each attention layer in cache order (0 = full attention)."""
-        return [self.spec.window if kind == "window" else 0
-                for kind in self.spec.layer_kinds if kind in ATTENTION_KINDS]
+        return [
+            self.spec.window if kind == "window" else 0 for kind in self.spec.layer_kinds if kind in ATTENTION_KINDS
+        ]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Final hidden states [T, hidden] of the packed tokens; K/V go to the context's caches."""

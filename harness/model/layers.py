@@ -17,7 +17,7 @@ ATTENTION_KINDS = ("full", "window")
 def seeded_linear(in_features: int, out_features: int, generator: torch.Generator) -> nn.Linear:
     layer = nn.Linear(in_features, out_features, bias=False)
     with torch.no_grad():
-        layer.weight.copy_(torch.randn(out_features, in_features, generator=generator) * in_features ** -0.5)
+        layer.weight.copy_(torch.randn(out_features, in_features, generator=generator) * in_features**-0.5)
     return layer
 
 

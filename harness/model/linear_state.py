@@ -59,13 +59,19 @@ def from_scratch(spec: ModelSpec, query_start_loc: torch.Tensor, dtype=torch.flo
     if not spec.num_layers_of("linear"):
         return contextlib.nullcontext()
     num_seqs, device = query_start_loc.shape[0] - 1, query_start_loc.device
-    return state_context(StateContext(new_states(spec, num_seqs, device, dtype),
-                                      torch.arange(num_seqs, device=device), query_start_loc,
-                                      torch.ones(num_seqs, dtype=torch.bool, device=device)))
+    return state_context(
+        StateContext(
+            new_states(spec, num_seqs, device, dtype),
+            torch.arange(num_seqs, device=device),
+            query_start_loc,
+            torch.ones(num_seqs, dtype=torch.bool, device=device),
+        )
+    )
 
 
-def delta_rule_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    write: torch.Tensor, decay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_rule_step(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: torch.Tensor, decay: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: state [B, H, dk, dv], q/k [B, H, dk], v [B, H, dv], write/decay
     [B, H] -> (new state, output [B, H, dv])."""
     state = decay[..., None, None] * state
@@ -74,8 +80,15 @@ def delta_rule_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     return state, torch.einsum("bhkv,bhk->bhv", state, q)
 
 
-def delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               write: torch.Tensor, decay: torch.Tensor, lengths: torch.Tensor):
+def delta_rule(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    write: torch.Tensor,
+    decay: torch.Tensor,
+    lengths: torch.Tensor,
+):
     """Ragged chunks padded to [B, T, ...]: sequence b runs its first lengths[b] tokens from
     `state[b]`. Returns (final states, outputs [B, T, H, dv]); padded steps leave the state alone."""
     outputs = []
@@ -88,8 +101,15 @@ def delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 
 @torch.library.custom_op("kvbench::linear_state", mutates_args=("output",))
-def linear_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: torch.Tensor,
-                 decay: torch.Tensor, output: torch.Tensor, layer: int) -> None:
+def linear_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    write: torch.Tensor,
+    decay: torch.Tensor,
+    output: torch.Tensor,
+    layer: int,
+) -> None:
     """Run linear layer `layer` on the packed tokens ([T, H, ...]) and update the states in place."""
     ctx = _current.get()
     if ctx is None:
@@ -143,8 +163,6 @@ class LinearStateLayer(nn.Module):
         v = v.reshape(tokens, heads, self.state_dim)
         out = torch.empty_like(v)
         # The +2 bias starts the decay near 0.9, so the random model's states remember some history.
-        torch.ops.kvbench.linear_state(q, k, v, torch.sigmoid(write), torch.sigmoid(decay + 2.0),
-                                       out, self.state_index)
+        torch.ops.kvbench.linear_state(q, k, v, torch.sigmoid(write), torch.sigmoid(decay + 2.0), out, self.state_index)
         hidden = hidden + self.o_proj(out.view(tokens, -1))
         return hidden + self.mlp(self.post_norm(hidden))
-

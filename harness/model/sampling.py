@@ -34,8 +34,9 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def token_generator(seed: int, request_id: int, sample_index: int, position: int,
-                    device: torch.device) -> torch.Generator:
+def token_generator(
+    seed: int, request_id: int, sample_index: int, position: int, device: torch.device
+) -> torch.Generator:
     """The generator of one sampled token: a pure function of who samples and where."""
     state = np.random.SeedSequence([seed, request_id, sample_index, position]).generate_state(1, np.uint64)
     return torch.Generator(device=device).manual_seed(int(state[0] >> np.uint64(1)))
@@ -57,10 +58,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, keys: list[tuple[int, i
     if params.top_p < 1:
         probs = top_p_filter(probs, params.top_p)
     vocab = logits.shape[-1]
-    noise = torch.stack([
-        torch.empty(vocab, device=logits.device).exponential_(
-            generator=token_generator(params.seed, *key, device=logits.device))
-        for key in keys])
+    noise = torch.stack(
+        [
+            torch.empty(vocab, device=logits.device).exponential_(
+                generator=token_generator(params.seed, *key, device=logits.device)
+            )
+            for key in keys
+        ]
+    )
     return (probs / noise).argmax(dim=-1).tolist()
 
 
@@ -71,8 +76,9 @@ def beam_select(logits: torch.Tensor, cumulative_logprobs: list[float], width: i
     the choice is the same however the beams were batched.
     """
     logprobs = torch.log_softmax(logits.double(), dim=-1)
-    scores = (torch.tensor(cumulative_logprobs, dtype=torch.float64, device=logits.device)[:, None]
-              + logprobs).flatten()
+    scores = (
+        torch.tensor(cumulative_logprobs, dtype=torch.float64, device=logits.device)[:, None] + logprobs
+    ).flatten()
     best = torch.sort(scores, descending=True, stable=True).indices[:width].tolist()
     vocab = logits.shape[-1]
     values = scores[best].tolist()

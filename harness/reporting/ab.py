@@ -17,11 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
+import tomllib
 
 import kvbench
 from kvbench.errors import UserError
@@ -33,9 +32,11 @@ from kvbench.scenarios.repeats import aggregate, interleaved_order
 HOT_PATHS = ["tests/benchmarks"]
 # REF's side runs `python -c BOOTSTRAP MODULE ARGS...`: this environment's editable install adds an
 # import finder that would fill any module REF lacks with this tree's, silently mixing the two.
-BOOTSTRAP = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
-             "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; "
-             "module = sys.argv.pop(1); runpy.run_module(module, run_name='__main__', alter_sys=True)")
+BOOTSTRAP = (
+    "import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
+    "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; "
+    "module = sys.argv.pop(1); runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
 # Rounds within one run are not independent samples; runs are. A short run leaves time for more.
 BENCHMARK_MAX_TIME_S = "0.1"
 
@@ -48,8 +49,9 @@ def source_tree() -> Path:
     """The git work tree of the kvbench this environment imports."""
     result = _git(Path(kvbench.__file__).resolve().parent, "rev-parse", "--show-toplevel")
     if result.returncode != 0:
-        raise UserError(f"--against needs kvbench installed from a git work tree; "
-                        f"{Path(kvbench.__file__).parent} is not in one")
+        raise UserError(
+            f"--against needs kvbench installed from a git work tree; {Path(kvbench.__file__).parent} is not in one"
+        )
     return Path(result.stdout.strip())
 
 
@@ -106,8 +108,17 @@ def _first_error(result: subprocess.CompletedProcess) -> str:
 
 def _benchmark_run(side: Side, targets: list[str], index: int) -> None:
     output = side.folder / f"run{index}.json"
-    command = [*side.launcher, "pytest", "-q", "-p", "no:cacheprovider", *targets, "--benchmark-only",
-               f"--benchmark-json={output}", f"--benchmark-max-time={BENCHMARK_MAX_TIME_S}"]
+    command = [
+        *side.launcher,
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *targets,
+        "--benchmark-only",
+        f"--benchmark-json={output}",
+        f"--benchmark-max-time={BENCHMARK_MAX_TIME_S}",
+    ]
     result = side.run(command)
     ran = output.is_file() and json.loads(output.read_text()).get("benchmarks")
     if result.returncode != 0 and not ran:
@@ -156,11 +167,21 @@ def merge_bench_runs(sweeps: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_ab(ref: str, repeats: int, what: list[str], policy: Policy, out_dir: Optional[Path] = None,
-           current_env: tuple = (), allow_missing: bool = False, out=sys.stdout) -> int:
+def run_ab(
+    ref: str,
+    repeats: int,
+    what: list[str],
+    policy: Policy,
+    out_dir: Path | None = None,
+    current_env: tuple = (),
+    allow_missing: bool = False,
+    out=sys.stdout,
+) -> int:
     if repeats < 2:
-        raise UserError(f"--repeats {repeats}: the significance test needs at least 2 runs a side "
-                        f"(5 or more to detect a change on a noisy host)")
+        raise UserError(
+            f"--repeats {repeats}: the significance test needs at least 2 runs a side "
+            f"(5 or more to detect a change on a noisy host)"
+        )
     bench_overrides = [w for w in what if "=" in w and not w.startswith("-")]
     targets = [w for w in what if w not in bench_overrides] or HOT_PATHS
     extra = {}
@@ -176,19 +197,32 @@ def run_ab(ref: str, repeats: int, what: list[str], policy: Policy, out_dir: Opt
     added = _git(tree, "worktree", "add", "--detach", "--quiet", str(ref_tree), sha)
     if added.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
-        raise UserError(f"cannot create a git worktree of {ref} at {ref_tree}: "
-                        f"{(added.stderr.strip().splitlines() or ['no message'])[-1]}")
+        raise UserError(
+            f"cannot create a git worktree of {ref} at {ref_tree}: "
+            f"{(added.stderr.strip().splitlines() or ['no message'])[-1]}"
+        )
     started = time.perf_counter()
     try:
         base_env = {**os.environ, "PYTHONHASHSEED": "0"}
         root = import_root(ref_tree, work / "imports")
         base_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-        sides = {"baseline": Side(f"{ref} ({sha[:12]})", base_env, tree, work / "baseline",
-                                  [sys.executable, "-c", BOOTSTRAP]),
-                 "current": Side("this tree", {**os.environ, "PYTHONHASHSEED": "0", **extra}, tree,
-                                 work / "current", [sys.executable, "-m"])}
-        print(f"A/B: {sides['baseline'].name} vs {tree} ({'bench ' + ' '.join(bench_overrides) if bench_overrides else ' '.join(targets)}), "
-              f"{repeats} runs a side, interleaved", file=out)
+        sides = {
+            "baseline": Side(
+                f"{ref} ({sha[:12]})", base_env, tree, work / "baseline", [sys.executable, "-c", BOOTSTRAP]
+            ),
+            "current": Side(
+                "this tree",
+                {**os.environ, "PYTHONHASHSEED": "0", **extra},
+                tree,
+                work / "current",
+                [sys.executable, "-m"],
+            ),
+        }
+        what = "bench " + " ".join(bench_overrides) if bench_overrides else " ".join(targets)
+        print(
+            f"A/B: {sides['baseline'].name} vs {tree} ({what}), {repeats} runs a side, interleaved",
+            file=out,
+        )
         for index, name in interleaved_order(list(sides), repeats):
             side = sides[name]
             try:
@@ -215,9 +249,12 @@ def run_ab(ref: str, repeats: int, what: list[str], policy: Policy, out_dir: Opt
                 frames[name] = benchmark_frame(merge_benchmark_runs(side.outputs, keep / f"{name}.json"))
         code = compare(frames["baseline"], frames["current"], policy, allow_missing, out=out)
         total = time.perf_counter() - started
-        print(f"A/B against {ref} ({sha[:12]}): {total:.0f} s for {repeats} runs a side "
-              f"(baseline {sum(sides['baseline'].seconds):.0f} s, current {sum(sides['current'].seconds):.0f} s)"
-              + (f"; results in {keep}" if out_dir else ""), file=out)
+        print(
+            f"A/B against {ref} ({sha[:12]}): {total:.0f} s for {repeats} runs a side "
+            f"(baseline {sum(sides['baseline'].seconds):.0f} s, current {sum(sides['current'].seconds):.0f} s)"
+            + (f"; results in {keep}" if out_dir else ""),
+            file=out,
+        )
         return code
     finally:
         _git(tree, "worktree", "remove", "--force", str(ref_tree))

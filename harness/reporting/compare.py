@@ -39,16 +39,31 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
     try:
         data = json.loads(Path(path).read_text())
         machine = data.get("machine_info", {})
-        env = {"python": machine.get("python_version", ""), "cpu": machine.get("cpu", {}).get("brand_raw", ""),
-               "torch": machine.get("torch", "")}
+        env = {
+            "python": machine.get("python_version", ""),
+            "cpu": machine.get("cpu", {}).get("brand_raw", ""),
+            "torch": machine.get("torch", ""),
+        }
         rows = []
         for bench in data["benchmarks"]:
             runs = bench.get("runs") or [bench["stats"]]
             samples = {metric: [float(r[key]) for r in runs] for metric, key in BENCHMARK_STATS.items()}
-            counts = {k: v for k, v in (bench.get("extra_info") or {}).items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            rows.append({"benchmark": bench["fullname"], **{m: pd.Series(v).median() for m, v in samples.items()},
-                         "runs": len(runs), **counts, "status": "ok", SAMPLES: samples, **env})
+            counts = {
+                k: v
+                for k, v in (bench.get("extra_info") or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            rows.append(
+                {
+                    "benchmark": bench["fullname"],
+                    **{m: pd.Series(v).median() for m, v in samples.items()},
+                    "runs": len(runs),
+                    **counts,
+                    "status": "ok",
+                    SAMPLES: samples,
+                    **env,
+                }
+            )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # AttributeError: a list, not an object
         raise UserError(f"{path} is not a pytest-benchmark JSON file ({err})") from None
     return pd.DataFrame(rows)
@@ -83,24 +98,29 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
         frame[columns] = frame[columns].fillna("").astype(str)
         twice = frame[frame.duplicated(columns, keep=False)]
         if not twice.empty:
-            raise UserError(f"the {name} has two rows for the point {_label(twice.iloc[0], columns)}; compare "
-                            f"one sweep at a time, or sweeps that differ in a recorded parameter")
+            raise UserError(
+                f"the {name} has two rows for the point {_label(twice.iloc[0], columns)}; compare "
+                f"one sweep at a time, or sweeps that differ in a recorded parameter"
+            )
         sides.append(frame)
     both = pd.concat(sides)[columns]
     varying = [c for c in columns if both[c].nunique() > 1]
     merged = sides[0].merge(sides[1], on=columns, how="outer", suffixes=(BASE, CUR), indicator=True, sort=False)
     if not (merged["_merge"] == "both").any():
-        raise UserError(f"no point of the current run matches the baseline on {', '.join(columns)}; "
-                        f"baseline has {_label(sides[0].iloc[0], varying or columns)}, "
-                        f"current has {_label(sides[1].iloc[0], varying or columns)}")
+        raise UserError(
+            f"no point of the current run matches the baseline on {', '.join(columns)}; "
+            f"baseline has {_label(sides[0].iloc[0], varying or columns)}, "
+            f"current has {_label(sides[1].iloc[0], varying or columns)}"
+        )
     return merged, columns, varying
 
 
 def environment_changes(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy) -> list[str]:
     changes = []
     for column in policy.environment:
-        before, after = (sorted(set(f[column].dropna().astype(str)) - {""}) if column in f else []
-                         for f in (baseline, current))
+        before, after = (
+            sorted(set(f[column].dropna().astype(str)) - {""}) if column in f else [] for f in (baseline, current)
+        )
         if before and after and before != after:
             changes.append(f"{column} {'/'.join(before)} -> {'/'.join(after)}")
     return changes
@@ -121,8 +141,11 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
     for change in changes:
         print(f"environment changed: {change}", file=out)
     if machine_changes:
-        print(f"!! DIFFERENT MACHINE OR BUILD: {'; '.join(machine_changes)}. Wall times from different "
-              f"machines are not comparable; measure both here: bench-compare --against REF", file=out)
+        print(
+            f"!! DIFFERENT MACHINE OR BUILD: {'; '.join(machine_changes)}. Wall times from different "
+            f"machines are not comparable; measure both here: bench-compare --against REF",
+            file=out,
+        )
     for _, point in merged[merged["_merge"] == "left_only"].iterrows():
         print(f"missing in current: {_label(point, shown)}", file=out)
         if not allow_missing:
@@ -153,20 +176,26 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
                 tally[verdict] = tally.get(verdict, 0) + 1
                 tally["tested"] += verdict != NOT_MEANINGFUL
                 if verdict == "REGRESSED":
-                    problems.append(f"{label}: {metric} {bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
-                                    f"(min_effect {rule.min_effect:.0%}; {result.detail})")
+                    problems.append(
+                        f"{label}: {metric} {bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
+                        f"(min_effect {rule.min_effect:.0%}; {result.detail})"
+                    )
             else:
                 verdict, detail = rule.verdict(bv, cv), ""
                 if verdict == "REGRESSED":
-                    problems.append(f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, "
-                                    f"tolerance {rule.tolerance:g})")
+                    problems.append(
+                        f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, tolerance {rule.tolerance:g})"
+                    )
             print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {ratio:>8.4f}  {verdict}{detail}", file=out)
     print(file=out)
     if tally["tested"] or tally[NOT_MEANINGFUL]:
-        print(f"measured metrics: {tally['tested']} tested, {tally.get('REGRESSED', 0)} regressed, "
-              f"{tally.get('better', 0)} better, {tally[SMALL]} significant but below min_effect, "
-              f"{tally[NO_CHANGE]} {NO_CHANGE}; {tally[NOT_MEANINGFUL]} {NOT_MEANINGFUL} "
-              f"(a side has one sample)", file=out)
+        print(
+            f"measured metrics: {tally['tested']} tested, {tally.get('REGRESSED', 0)} regressed, "
+            f"{tally.get('better', 0)} better, {tally[SMALL]} significant but below min_effect, "
+            f"{tally[NO_CHANGE]} {NO_CHANGE}; {tally[NOT_MEANINGFUL]} {NOT_MEANINGFUL} "
+            f"(a side has one sample)",
+            file=out,
+        )
     if machine_changes:
         print(f"!! compared across machines or builds: {'; '.join(machine_changes)}", file=out)
     if problems:
@@ -176,36 +205,61 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
         return 1
     measured = ""
     if tally["tested"]:
-        measured = (f"; measured metrics: {NO_CHANGE}" if tally[NO_CHANGE] == tally["tested"]
-                    else "; no measured metric got significantly worse by its min_effect")
+        measured = (
+            f"; measured metrics: {NO_CHANGE}"
+            if tally[NO_CHANGE] == tally["tested"]
+            else "; no measured metric got significantly worse by its min_effect"
+        )
     print(f"OK: {len(matched)} point(s) match the baseline within tolerance{measured}", file=out)
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(
-        prog="bench-compare", description="Compare a run against a baseline; exit 1 on a regression.",
+        prog="bench-compare",
+        description="Compare a run against a baseline; exit 1 on a regression.",
         epilog="With --against REF the inputs are what to run on both trees: nothing (the hot-path "
-               "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...).")
-    parser.add_argument("inputs", nargs="*", help="BASELINE CURRENT: summary.csv, sweep directory or "
-                        "pytest-benchmark JSON each; with --against, what to run")
+        "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...).",
+    )
+    parser.add_argument(
+        "inputs",
+        nargs="*",
+        help="BASELINE CURRENT: summary.csv, sweep directory or "
+        "pytest-benchmark JSON each; with --against, what to run",
+    )
     parser.add_argument("--policy", type=Path, help=f"YAML policy (default: kvbench.conf/{DEFAULT_POLICY})")
-    parser.add_argument("--allow-missing", action="store_true",
-                        help="baseline points absent from the current run are reported, not failed")
-    parser.add_argument("--against", metavar="REF", help="measure REF (a git ref) and this tree here, "
-                        "interleaved, and compare them")
+    parser.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="baseline points absent from the current run are reported, not failed",
+    )
+    parser.add_argument(
+        "--against", metavar="REF", help="measure REF (a git ref) and this tree here, interleaved, and compare them"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="with --against: runs per side (default 5)")
     parser.add_argument("--out", type=Path, help="with --against: keep each side's results in this directory")
-    parser.add_argument("--current-env", action="append", default=[], metavar="KEY=VALUE",
-                        help="with --against: set an environment variable for this tree's runs only")
+    parser.add_argument(
+        "--current-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --against: set an environment variable for this tree's runs only",
+    )
     args = parser.parse_args(argv)
     try:
         policy = load_policy(args.policy)
         if args.against is not None:
             from kvbench.reporting.ab import run_ab
 
-            code = run_ab(args.against, args.repeats, args.inputs, policy, out_dir=args.out,
-                          current_env=args.current_env, allow_missing=args.allow_missing)
+            code = run_ab(
+                args.against,
+                args.repeats,
+                args.inputs,
+                policy,
+                out_dir=args.out,
+                current_env=args.current_env,
+                allow_missing=args.allow_missing,
+            )
         elif len(args.inputs) != 2:
             raise UserError(f"give BASELINE and CURRENT (got {len(args.inputs)} input(s)), or --against REF")
         else:

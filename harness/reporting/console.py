@@ -12,34 +12,72 @@ from kvbench.reporting.results import in_paper_order, ok_rows, point_labels
 WIDTH = 56
 # (section, [(label, column, format)]); a line whose column a run lacks is left out
 RUN_LINES = [
-    ("", [("Successful requests", "completed", "{:.0f}"), ("Benchmark duration (s)", "duration_s", "{:.2f}"),
-          ("Total input tokens", "total_input_tokens", "{:.0f}"),
-          ("Total generated tokens", "total_output_tokens", "{:.0f}"),
-          ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
-          ("Request goodput (req/s)", "request_goodput", "{:.2f}"),
-          ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
-          ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}"),
-          ("Normalized latency (s/token)", "normalized_latency_s_per_tok", "{:.4f}")]),
-    *[(title, [(f"{stat.capitalize() if stat in ('mean', 'median') else stat.upper()} {short} (ms)",
-                f"{stat}_{short.lower()}_ms", "{:.2f}") for stat in ("mean", "median", "p99")])
-      for title, short in (("Time to First Token", "TTFT"), ("Time per Output Token (excl. 1st token)", "TPOT"),
-                           ("Inter-token Latency", "ITL"), ("End-to-end Latency", "E2EL"))],
-    ("KV cache (time-averaged over the window)",
-     [("Token states", "kv_token_util", "{:.1%}"), ("Reserved", "kv_reserved_frac", "{:.1%}"),
-      ("Internal fragmentation", "kv_internal_frag_frac", "{:.1%}"),
-      ("External fragmentation & free", "kv_external_frag_frac", "{:.1%}"),
-      ("Mean batch size (sequences)", "mean_batch_size", "{:.2f}"), ("Preemptions", "preemptions", "{:.0f}")]),
-    ("Attention kernel",
-     [("Latency p50 (us)", "latency_us_p50", "{:.2f}"), ("Achieved bandwidth (GB/s)", "achieved_gbps", "{:.1f}"),
-      ("Share of the roofline", "roofline_frac", "{:.1%}"),
-      ("Max abs error vs eager", "max_abs_err_vs_eager", "{:.2e}")]),
+    (
+        "",
+        [
+            ("Successful requests", "completed", "{:.0f}"),
+            ("Benchmark duration (s)", "duration_s", "{:.2f}"),
+            ("Total input tokens", "total_input_tokens", "{:.0f}"),
+            ("Total generated tokens", "total_output_tokens", "{:.0f}"),
+            ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
+            ("Request goodput (req/s)", "request_goodput", "{:.2f}"),
+            ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
+            ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}"),
+            ("Normalized latency (s/token)", "normalized_latency_s_per_tok", "{:.4f}"),
+        ],
+    ),
+    *[
+        (
+            title,
+            [
+                (
+                    f"{stat.capitalize() if stat in ('mean', 'median') else stat.upper()} {short} (ms)",
+                    f"{stat}_{short.lower()}_ms",
+                    "{:.2f}",
+                )
+                for stat in ("mean", "median", "p99")
+            ],
+        )
+        for title, short in (
+            ("Time to First Token", "TTFT"),
+            ("Time per Output Token (excl. 1st token)", "TPOT"),
+            ("Inter-token Latency", "ITL"),
+            ("End-to-end Latency", "E2EL"),
+        )
+    ],
+    (
+        "KV cache (time-averaged over the window)",
+        [
+            ("Token states", "kv_token_util", "{:.1%}"),
+            ("Reserved", "kv_reserved_frac", "{:.1%}"),
+            ("Internal fragmentation", "kv_internal_frag_frac", "{:.1%}"),
+            ("External fragmentation & free", "kv_external_frag_frac", "{:.1%}"),
+            ("Mean batch size (sequences)", "mean_batch_size", "{:.2f}"),
+            ("Preemptions", "preemptions", "{:.0f}"),
+        ],
+    ),
+    (
+        "Attention kernel",
+        [
+            ("Latency p50 (us)", "latency_us_p50", "{:.2f}"),
+            ("Achieved bandwidth (GB/s)", "achieved_gbps", "{:.1f}"),
+            ("Share of the roofline", "roofline_frac", "{:.1%}"),
+            ("Max abs error vs eager", "max_abs_err_vs_eager", "{:.2e}"),
+        ],
+    ),
 ]
 # the sweep table's columns: (header, column, format)
-SWEEP_COLUMNS = [("req/s", "request_throughput", "{:.3f}"), ("out tok/s", "output_throughput", "{:.1f}"),
-                 ("median TTFT ms", "median_ttft_ms", "{:.1f}"), ("median TPOT ms", "median_tpot_ms", "{:.2f}"),
-                 ("s/token", "normalized_latency_s_per_tok", "{:.4f}"), ("token states", "kv_token_util", "{:.1%}"),
-                 ("preemptions", "preemptions", "{:.0f}"), ("kernel us p50", "latency_us_p50", "{:.2f}"),
-                 ("GB/s", "achieved_gbps", "{:.1f}")]
+SWEEP_COLUMNS = [
+    ("req/s", "request_throughput", "{:.3f}"),
+    ("out tok/s", "output_throughput", "{:.1f}"),
+    ("median TTFT ms", "median_ttft_ms", "{:.1f}"),
+    ("median TPOT ms", "median_tpot_ms", "{:.2f}"),
+    ("s/token", "normalized_latency_s_per_tok", "{:.4f}"),
+    ("token states", "kv_token_util", "{:.1%}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+    ("kernel us p50", "latency_us_p50", "{:.2f}"),
+    ("GB/s", "achieved_gbps", "{:.1f}"),
+]
 
 
 def _value(row, column: str, fmt: str) -> str | None:
@@ -54,8 +92,9 @@ def _value(row, column: str, fmt: str) -> str | None:
 def run_table(row: dict) -> str:
     """One run's result, one line per headline number."""
     where = row.get("hardware") if row.get("scenario") == "simulate" else row.get("device")
-    title = " · ".join(str(v) for v in (row.get("scenario"), row.get("allocator"), row.get("model"), where,
-                                         row.get("workload")) if v)
+    title = " · ".join(
+        str(v) for v in (row.get("scenario"), row.get("allocator"), row.get("model"), where, row.get("workload")) if v
+    )
     lines = [f"== kvbench result: {title} ==".center(WIDTH, "=")]
     for section, specs in RUN_LINES:
         shown = [(label, text) for label, column, fmt in specs if (text := _value(row, column, fmt)) is not None]

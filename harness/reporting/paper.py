@@ -84,9 +84,17 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
         paper_text, relative = f"{low:g}-{high:g}", delta / (high if value > high else low)
     else:
         delta, paper_text, relative = value - paper, f"{paper:g}", (value - paper) / paper
-    return {"figure": figure, "workload": workload, "system": system, "quantity": quantity,
-            "paper": paper_text, "kvbench": round(value, 4), "delta": round(delta, 4),
-            "delta_pct": round(100 * relative, 2), "runs": runs}
+    return {
+        "figure": figure,
+        "workload": workload,
+        "system": system,
+        "quantity": quantity,
+        "paper": paper_text,
+        "kvbench": round(value, 4),
+        "delta": round(delta, 4),
+        "delta_pct": round(100 * relative, 2),
+        "runs": runs,
+    }
 
 
 def fig2(rows: list[dict], cfg) -> list[dict]:
@@ -97,8 +105,17 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
                 continue
             # whatever the lengths come from (the built-in sharegpt workload or a ShareGPT trace)
             values = [mean_over_seeds(rows, c, allocator=allocator) for c in columns]
-            out.append(comparison_row("fig2", _workloads(rows), SYSTEMS[allocator], f"% {part}", paper,
-                                      100 * sum(v for v, _ in values), values[0][1]))
+            out.append(
+                comparison_row(
+                    "fig2",
+                    _workloads(rows),
+                    SYSTEMS[allocator],
+                    f"% {part}",
+                    paper,
+                    100 * sum(v for v, _ in values),
+                    values[0][1],
+                )
+            )
     return out
 
 
@@ -113,8 +130,11 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
             value, runs = mean_over_seeds(at_rate, "mean_batch_size", allocator=allocator)
             ours = _workloads(at_rate)
             label = workload if ours == workload else f"{workload} ({ours})"
-            out.append(comparison_row("fig13", label, SYSTEMS[allocator],
-                                      f"mean batch at {rate:g} req/s", papers[allocator], value, runs))
+            out.append(
+                comparison_row(
+                    "fig13", label, SYSTEMS[allocator], f"mean batch at {rate:g} req/s", papers[allocator], value, runs
+                )
+            )
     return out
 
 
@@ -122,8 +142,7 @@ def capacities(rows: list[dict], slo: float) -> dict[tuple[str, str], float]:
     """(workload, allocator) -> the highest request rate with normalized latency <= `slo`."""
     series = defaultdict(lambda: defaultdict(list))
     for r in _ok(rows):
-        series[(r.get("workload"), r.get("allocator"))][_num(r, "rate")].append(
-            _num(r, "normalized_latency_s_per_tok"))
+        series[(r.get("workload"), r.get("allocator"))][_num(r, "rate")].append(_num(r, "normalized_latency_s_per_tok"))
     found = {}
     for (workload, allocator), by_rate in sorted(series.items()):
         rates = sorted(by_rate)
@@ -132,13 +151,17 @@ def capacities(rows: list[dict], slo: float) -> dict[tuple[str, str], float]:
         if len(rates) < 2:
             raise UserError(f"report: {where} has fewer than 2 rates: a rate sweep is needed to find its knee")
         if latency[0] > slo:
-            raise UserError(f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
-                            f"rate ({latency[0]:.3g} s/token): add lower workload.rate values")
+            raise UserError(
+                f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
+                f"rate ({latency[0]:.3g} s/token): add lower workload.rate values"
+            )
         above = next((i for i, v in enumerate(latency) if v > slo), None)
         if above is None:
-            raise UserError(f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "
-                            f"{latency[-1]:.3g} s/token): the sweep is too short to find its knee; "
-                            f"add higher workload.rate values")
+            raise UserError(
+                f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "
+                f"{latency[-1]:.3g} s/token): the sweep is too short to find its knee; "
+                f"add higher workload.rate values"
+            )
         # interpolate in log latency: the curve is close to exponential around its knee
         lo, hi = np.log(latency[above - 1]), np.log(latency[above])
         found[(workload, allocator)] = float(np.interp(np.log(slo), [lo, hi], [rates[above - 1], rates[above]]))
@@ -151,10 +174,17 @@ def capacity_rows(found: dict, baseline: str) -> list[dict]:
         base = found.get((workload, baseline))
         if base is None:
             known = sorted({a for w, a in found if w == workload})
-            raise UserError(f"report.baseline={baseline!r} is not a system of the {workload} sweep; "
-                            f"known: {', '.join(known)}")
-        out.append({"workload": workload, "allocator": allocator, "capacity_req_s": round(capacity, 4),
-                    f"ratio_to_{baseline}": round(capacity / base, 4)})
+            raise UserError(
+                f"report.baseline={baseline!r} is not a system of the {workload} sweep; known: {', '.join(known)}"
+            )
+        out.append(
+            {
+                "workload": workload,
+                "allocator": allocator,
+                "capacity_req_s": round(capacity, 4),
+                f"ratio_to_{baseline}": round(capacity / base, 4),
+            }
+        )
     return out
 
 
@@ -164,8 +194,17 @@ def fig12(rows: list[dict], cfg) -> list[dict]:
     for (system, other), paper in FIG12.items():
         if ("sharegpt", system) in found and ("sharegpt", other) in found:
             ratio = found[("sharegpt", system)] / found[("sharegpt", other)]
-            out.append(comparison_row("fig12", "sharegpt", f"{SYSTEMS[system]} / {SYSTEMS[other]}",
-                                      f"capacity ratio at {cfg['slo']:g} s/token", paper, ratio, 1))
+            out.append(
+                comparison_row(
+                    "fig12",
+                    "sharegpt",
+                    f"{SYSTEMS[system]} / {SYSTEMS[other]}",
+                    f"capacity ratio at {cfg['slo']:g} s/token",
+                    paper,
+                    ratio,
+                    1,
+                )
+            )
     return out
 
 
@@ -177,8 +216,11 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
             if r.get("workload") == workload:
                 by_block.setdefault(int(_num(r, "block_size")), []).append(_num(r, "normalized_latency_s_per_tok"))
         best = min(by_block, key=lambda b: np.mean(by_block[b]))
-        out.append(comparison_row("fig18", workload, "vLLM", "block size of lowest normalized latency",
-                                  16.0, float(best), len(by_block)))
+        out.append(
+            comparison_row(
+                "fig18", workload, "vLLM", "block size of lowest normalized latency", 16.0, float(best), len(by_block)
+            )
+        )
     return out
 
 
@@ -186,9 +228,10 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
     """The paper states where the two curves meet (blocks of 16-64), not their values: compared is
     the smallest block from which swapping costs no more than recomputing, in modelled
     preemption time and in normalized latency."""
-    measures = {"preemption time": {"swap": "swap_time_model_s", "recompute": "recompute_time_model_s"},
-                "normalized latency": {"swap": "normalized_latency_s_per_tok",
-                                       "recompute": "normalized_latency_s_per_tok"}}
+    measures = {
+        "preemption time": {"swap": "swap_time_model_s", "recompute": "recompute_time_model_s"},
+        "normalized latency": {"swap": "normalized_latency_s_per_tok", "recompute": "normalized_latency_s_per_tok"},
+    }
     out = []
     for measure, column_of in measures.items():
         by_block = defaultdict(dict)
@@ -199,10 +242,21 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
         both = sorted(b for b, t in by_block.items() if len(t) == 2)
         crossover = next((b for b in both if by_block[b]["swap"] <= by_block[b]["recompute"]), None)
         if crossover is None:
-            raise UserError(f"fig19: swapping costs more {measure} than recomputing at every block size "
-                            f"swept ({', '.join(map(str, both))}): no crossover to compare")
-        out.append(comparison_row("fig19", "sharegpt", "vLLM", f"smallest block where swap {measure} "
-                                  f"<= recompute", (16.0, 64.0), float(crossover), len(both)))
+            raise UserError(
+                f"fig19: swapping costs more {measure} than recomputing at every block size "
+                f"swept ({', '.join(map(str, both))}): no crossover to compare"
+            )
+        out.append(
+            comparison_row(
+                "fig19",
+                "sharegpt",
+                "vLLM",
+                f"smallest block where swap {measure} <= recompute",
+                (16.0, 64.0),
+                float(crossover),
+                len(both),
+            )
+        )
     return out
 
 
@@ -225,11 +279,17 @@ def report_settings(report) -> dict:
 
 
 def markdown(rows: list[dict], title: str) -> str:
-    lines = [f"# {title}", "", "| figure | workload | system | quantity | paper | kvbench | delta | delta % |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {title}",
+        "",
+        "| figure | workload | system | quantity | paper | kvbench | delta | delta % |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['figure']} | {r['workload']} | {r['system']} | {r['quantity']} | {r['paper']} "
-                     f"| {r['kvbench']:.4g} | {r['delta']:+.3g} | {r['delta_pct']:+.1f} |")
+        lines.append(
+            f"| {r['figure']} | {r['workload']} | {r['system']} | {r['quantity']} | {r['paper']} "
+            f"| {r['kvbench']:.4g} | {r['delta']:+.3g} | {r['delta_pct']:+.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -265,8 +325,7 @@ def write_comparison(sweep_dir: Path, report) -> list[Path]:
     if name == "fig12":
         found = capacities(rows, settings["slo"])
         write_csv(sweep_dir / "capacity.csv", capacity_rows(found, settings["baseline"]))
-        written += [sweep_dir / "capacity.csv",
-                    paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir)]
+        written += [sweep_dir / "capacity.csv", paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir)]
     return written
 
 

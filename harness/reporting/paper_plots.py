@@ -15,8 +15,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from kvbench.reporting.figures import number, save_figure  # noqa: E402
 from kvbench.reporting.paper import PAPER_ORDER, SYSTEMS  # noqa: E402
 
-COLORS = {"token states": "#2b8a3e", "reservation": "#f08c00", "internal fragmentation": "#c92a2a",
-          "external fragmentation & other": "#868e96"}
+COLORS = {
+    "token states": "#2b8a3e",
+    "reservation": "#f08c00",
+    "internal fragmentation": "#c92a2a",
+    "external fragmentation & other": "#868e96",
+}
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -30,28 +34,49 @@ def fig2_breakdown(rows: list[dict], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, allocator in enumerate(systems):
         mine = [r for r in rows if r.get("allocator") == allocator]
-        parts = [("token states", _mean(mine, "kv_token_util"), None),
-                 ("reservation", _mean(mine, "kv_reserved_frac"), None),
-                 ("internal fragmentation", _mean(mine, "kv_internal_frag_frac"), None),
-                 ("external fragmentation & other", _mean(mine, "kv_rounding_frac"), "//"),
-                 ("external fragmentation & other", _mean(mine, "kv_external_frag_frac"), None)]
+        parts = [
+            ("token states", _mean(mine, "kv_token_util"), None),
+            ("reservation", _mean(mine, "kv_reserved_frac"), None),
+            ("internal fragmentation", _mean(mine, "kv_internal_frag_frac"), None),
+            ("external fragmentation & other", _mean(mine, "kv_rounding_frac"), "//"),
+            ("external fragmentation & other", _mean(mine, "kv_external_frag_frac"), None),
+        ]
         bottom = 0.0
         for name, share, hatch in parts:
             value = 100 * share
-            ax.bar(i, value, bottom=bottom, color=COLORS[name], hatch=hatch, edgecolor="white",
-                   label=name if i == 0 and hatch is None else None)
+            ax.bar(
+                i,
+                value,
+                bottom=bottom,
+                color=COLORS[name],
+                hatch=hatch,
+                edgecolor="white",
+                label=name if i == 0 and hatch is None else None,
+            )
             if value >= 4:
                 ax.text(i, bottom + value / 2, f"{value:.1f}", ha="center", va="center", fontsize=8, color="white")
             bottom += value
-    ax.bar(0, 0, color=COLORS["external fragmentation & other"], hatch="//", edgecolor="white",
-           label="  of which rounding (blocks, buddy chunks)")
+    ax.bar(
+        0,
+        0,
+        color=COLORS["external fragmentation & other"],
+        hatch="//",
+        edgecolor="white",
+        label="  of which rounding (blocks, buddy chunks)",
+    )
     ax.set_xticks(range(len(systems)), [SYSTEMS[a] for a in systems])
     ax.set_ylabel("% of KV cache slots (time-averaged)")
     ax.set_ylim(0, 100)
     ax.set_title("Where KV memory goes, in the paper's Fig. 2 categories")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
-    fig.text(0.01, -0.04, "As the paper files them, block and buddy rounding are part of \"external "
-             "fragmentation & other\" (hatched).\nCategories: docs/paper.md.", fontsize=8, va="top")
+    fig.text(
+        0.01,
+        -0.04,
+        'As the paper files them, block and buddy rounding are part of "external '
+        'fragmentation & other" (hatched).\nCategories: docs/paper.md.',
+        fontsize=8,
+        va="top",
+    )
     return save_figure(fig, out / "fig2_breakdown.png")
 
 
@@ -66,8 +91,12 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
                 series[r.get("allocator")][number(r, "rate")].append(number(r, "normalized_latency_s_per_tok"))
         for allocator in [a for a in PAPER_ORDER if a in series]:
             rates = sorted(series[allocator])
-            line, = ax.plot(rates, [sum(series[allocator][x]) / len(series[allocator][x]) for x in rates],
-                            marker="o", label=SYSTEMS[allocator])
+            (line,) = ax.plot(
+                rates,
+                [sum(series[allocator][x]) / len(series[allocator][x]) for x in rates],
+                marker="o",
+                label=SYSTEMS[allocator],
+            )
             knee = capacity.get((workload, allocator))
             if knee is not None:
                 ax.axvline(knee, color=line.get_color(), linestyle=":", linewidth=1)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import matplotlib
 
+from kvbench.arith import cdiv
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,10 +30,12 @@ KV_PARTS = [
     ("kv_external_frag_frac", "external fragmentation & free", "#868e96"),
 ]
 # (column, axis label, log scale) of the throughput / latency figure
-PANELS = [("request_throughput", "request throughput (req/s)", False),
-          ("mean_batch_size", "mean batch size (sequences)", False),
-          ("median_ttft_ms", "median TTFT (ms)", True),
-          ("median_tpot_ms", "median TPOT (ms)", True)]
+PANELS = [
+    ("request_throughput", "request throughput (req/s)", False),
+    ("mean_batch_size", "mean batch size (sequences)", False),
+    ("median_ttft_ms", "median TTFT (ms)", True),
+    ("median_tpot_ms", "median TPOT (ms)", True),
+]
 
 
 def _rate_axis(frame: pd.DataFrame) -> str | None:
@@ -71,8 +75,9 @@ def bar_table(frame: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str]
 
 def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
     values, names = bar_table(frame, metric)
-    values.plot.bar(ax=ax, width=0.8, legend=False, rot=0,
-                    color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns])
+    values.plot.bar(
+        ax=ax, width=0.8, legend=False, rot=0, color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns]
+    )
     crowded = len(names) > 3
     ax.set_xticks(range(len(names)), names, rotation=20 if crowded else 0, ha="right" if crowded else "center")
     ax.set_xlabel("")
@@ -80,7 +85,7 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
 
 def _legend_below(fig, ax) -> None:
     handles, labels = ax.get_legend_handles_labels()
-    rows = -(-len(labels) // 5)
+    rows = cdiv(len(labels), 5)
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 5), frameon=False)
     fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
 
@@ -90,7 +95,7 @@ def kv_breakdown(frame: pd.DataFrame):
     x = _rate_axis(frame)
     groups = list(_series(frame)) if x else [("", None, "-", frame)]
     cols = min(len(groups), 2)
-    rows_n = -(-len(groups) // cols)
+    rows_n = cdiv(len(groups), cols)
     bars = frame.groupby(x).ngroups if x else len(frame)
     width = min(MAX_WIDTH_IN, max(6.0, (0.45 * bars + 1.5) * cols + 2))
     fig, axes = plt.subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
@@ -100,20 +105,27 @@ def kv_breakdown(frame: pd.DataFrame):
         for key, text, color in KV_PARTS:
             values = 100 * pd.to_numeric(rows[key], errors="coerce").fillna(0).to_numpy()
             drawn = ax.bar(range(len(rows)), values, bottom=bottom, label=text, color=color)
-            ax.bar_label(drawn, labels=[f"{v:.0f}" if v >= 8 else "" for v in values], label_type="center",
-                         fontsize=7, color="white")
+            ax.bar_label(
+                drawn,
+                labels=[f"{v:.0f}" if v >= 8 else "" for v in values],
+                label_type="center",
+                fontsize=7,
+                color="white",
+            )
             bottom += values
         ax.set_xticks(range(len(rows)), list(labels), rotation=0 if x else 20, ha="center" if x else "right")
         ax.set_ylim(0, 100)
         ax.set_title(name, fontsize=10)
         if x:
             ax.set_xlabel("request rate (req/s)")
-    for ax in axes.flat[len(groups):]:
+    for ax in axes.flat[len(groups) :]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("% of KV slots (time-averaged)")
-    fig.suptitle(f"Where KV memory goes: {context_title(frame)}\n"
-                 "(internal fragmentation includes block and buddy rounding)", fontsize=11)
+    fig.suptitle(
+        f"Where KV memory goes: {context_title(frame)}\n(internal fragmentation includes block and buddy rounding)",
+        fontsize=11,
+    )
     _legend_below(fig, axes.flat[0])
     return fig
 
@@ -127,8 +139,7 @@ def throughput_latency(frame: pd.DataFrame):
     for ax, (metric, text, log) in zip(axes.flat, panels):
         if x:
             for name, color, style, rows in _series(frame):
-                ax.plot(pd.to_numeric(rows[x]), rows[metric], style, marker="o", markersize=3, color=color,
-                        label=name)
+                ax.plot(pd.to_numeric(rows[x]), rows[metric], style, marker="o", markersize=3, color=color, label=name)
             ax.set_xlabel("request rate (req/s)")
         else:
             _draw_bars(ax, frame, metric)
@@ -144,8 +155,14 @@ def throughput_latency(frame: pd.DataFrame):
 def latency_vs_rate(frame: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for name, color, style, rows in _series(frame):
-        ax.plot(pd.to_numeric(rows["rate"]), rows["normalized_latency_s_per_tok"], style, marker="o",
-                color=color, label=name)
+        ax.plot(
+            pd.to_numeric(rows["rate"]),
+            rows["normalized_latency_s_per_tok"],
+            style,
+            marker="o",
+            color=color,
+            label=name,
+        )
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -40,9 +39,9 @@ class Rule:
     """
 
     better: str
-    tolerance: Optional[float] = None
+    tolerance: float | None = None
     abs_tolerance: float = 0.0
-    min_effect: Optional[float] = None
+    min_effect: float | None = None
 
     @property
     def measured(self) -> bool:
@@ -93,8 +92,9 @@ def _read_yaml(source) -> dict:
 
 def _fraction(where: str, key: str, value, low: float, high: float):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
-        raise UserError(f"policy {where}: {key} must be a number between {low:g} and {high:g} "
-                        f"(exclusive), not {value!r}")
+        raise UserError(
+            f"policy {where}: {key} must be a number between {low:g} and {high:g} (exclusive), not {value!r}"
+        )
     return float(value)
 
 
@@ -109,15 +109,21 @@ def _rules(metrics: dict, known: dict) -> dict:
             raise UserError(f"policy {where}: better must be 'higher' or 'lower', not {spec.get('better')!r}")
         tolerance, min_effect = spec.get("tolerance"), spec.get("min_effect")
         if tolerance is not None and min_effect is not None:
-            raise UserError(f"policy {where}: give tolerance (exact metrics) or min_effect "
-                            f"(measured metrics), not both")
-        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
-                                      or tolerance < 0):
+            raise UserError(
+                f"policy {where}: give tolerance (exact metrics) or min_effect (measured metrics), not both"
+            )
+        if tolerance is not None and (
+            isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0
+        ):
             raise UserError(f"policy {where}: tolerance must be a number >= 0 or null, not {tolerance!r}")
         if min_effect is not None:
             min_effect = _fraction(where, "min_effect", min_effect, 0.0, 10.0)
-        rules[metric] = Rule(spec["better"], None if tolerance is None else float(tolerance),
-                             float(spec.get("abs_tolerance", 0.0)), min_effect)
+        rules[metric] = Rule(
+            spec["better"],
+            None if tolerance is None else float(tolerance),
+            float(spec.get("abs_tolerance", 0.0)),
+            min_effect,
+        )
     return rules
 
 
@@ -135,7 +141,7 @@ def _test(spec, source) -> SignificanceTest:
     return SignificanceTest(method, alpha, resamples)
 
 
-def load_policy(path: Optional[Path] = None) -> Policy:
+def load_policy(path: Path | None = None) -> Policy:
     """The packaged policy, or a user's; a user's may name only metrics kvbench knows."""
     packaged_source = resources.files("kvbench.conf") / DEFAULT_POLICY
     packaged = _read_yaml(packaged_source)
@@ -145,7 +151,10 @@ def load_policy(path: Optional[Path] = None) -> Policy:
     data = _read_yaml(source) if path is not None else packaged
     known = packaged["metrics"]
     scenarios = data.get("scenarios") or {}
-    return Policy(list(data.get("identity", packaged["identity"])),
-                  list(data.get("environment", packaged["environment"])), _rules(data["metrics"], known),
-                  {name: _rules(metrics, known) for name, metrics in scenarios.items()},
-                  _test(data.get("test", packaged.get("test")), source))
+    return Policy(
+        list(data.get("identity", packaged["identity"])),
+        list(data.get("environment", packaged["environment"])),
+        _rules(data["metrics"], known),
+        {name: _rules(metrics, known) for name, metrics in scenarios.items()},
+        _test(data.get("test", packaged.get("test")), source),
+    )

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import base64
 import html
-import math
-import sys
 import time
 from pathlib import Path
 
@@ -20,17 +18,43 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
 from kvbench.reporting.figures import context_title
-from kvbench.reporting.results import (ENVIRONMENT, cell_text, collect, in_paper_order, ok_rows, point_labels,
-                                       read_csv, varying_keys, write_atomic, write_csv)
+from kvbench.reporting.results import (
+    ENVIRONMENT,
+    cell_text,
+    collect,
+    in_paper_order,
+    ok_rows,
+    point_labels,
+    read_csv,
+    varying_keys,
+    write_atomic,
+    write_csv,
+)
 from kvbench.reporting.winners import METRIC, configured_baseline, resolve_baseline, winners
 
 # The columns a reader looks at first, in this order; every column is one click away.
 KEY_METRICS = [
-    "request_throughput", "request_goodput", "output_throughput", "mean_batch_size", "kv_token_util",
-    "kv_reserved_frac", "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "mean_batch_size",
+    "kv_token_util",
+    "kv_reserved_frac",
+    "kv_internal_frag_frac",
+    "kv_rounding_frac",
+    "kv_external_frag_frac",
     "normalized_latency_s_per_tok",
-    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "preemptions", "prefix_hit_rate",
-    "cpu_overhead_frac", "latency_us_p50", "achieved_gbps", "roofline_frac", "max_abs_err_vs_eager",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "preemptions",
+    "prefix_hit_rate",
+    "cpu_overhead_frac",
+    "latency_us_p50",
+    "achieved_gbps",
+    "roofline_frac",
+    "max_abs_err_vs_eager",
 ]
 
 
@@ -63,8 +87,7 @@ def load_sweeps(sweep_dirs: list[Path]) -> pd.DataFrame:
     names = [d.name for d in sweep_dirs]
     if len(set(names)) < len(names):  # results/a/sweep and results/b/sweep
         names = [str(d) for d in sweep_dirs]
-    frames = [load_rows(d).drop(columns="sweep", errors="ignore").assign(sweep=n)
-              for d, n in zip(sweep_dirs, names)]
+    frames = [load_rows(d).drop(columns="sweep", errors="ignore").assign(sweep=n) for d, n in zip(sweep_dirs, names)]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -112,8 +135,10 @@ def _table(frame: pd.DataFrame, columns: list[str], failed: pd.Series | None = N
 
 def _image(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (f'<figure><img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
+    return (
+        f'<figure><img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(path.name)}</figcaption></figure>"
+    )
 
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1340px;padding:0 1em;color:#212529}
@@ -137,33 +162,43 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str) -> list[str]
         parts.append(f"<p>One system only ({only}): nothing to compare.</p>")
     else:
         note = "" if baseline == asked else f" (report.baseline={html.escape(asked)} is not in the sweep)"
-        parts.append(f"<p>Winner = lowest normalized latency (s/token) at each setting; ratios against "
-                     f"<b>{html.escape(baseline)}</b>{note}.</p><ul>")
+        parts.append(
+            f"<p>Winner = lowest normalized latency (s/token) at each setting; ratios against "
+            f"<b>{html.escape(baseline)}</b>{note}.</p><ul>"
+        )
         for row in found.itertuples():
             margin = f"{html.escape(baseline)} has no successful point here"
             if row.latency_vs_baseline == row.latency_vs_baseline:
-                margin = (f"{row.latency_vs_baseline:.2f}× lower normalized latency than {html.escape(baseline)}, "
-                          f"{row.throughput_vs_baseline:.2f}× its request throughput")
-            parts.append(f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
-                         f"({getattr(row, METRIC):.4g} s/token); {margin}</li>")
+                margin = (
+                    f"{row.latency_vs_baseline:.2f}× lower normalized latency than {html.escape(baseline)}, "
+                    f"{row.throughput_vs_baseline:.2f}× its request throughput"
+                )
+            parts.append(
+                f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
+                f"({getattr(row, METRIC):.4g} s/token); {margin}</li>"
+            )
         parts.append("</ul>")
     failed = frame[frame["status"].fillna("ok") != "ok"] if "status" in frame else frame.iloc[0:0]
     if len(failed):
         names = point_labels(frame).loc[failed.index]
         parts.append(f"<p>{len(failed)} point(s) failed:</p><ul>")
-        parts += [f"<li><b>{html.escape(names[i])}</b>: {html.escape(_reason(failed.at[i, 'reason']))}</li>"
-                  for i in failed.index]
+        parts += [
+            f"<li><b>{html.escape(names[i])}</b>: {html.escape(_reason(failed.at[i, 'reason']))}</li>"
+            for i in failed.index
+        ]
         parts.append("</ul>")
     return parts + ["</div>"]
 
 
-def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], baseline: str | None = None,
-                asked: str = "contiguous") -> str:
+def render_html(
+    frame: pd.DataFrame, plots: list[Path], sources: list[Path], baseline: str | None = None, asked: str = "contiguous"
+) -> str:
     ok = ok_rows(frame)
     status = frame["status"].fillna("ok") if "status" in frame else pd.Series("ok", index=frame.index)
     named = frame.rename(columns={"point": "directory"}).assign(
         point=point_labels(frame, varying_keys(frame) if len(frame) > 1 else []),
-        reason=frame["reason"].map(_reason).where(status != "ok", "") if "reason" in frame else "")
+        reason=frame["reason"].map(_reason).where(status != "ok", "") if "reason" in frame else "",
+    )
     metrics = [m for m in KEY_METRICS if m in ok and ok[m].notna().any()]
     failed = status != "ok"
     columns = ["point", *(["status"] if failed.any() else []), *metrics, *(["reason"] if failed.any() else [])]
@@ -177,24 +212,29 @@ def render_html(frame: pd.DataFrame, plots: list[Path], sources: list[Path], bas
         f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Data: <a href='summary.csv'>summary.csv</a>; "
         f"column definitions: docs/metrics.md.</p>",
         *_verdict(frame, baseline, asked),
-        "<h2>Results</h2>", _table(named, columns, failed),
-        "<h2>Plots</h2>", *(_image(p) for p in plots),
+        "<h2>Results</h2>",
+        _table(named, columns, failed),
+        "<h2>Plots</h2>",
+        *(_image(p) for p in plots),
     ]
     if env:
         parts += ["<h2>Environment</h2>", _table(frame[env].drop_duplicates(), env)]
     every = list(dict.fromkeys(["point", *named.columns]))
-    parts += ["<details><summary>Every column</summary>", _table(named, every, failed), "</details>",
-              "</body></html>"]
+    parts += ["<details><summary>Every column</summary>", _table(named, every, failed), "</details>", "</body></html>"]
     return "\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(
-        prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html.")
+        prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html."
+    )
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (or summary.csv files)")
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
-    parser.add_argument("--baseline", help="the allocator the verdict's ratios are taken against "
-                                           "(default: the first sweep's report.baseline, else contiguous)")
+    parser.add_argument(
+        "--baseline",
+        help="the allocator the verdict's ratios are taken against "
+        "(default: the first sweep's report.baseline, else contiguous)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.out is None and args.dirs[0].is_file():

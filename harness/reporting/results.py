@@ -103,8 +103,10 @@ def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Serie
     keys = varying_keys(frame) if keys is None else keys
     if not keys:
         return frame.get("allocator", pd.Series("point", index=frame.index)).map(cell_text)
-    parts = [frame[k].map(cell_text) if k in ("sweep", "allocator") else f"{k.rsplit('.', 1)[-1]}="
-             + frame[k].map(cell_text) for k in keys]
+    parts = [
+        frame[k].map(cell_text) if k in ("sweep", "allocator") else f"{k.rsplit('.', 1)[-1]}=" + frame[k].map(cell_text)
+        for k in keys
+    ]
     return functools.reduce(lambda a, b: a + ", " + b, parts)
 
 
@@ -112,8 +114,10 @@ def in_paper_order(frame: pd.DataFrame) -> pd.DataFrame:
     """Sweeps in the order given, then every other varying key, then systems in the paper's order."""
     rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
     keys = [k for k in varying_keys(frame) if k not in ("sweep", "allocator")]
-    order = frame.assign(_sweep=pd.factorize(frame["sweep"])[0] if "sweep" in frame else 0,
-                         _system=frame["allocator"].map(rank).fillna(len(rank)) if "allocator" in frame else 0)
+    order = frame.assign(
+        _sweep=pd.factorize(frame["sweep"])[0] if "sweep" in frame else 0,
+        _system=frame["allocator"].map(rank).fillna(len(rank)) if "allocator" in frame else 0,
+    )
     return order.sort_values(["_sweep", *keys, "_system"], kind="stable").drop(columns=["_sweep", "_system"])
 
 
@@ -127,9 +131,21 @@ def _version(dist: str) -> str:
 @functools.lru_cache(maxsize=1)
 def environment() -> dict:
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(kvbench.__file__).parent, timeout=5).stdout.strip() or "unknown"
+        sha = (
+            subprocess.run(
+                ["git", "rev-parse", "--short=12", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(kvbench.__file__).parent,
+                timeout=5,
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         sha = "unknown"
-    return {"kvbench_version": kvbench.__version__, "git_sha": sha,
-            "torch": _version("torch"), "triton": _version("triton")}
+    return {
+        "kvbench_version": kvbench.__version__,
+        "git_sha": sha,
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+    }

@@ -54,9 +54,15 @@ def _bootstrap(worse: np.ndarray, other: np.ndarray, test: SignificanceTest) -> 
     if np.ptp(np.concatenate([worse, other])) == 0 or np.median(other) == 0:
         return False, False, "ratio CI [1, 1]"
     result = stats.bootstrap(
-        (worse, other), lambda a, b, axis: np.median(a, axis=axis) / np.median(b, axis=axis),
-        vectorized=True, paired=False, confidence_level=1 - 2 * test.alpha, n_resamples=test.resamples,
-        method="percentile", rng=np.random.default_rng(0))
+        (worse, other),
+        lambda a, b, axis: np.median(a, axis=axis) / np.median(b, axis=axis),
+        vectorized=True,
+        paired=False,
+        confidence_level=1 - 2 * test.alpha,
+        n_resamples=test.resamples,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    )
     low, high = result.confidence_interval
     return bool(low > 1), bool(high < 1), f"ratio CI [{low:.3g}, {high:.3g}]"
 
@@ -70,8 +76,13 @@ def judge(base: list[float], cur: list[float], rule: Rule, test: SignificanceTes
     ratio = _worse_ratio(b, c, rule.better)
     change = ratio - 1 if ratio >= 1 else -(1 / ratio - 1)
     if len(base_arr) < 2 or len(cur_arr) < 2:
-        return Judgement(NOT_MEANINGFUL, b, c, change, f"{len(base_arr)} vs {len(cur_arr)} samples; "
-                         f"run with repeats >= 2 (5 or more for a useful test)")
+        return Judgement(
+            NOT_MEANINGFUL,
+            b,
+            c,
+            change,
+            f"{len(base_arr)} vs {len(cur_arr)} samples; run with repeats >= 2 (5 or more for a useful test)",
+        )
     worse, other = (cur_arr, base_arr) if rule.better == "lower" else (-cur_arr, -base_arr)
     if test.method == "bootstrap":
         worse, other = (cur_arr, base_arr) if rule.better == "lower" else (base_arr, cur_arr)

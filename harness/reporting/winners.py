@@ -39,8 +39,7 @@ def resolve_baseline(frame: pd.DataFrame, name: str, explicit: bool) -> str | No
     if name in systems:
         return name
     if explicit:
-        raise UserError(f"report.baseline={name!r} is not in the sweep; its allocators: "
-                        f"{', '.join(systems) or 'none'}")
+        raise UserError(f"report.baseline={name!r} is not in the sweep; its allocators: {', '.join(systems) or 'none'}")
     if len(systems) < 2:
         return None
     rank = {system: i for i, system in enumerate(ALLOCATOR_ORDER)}
@@ -61,10 +60,14 @@ def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
         best = rows.loc[rows[METRIC].idxmin()]
         tied = rows.loc[rows[METRIC] <= best[METRIC] * (1 + TIE), "allocator"]
         base = rows[rows["allocator"] == baseline]
-        entry = {"setting": point_labels(rows.iloc[:1], keys).iloc[0] if keys else "all points",
-                 "winner": " = ".join(tied), METRIC: best[METRIC],
-                 "request_throughput": best.get("request_throughput"),
-                 "latency_vs_baseline": float("nan"), "throughput_vs_baseline": float("nan")}
+        entry = {
+            "setting": point_labels(rows.iloc[:1], keys).iloc[0] if keys else "all points",
+            "winner": " = ".join(tied),
+            METRIC: best[METRIC],
+            "request_throughput": best.get("request_throughput"),
+            "latency_vs_baseline": float("nan"),
+            "throughput_vs_baseline": float("nan"),
+        }
         if len(base):
             entry["latency_vs_baseline"] = base[METRIC].iloc[0] / best[METRIC]
             if "request_throughput" in rows:

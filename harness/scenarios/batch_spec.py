@@ -76,19 +76,19 @@ def parse(text) -> BatchSpec:
     if sep:
         match = _WINDOW.fullmatch(window_part)
         if not match or _number(*match.groups()) == 0:
-            raise UserError(f"batch={text!r}: bad window {window_part!r}; write :wN with N >= 1 "
-                            f"tokens ({EXAMPLES})")
+            raise UserError(f"batch={text!r}: bad window {window_part!r}; write :wN with N >= 1 tokens ({EXAMPLES})")
         window = _number(*match.groups())
     groups = []
     for part in body.split("+"):
         match = _GROUP.fullmatch(part)
         if not match:
-            raise UserError(f"batch={text!r}: bad part {part!r}; each part is COUNT d|p LENGTH, "
-                            f"numbers plain or with k = 1024 ({EXAMPLES})")
+            raise UserError(
+                f"batch={text!r}: bad part {part!r}; each part is COUNT d|p LENGTH, "
+                f"numbers plain or with k = 1024 ({EXAMPLES})"
+            )
         count_digits, count_k, kind, length_digits, length_k = match.groups()
         count, length = _number(count_digits, count_k), _number(length_digits, length_k)
         if count == 0 or length == 0:
-            raise UserError(f"batch={text!r}: part {part!r} has a zero count or length; "
-                            f"both must be >= 1")
+            raise UserError(f"batch={text!r}: part {part!r} has a zero count or length; both must be >= 1")
         groups.append(SeqGroup(count, kind, length))
     return BatchSpec(text, tuple(groups), window)

@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.core.engine import Engine
 from kvbench.core.recorder import Recorder
 from kvbench.core.request_log import RequestLog
-from kvbench.core.serving_metrics import goodput_slos
 from kvbench.core.scheduler import Scheduler
+from kvbench.core.serving_metrics import goodput_slos
 from kvbench.core.spec import Hardware, ModelSpec, kv_capacity_bytes
 from kvbench.errors import UserError
 from kvbench.registry import default_registry
@@ -39,8 +39,10 @@ def plugin_cfg(cfg: DictConfig, kind: str) -> dict:
 
 
 def load_specs(cfg: DictConfig) -> tuple[ModelSpec, Hardware]:
-    return (ModelSpec.from_cfg(OmegaConf.to_container(cfg.model, resolve=True)),
-            Hardware.from_cfg(OmegaConf.to_container(cfg.hardware, resolve=True)))
+    return (
+        ModelSpec.from_cfg(OmegaConf.to_container(cfg.model, resolve=True)),
+        Hardware.from_cfg(OmegaConf.to_container(cfg.hardware, resolve=True)),
+    )
 
 
 def resolve_device(choice: str):
@@ -62,9 +64,11 @@ def allocator_class(cfg: DictConfig, model: ModelSpec) -> tuple[type, dict]:
     cls = default_registry().get("allocator", options.pop("name"))
     unserved = [k for k in dict.fromkeys(model.layer_kinds) if k not in cls.layer_kinds]
     if unserved:
-        raise UserError(f"allocator {cls.name} cannot hold the {' and '.join(unserved)} layers of model "
-                        f"{model.name} (it holds: {', '.join(cls.layer_kinds)}); use +allocator=hybrid "
-                        f"(allocator.policy=as_full keeps every layer as full attention)")
+        raise UserError(
+            f"allocator {cls.name} cannot hold the {' and '.join(unserved)} layers of model "
+            f"{model.name} (it holds: {', '.join(cls.layer_kinds)}); use +allocator=hybrid "
+            f"(allocator.policy=as_full keeps every layer as full attention)"
+        )
     return cls, options
 
 
@@ -96,7 +100,8 @@ def kv_slots(cfg: DictConfig, model: ModelSpec, hardware: Hardware) -> int:
         raise UserError(
             f"{model.name} weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV memory on "
             f"{hardware.num_gpus} x {hardware.name} at utilization {hardware.gpu_memory_utilization}; "
-            f"raise hardware.num_gpus or set engine.kv_cache_bytes")
+            f"raise hardware.num_gpus or set engine.kv_cache_bytes"
+        )
     return int(kv_bytes // model.kv_bytes_per_token)
 
 
@@ -110,9 +115,14 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
             swap_slots = int(float(cfg.engine.swap_space_bytes) // model.kv_bytes_per_token)
         allocator.enable_swap(swap_slots)
     sched = cfg.scheduler
-    scheduler = Scheduler(allocator, int(sched.max_num_seqs), int(sched.max_num_batched_tokens),
-                          bool(sched.chunked_prefill), preemption,
-                          bool(sched.get("watermark_when_idle", True)))
+    scheduler = Scheduler(
+        allocator,
+        int(sched.max_num_seqs),
+        int(sched.max_num_batched_tokens),
+        bool(sched.chunked_prefill),
+        preemption,
+        bool(sched.get("watermark_when_idle", True)),
+    )
     return Engine(scheduler, make_executor(allocator), build_recorder(cfg), bool(cfg.progress), int(cfg.seed))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench.arith import cdiv
 from kvbench.core.spec import Hardware, ModelSpec
 from kvbench.errors import UserError
 from kvbench.plugins.backends.eager import EagerBackend
@@ -26,8 +27,13 @@ from kvbench.scenarios.build import allocator_class, backend_class, load_specs, 
 
 QUANTILES = (0.1, 0.5, 0.9)
 # torch.cuda.get_device_name() fragment -> hardware profile (first match wins).
-GPU_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100-SXM4-80GB", "a100-80gb"),
-                ("A100 80GB", "a100-80gb"), ("A100", "a100-40gb"))
+GPU_PROFILES = (
+    ("H200", "h200"),
+    ("H100", "h100-sxm"),
+    ("A100-SXM4-80GB", "a100-80gb"),
+    ("A100 80GB", "a100-80gb"),
+    ("A100", "a100-40gb"),
+)
 
 
 def interpreting(device: torch.device) -> bool:
@@ -45,14 +51,16 @@ def roofline_hardware(cfg: DictConfig, device: torch.device) -> Hardware:
     return Hardware.from_cfg(OmegaConf.to_container(cfg.hardware, resolve=True))
 
 
-def bytes_moved(spec: batch_spec.BatchSpec, model: ModelSpec, dtype_bytes: int, block_size: int,
-                paged: bool) -> int:
+def bytes_moved(spec: batch_spec.BatchSpec, model: ModelSpec, dtype_bytes: int, block_size: int, paged: bool) -> int:
     """Bytes one attention layer must move at least: each visible K/V once, q, o, the layout."""
-    visible = sum(min(g.length, spec.window) if spec.window and g.kind == "d" else g.length
-                  for g in spec.groups for _ in range(g.count))
+    visible = sum(
+        min(g.length, spec.window) if spec.window and g.kind == "d" else g.length
+        for g in spec.groups
+        for _ in range(g.count)
+    )
     kv = visible * model.num_kv_heads * model.head_dim * 2 * dtype_bytes
     q_and_o = spec.num_tokens * model.num_heads * model.head_dim * 2 * dtype_bytes
-    layout = (sum(-(-n // block_size) for n in spec.seq_lens) * 4 if paged else spec.num_seqs * 8)
+    layout = sum(cdiv(n, block_size) for n in spec.seq_lens) * 4 if paged else spec.num_seqs * 8
     return kv + q_and_o + layout + spec.num_seqs * 4  # + seq_lens
 
 
@@ -72,8 +80,7 @@ def time_cuda(fn, sc: DictConfig, graph: bool) -> list[float]:
     if graph:
         ms = triton.testing.do_bench_cudagraph(fn, rep=int(sc.rep_ms), quantiles=list(QUANTILES))
     else:
-        ms = triton.testing.do_bench(fn, warmup=int(sc.warmup_ms), rep=int(sc.rep_ms),
-                                     quantiles=list(QUANTILES))
+        ms = triton.testing.do_bench(fn, warmup=int(sc.warmup_ms), rep=int(sc.rep_ms), quantiles=list(QUANTILES))
     return [m * 1e-3 for m in ms]
 
 
@@ -95,22 +102,27 @@ def run(cfg: DictConfig) -> list[dict]:
     device = resolve_device(str(sc.device))
     dtype = kernel_case.TORCH_DTYPES.get(model.dtype)
     if dtype is None:
-        raise UserError(f"model.dtype={model.dtype} has no kernel; use one of "
-                        f"{', '.join(kernel_case.TORCH_DTYPES)}")
+        raise UserError(f"model.dtype={model.dtype} has no kernel; use one of {', '.join(kernel_case.TORCH_DTYPES)}")
     allocator_cls, alloc_options = allocator_class(cfg, model)
-    backend_cls = backend_class(cfg, device, dtype, allocator_cls.layout, [spec.window],
-                                f"batch={spec.text} on {device.type} {model.dtype} ({allocator_cls.layout} layout)")
+    backend_cls = backend_class(
+        cfg,
+        device,
+        dtype,
+        allocator_cls.layout,
+        [spec.window],
+        f"batch={spec.text} on {device.type} {model.dtype} ({allocator_cls.layout} layout)",
+    )
 
     longest = max(spec.seq_lens)
     max_model_len = max(model.max_model_len, longest)
-    allocator = allocator_cls(num_slots=2 * spec.num_seqs * (max_model_len + 256),
-                              max_model_len=max_model_len, model=model, **alloc_options)
+    allocator = allocator_cls(
+        num_slots=2 * spec.num_seqs * (max_model_len + 256), max_model_len=max_model_len, model=model, **alloc_options
+    )
     case = kernel_case.build(spec, model, allocator, dtype, device, int(cfg.seed))
     backend = backend_cls()
 
     def attend(meta):
-        return lambda: backend.forward(case.query, case.k_cache, case.v_cache, meta, case.scale,
-                                       spec.window)
+        return lambda: backend.forward(case.query, case.k_cache, case.v_cache, meta, case.scale, spec.window)
 
     on_cuda = device.type == "cuda"
     capturable = bool(getattr(backend_cls, "cuda_graph_capturable", False))
@@ -120,12 +132,19 @@ def run(cfg: DictConfig) -> list[dict]:
 
     p10, p50, p90 = latency(case.meta)
     row = {
-        "batch_spec": spec.text, "num_seqs": spec.num_seqs, "num_tokens": spec.num_tokens,
-        "context_len": spec.kv_tokens / spec.num_seqs, "kv_tokens": spec.kv_tokens,
-        "window": spec.window, "layout": allocator.layout, "dtype": model.dtype,
+        "batch_spec": spec.text,
+        "num_seqs": spec.num_seqs,
+        "num_tokens": spec.num_tokens,
+        "context_len": spec.kv_tokens / spec.num_seqs,
+        "kv_tokens": spec.kv_tokens,
+        "window": spec.window,
+        "layout": allocator.layout,
+        "dtype": model.dtype,
         "device": torch.cuda.get_device_name(device) if on_cuda else "cpu",
         "timer": "do_bench" if on_cuda else "torch_timer",
-        "latency_us_p50": p50 * 1e6, "latency_us_p10": p10 * 1e6, "latency_us_p90": p90 * 1e6,
+        "latency_us_p50": p50 * 1e6,
+        "latency_us_p10": p10 * 1e6,
+        "latency_us_p90": p90 * 1e6,
     }
     device_s = p50
     if on_cuda and capturable and sc.cuda_graph:
@@ -133,13 +152,20 @@ def run(cfg: DictConfig) -> list[dict]:
         row["latency_us_cudagraph_p50"] = device_s * 1e6
     hardware = roofline_hardware(cfg, device)
     moved = bytes_moved(spec, model, model.dtype_bytes, allocator.block_size, allocator.layout == "paged")
-    row.update(bytes_moved=moved, achieved_gbps=moved / p50 / 1e9,
-               roofline_frac=moved / p50 / hardware.hbm_bytes_per_s, roofline_hardware=hardware.name)
+    row.update(
+        bytes_moved=moved,
+        achieved_gbps=moved / p50 / 1e9,
+        roofline_frac=moved / p50 / hardware.hbm_bytes_per_s,
+        roofline_hardware=hardware.name,
+    )
 
     if sc.check_error:
         out = attend(case.meta)()
-        reference = out if backend_cls.name == "eager" else EagerBackend().forward(
-            case.query, case.k_cache, case.v_cache, case.meta, case.scale, spec.window)
+        reference = (
+            out
+            if backend_cls.name == "eager"
+            else EagerBackend().forward(case.query, case.k_cache, case.v_cache, case.meta, case.scale, spec.window)
+        )
         row["max_abs_err_vs_eager"] = float((out.float() - reference.float()).abs().max())
     if case.contiguous_meta is not None and sc.paging_overhead:
         contiguous_p50 = latency(case.contiguous_meta)[1]
@@ -148,7 +174,12 @@ def run(cfg: DictConfig) -> list[dict]:
         row["paging_overhead"] = float("nan")  # the layout is already contiguous
 
     launch_s = host_launch_s(attend(case.meta), device) if on_cuda else p50
-    row.update(schedule_s=0.0, prepare_s=0.0, launch_s=launch_s, device_s=device_s,
-               cpu_overhead_frac=max(0.0, launch_s - device_s) / max(launch_s, device_s),
-               interpreted=interpreting(device))
+    row.update(
+        schedule_s=0.0,
+        prepare_s=0.0,
+        launch_s=launch_s,
+        device_s=device_s,
+        cpu_overhead_frac=max(0.0, launch_s - device_s) / max(launch_s, device_s),
+        interpreted=interpreting(device),
+    )
     return [row]

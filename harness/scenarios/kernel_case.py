@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.arith import cdiv
 from kvbench.core.sequence import Request, Sequence
 from kvbench.core.spec import ModelSpec
 from kvbench.plugins.allocators.base import KVAllocator
@@ -38,8 +39,9 @@ def place(spec: BatchSpec, allocator: KVAllocator) -> list[Sequence]:
     for seq_id, seq_len in enumerate(spec.seq_lens):
         seq = Sequence(seq_id, Request(seq_id, 0.0, prompt_len=seq_len, output_len=1), seq_len)
         if not (allocator.admit(seq) and allocator.grow(seq, seq_len)):
-            raise RuntimeError(f"{allocator.name} could not place sequence {seq_id} "
-                               f"({seq_len} tokens) in {allocator.num_slots} slots")
+            raise RuntimeError(
+                f"{allocator.name} could not place sequence {seq_id} ({seq_len} tokens) in {allocator.num_slots} slots"
+            )
         seq.num_computed = seq_len
         seqs.append(seq)
     return seqs
@@ -51,12 +53,11 @@ def _paged_tables(allocator: KVAllocator, seqs: list[Sequence], gen: torch.Gener
     physical = torch.randperm(num_blocks, generator=gen)
     block_tables = torch.zeros(len(seqs), max(len(t) for t in tables), dtype=torch.int32)
     for row, table in enumerate(tables):
-        block_tables[row, :len(table)] = physical[table].to(torch.int32)
+        block_tables[row, : len(table)] = physical[table].to(torch.int32)
     return block_tables, num_blocks
 
 
-def _metadata(spec: BatchSpec, block_size: int, device, *, block_tables=None,
-              seq_starts=None) -> AttentionMetadata:
+def _metadata(spec: BatchSpec, block_size: int, device, *, block_tables=None, seq_starts=None) -> AttentionMetadata:
     seq_lens = torch.tensor(spec.seq_lens, dtype=torch.int32)
     query_lens = torch.tensor(spec.query_lens)
     query_start_loc = torch.zeros(spec.num_seqs + 1, dtype=torch.int32)
@@ -71,15 +72,20 @@ def _metadata(spec: BatchSpec, block_size: int, device, *, block_tables=None,
             slots = seq_starts[seq] + positions
         slot_mapping.append(slots)
     return AttentionMetadata(
-        query_start_loc=query_start_loc.to(device), seq_lens=seq_lens.to(device),
-        slot_mapping=torch.cat(slot_mapping).to(device), block_size=block_size,
-        max_query_len=max(spec.query_lens), max_seq_len=max(spec.seq_lens),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=seq_lens.to(device),
+        slot_mapping=torch.cat(slot_mapping).to(device),
+        block_size=block_size,
+        max_query_len=max(spec.query_lens),
+        max_seq_len=max(spec.seq_lens),
         block_tables=None if block_tables is None else block_tables.to(device),
-        seq_starts=None if seq_starts is None else seq_starts.to(device))
+        seq_starts=None if seq_starts is None else seq_starts.to(device),
+    )
 
 
-def build(spec: BatchSpec, model: ModelSpec, allocator: KVAllocator, dtype: torch.dtype,
-          device: torch.device, seed: int) -> KernelCase:
+def build(
+    spec: BatchSpec, model: ModelSpec, allocator: KVAllocator, dtype: torch.dtype, device: torch.device, seed: int
+) -> KernelCase:
     gen = torch.Generator().manual_seed(seed)
     block_size = allocator.block_size
     seqs = place(spec, allocator)
@@ -92,9 +98,9 @@ def build(spec: BatchSpec, model: ModelSpec, allocator: KVAllocator, dtype: torc
     else:
         seq_starts = torch.tensor([allocator.slot_start(s) for s in seqs], dtype=torch.int64)
         end = max(int(start) + n for start, n in zip(seq_starts, spec.seq_lens))
-        num_blocks = -(-end // block_size)
+        num_blocks = cdiv(end, block_size)
         meta, contiguous = _metadata(spec, block_size, device, seq_starts=seq_starts), None
-    num_blocks = max(num_blocks, -(-spec.kv_tokens // block_size))  # room for the reference too
+    num_blocks = max(num_blocks, cdiv(spec.kv_tokens, block_size))  # room for the reference too
 
     values = torch.Generator(device=device).manual_seed(seed)
 
@@ -102,6 +108,11 @@ def build(spec: BatchSpec, model: ModelSpec, allocator: KVAllocator, dtype: torc
         return torch.randn(shape, generator=values, device=device, dtype=dtype)
 
     cache_shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-    return KernelCase(query=random(spec.num_tokens, model.num_heads, model.head_dim),
-                      k_cache=random(*cache_shape), v_cache=random(*cache_shape), meta=meta,
-                      contiguous_meta=contiguous, scale=model.head_dim ** -0.5)
+    return KernelCase(
+        query=random(spec.num_tokens, model.num_heads, model.head_dim),
+        k_cache=random(*cache_shape),
+        v_cache=random(*cache_shape),
+        meta=meta,
+        contiguous_meta=contiguous,
+        scale=model.head_dim**-0.5,
+    )

@@ -43,8 +43,10 @@ def lengths(scenario: DictConfig, key: str, max_model_len: int) -> list[int]:
     for value in scenario[key]:
         length = max_model_len if str(value) == "max" else value
         if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= max_model_len:
-            raise UserError(f"scenario.{key} has {value!r}: each entry must be an integer in "
-                            f"1..{max_model_len} (model.max_model_len) or max")
+            raise UserError(
+                f"scenario.{key} has {value!r}: each entry must be an integer in "
+                f"1..{max_model_len} (model.max_model_len) or max"
+            )
         values.append(length)
     return sorted(set(values))
 
@@ -60,15 +62,21 @@ def counts(scenario: DictConfig, key: str) -> list[int]:
 def grid(scenario: DictConfig, max_model_len: int, max_num_seqs: int, max_num_tokens: int) -> tuple[list, int]:
     """The shapes to time, and how many of the configured ones the scheduler's limits rule out."""
     tokens = lambda key: lengths(scenario, key, max_model_len)
-    wanted = [Shape(prefill_seqs=p, prefill_len=n) for p in counts(scenario, "prefill_seqs")
-              for n in tokens("prefill_len")]
-    wanted += [Shape(decode_seqs=b, decode_context=c) for b in counts(scenario, "decode_batch")
-               for c in tokens("decode_context")]
-    wanted += [Shape(prefill_seqs=1, prefill_len=n, decode_seqs=b, decode_context=c)
-               for b in counts(scenario, "mixed_batch") for n in tokens("mixed_prefill_len")
-               for c in tokens("decode_context")]
-    shapes = [s for s in wanted
-              if s.prefill_seqs + s.decode_seqs <= max_num_seqs and s.num_tokens <= max_num_tokens]
+    wanted = [
+        Shape(prefill_seqs=p, prefill_len=n) for p in counts(scenario, "prefill_seqs") for n in tokens("prefill_len")
+    ]
+    wanted += [
+        Shape(decode_seqs=b, decode_context=c)
+        for b in counts(scenario, "decode_batch")
+        for c in tokens("decode_context")
+    ]
+    wanted += [
+        Shape(prefill_seqs=1, prefill_len=n, decode_seqs=b, decode_context=c)
+        for b in counts(scenario, "mixed_batch")
+        for n in tokens("mixed_prefill_len")
+        for c in tokens("decode_context")
+    ]
+    shapes = [s for s in wanted if s.prefill_seqs + s.decode_seqs <= max_num_seqs and s.num_tokens <= max_num_tokens]
     return shapes, len(wanted) - len(shapes)
 
 
@@ -108,28 +116,53 @@ def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
     real = real_model(cfg)
     spec = real.spec
     allocator = build_allocator(cfg, spec, int(scenario.kv_cache_tokens))
-    timer = StepTimer(allocator, real.executor(allocator), int(sched.max_num_seqs),
-                      int(sched.max_num_batched_tokens), spec.vocab_size, int(cfg.seed),
-                      step_clock(scenario, real.device))
+    timer = StepTimer(
+        allocator,
+        real.executor(allocator),
+        int(sched.max_num_seqs),
+        int(sched.max_num_batched_tokens),
+        spec.vocab_size,
+        int(cfg.seed),
+        step_clock(scenario, real.device),
+    )
     measured = measure(timer, shapes, warmup, repeats, progress)
     if len(measured) < len(FEATURES) + 1:
-        raise UserError(f"only {len(measured)} of the grid's shapes fit scheduler.* and scenario.kv_cache_tokens="
-                        f"{scenario.kv_cache_tokens}; widen them or the grid")
-    identity = {"model": spec.name, "model_shape": model_shape(spec), "dtype": spec.dtype,
-                "device": device_name(real.device), "backend": plugin_cfg(cfg, "backend")["name"],
-                "graph": plugin_cfg(cfg, "graph")["name"], "allocator": allocator.name,
-                "block_size": allocator.block_size, "cpu_threads": scenario.get("cpu_threads"),
-                "clock": str(scenario.get("clock", "wall"))}
+        raise UserError(
+            f"only {len(measured)} of the grid's shapes fit scheduler.* and scenario.kv_cache_tokens="
+            f"{scenario.kv_cache_tokens}; widen them or the grid"
+        )
+    identity = {
+        "model": spec.name,
+        "model_shape": model_shape(spec),
+        "dtype": spec.dtype,
+        "device": device_name(real.device),
+        "backend": plugin_cfg(cfg, "backend")["name"],
+        "graph": plugin_cfg(cfg, "graph")["name"],
+        "allocator": allocator.name,
+        "block_size": allocator.block_size,
+        "cpu_threads": scenario.get("cpu_threads"),
+        "clock": str(scenario.get("clock", "wall")),
+    }
     rows = []
     for shape, steps in measured.items():
         seconds = np.array([s.seconds for s in steps])
         first = steps[0]
-        rows.append({**identity, "phase": shape.phase, "prefill_seqs": shape.prefill_seqs,
-                     "prefill_len": shape.prefill_len, "decode_seqs": shape.decode_seqs,
-                     "decode_context": shape.decode_context,
-                     **{f: getattr(first, f) for f in FEATURES}, "repeats": len(seconds),
-                     "time_s_median": float(np.median(seconds)), "time_s_p10": float(np.percentile(seconds, 10)),
-                     "time_s_p90": float(np.percentile(seconds, 90)), "time_s_mean": float(seconds.mean())})
+        rows.append(
+            {
+                **identity,
+                "phase": shape.phase,
+                "prefill_seqs": shape.prefill_seqs,
+                "prefill_len": shape.prefill_len,
+                "decode_seqs": shape.decode_seqs,
+                "decode_context": shape.decode_context,
+                **{f: getattr(first, f) for f in FEATURES},
+                "repeats": len(seconds),
+                "time_s_median": float(np.median(seconds)),
+                "time_s_p10": float(np.percentile(seconds, 10)),
+                "time_s_p90": float(np.percentile(seconds, 90)),
+                "time_s_mean": float(seconds.mean()),
+            }
+        )
     return rows, ruled_out + len(shapes) - len(measured)
 
 
@@ -148,12 +181,18 @@ def run(cfg: DictConfig) -> list[dict]:
     path = folder / "profile.csv"
     write_csv(path, rows)
     sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
-    summary = {"profile": str(path), "profile_sha256": sha256, "profile_shapes": len(rows),
-               "profile_shapes_skipped": skipped, "profile_s": profile_s, "profile_cpu_s": profile_cpu_s,
-               "fit_form": report.model.form,
-               "fit_heldout_median_err": report.heldout_median, "fit_heldout_max_err": report.heldout_max,
-               "fit_heldout_shapes": report.num_heldout}
-    fit_doc = {**summary, "model": report.model.as_dict(),
-               "heldout_median_err_by_form": report.scores}
+    summary = {
+        "profile": str(path),
+        "profile_sha256": sha256,
+        "profile_shapes": len(rows),
+        "profile_shapes_skipped": skipped,
+        "profile_s": profile_s,
+        "profile_cpu_s": profile_cpu_s,
+        "fit_form": report.model.form,
+        "fit_heldout_median_err": report.heldout_median,
+        "fit_heldout_max_err": report.heldout_max,
+        "fit_heldout_shapes": report.num_heldout,
+    }
+    fit_doc = {**summary, "model": report.model.as_dict(), "heldout_median_err_by_form": report.scores}
     write_atomic(folder / "profile_fit.json", json.dumps(fit_doc, indent=2) + "\n")
     return [{**summary, "device": rows[0]["device"], "dtype": rows[0]["dtype"]}]

@@ -14,7 +14,7 @@ import json
 import math
 import numbers
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 from kvbench.errors import UserError
 
@@ -50,8 +50,9 @@ def aggregate(repeats: list[list[dict]]) -> list[dict]:
             finite = [float(x) for x in pooled if math.isfinite(x)]
             row[key] = statistics.median(finite) if finite else math.nan
             samples[key] = [float(x) for x in pooled]
-        row.update(repeats=len(next(iter(samples.values()), rows)),
-                   **{SAMPLES: json.dumps(samples, separators=(",", ":"))})
+        row.update(
+            repeats=len(next(iter(samples.values()), rows)), **{SAMPLES: json.dumps(samples, separators=(",", ":"))}
+        )
         merged.append(row)
     return merged
 
@@ -73,7 +74,7 @@ def interleaved_order(names: list[str], repeats: int):
     """(repeat, name) pairs, the order reversed every other repeat (ABBA): drift in the host's
     load during the measurement then falls on every configuration alike."""
     for index in range(repeats):
-        for name in (names if index % 2 == 0 else names[::-1]):
+        for name in names if index % 2 == 0 else names[::-1]:
             yield index, name
 
 

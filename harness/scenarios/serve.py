@@ -31,12 +31,18 @@ from kvbench.executors.hybrid_executor import HybridModelExecutor
 from kvbench.executors.model_executor import ModelExecutor
 from kvbench.model.decoder import TinyDecoder
 from kvbench.model.sampling import SamplingParams
-from kvbench.scenarios.build import (allocator_class, backend_class, build_allocator, build_engine, graph_mode,
-                                     load_specs, resolve_device)
+from kvbench.scenarios.build import (
+    allocator_class,
+    backend_class,
+    build_allocator,
+    build_engine,
+    graph_mode,
+    load_specs,
+    resolve_device,
+)
 from kvbench.scenarios.kernel_case import TORCH_DTYPES
 from kvbench.scenarios.simulate import preemption_report
 from kvbench.scenarios.synthetic_steps import Shape, StepTimer
-
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
@@ -91,8 +97,10 @@ def step_clock(scenario: DictConfig, device: torch.device, async_scheduling: boo
     if name not in CLOCKS:
         raise UserError(f"scenario.clock={name!r} is not one of {', '.join(CLOCKS)}")
     if name == "cpu" and (device.type != "cpu" or scenario.get("cpu_threads") != 1 or async_scheduling):
-        raise UserError("scenario.clock=cpu needs device cpu, scenario.cpu_threads=1 and no async "
-                        "scheduling: only then is the process's CPU time the step's duration")
+        raise UserError(
+            "scenario.clock=cpu needs device cpu, scenario.cpu_threads=1 and no async "
+            "scheduling: only then is the process's CPU time the step's duration"
+        )
     return CLOCKS[name]
 
 
@@ -110,8 +118,15 @@ class RealModel:
     def executor(self, allocator, swap_slots: int = 0, async_scheduling: bool = False):
         # an allocator that lays out each layer kind apart needs the executor that reads that layout
         executor_cls = HybridModelExecutor if allocator.per_layer_kind_layout else ModelExecutor
-        return executor_cls(self.model, allocator, self.backend_cls(), self.sampling, swap_slots=swap_slots,
-                            graph=self.graph, async_scheduling=async_scheduling)
+        return executor_cls(
+            self.model,
+            allocator,
+            self.backend_cls(),
+            self.sampling,
+            swap_slots=swap_slots,
+            graph=self.graph,
+            async_scheduling=async_scheduling,
+        )
 
 
 def real_model(cfg: DictConfig) -> RealModel:
@@ -121,8 +136,11 @@ def real_model(cfg: DictConfig) -> RealModel:
     device = resolve_device(str(scenario.device))
     model_spec = replace(model_spec, dtype=resolve_dtype(str(scenario.dtype), device))
     dtype = TORCH_DTYPES[model_spec.dtype]
-    sampling = SamplingParams(float(scenario.sampling.temperature), float(scenario.sampling.top_p), int(cfg.seed)) \
-        if "sampling" in scenario else SamplingParams(seed=int(cfg.seed))
+    sampling = (
+        SamplingParams(float(scenario.sampling.temperature), float(scenario.sampling.top_p), int(cfg.seed))
+        if "sampling" in scenario
+        else SamplingParams(seed=int(cfg.seed))
+    )
     allocator_cls, _ = allocator_class(cfg, model_spec)
     windows = [model_spec.window if k == "window" else 0 for k in model_spec.layer_kinds]
     backend_cls = backend_class(cfg, device, dtype, allocator_cls.layout, windows)
@@ -153,11 +171,13 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     _, hardware = load_specs(cfg)
     async_scheduling = bool(cfg.engine.get("async_scheduling", False))
     served = serve_workload(cfg)
-    requests = workload.generate(served, int(cfg.seed), model_spec.max_model_len,
-                                 with_tokens=True, vocab_size=model_spec.vocab_size)
+    requests = workload.generate(
+        served, int(cfg.seed), model_spec.max_model_len, with_tokens=True, vocab_size=model_spec.vocab_size
+    )
     kv_bytes = cfg.engine.get("kv_cache_bytes")
-    num_slots = (int(float(kv_bytes) // model_spec.kv_bytes_per_token) if kv_bytes is not None
-                 else int(scenario.kv_cache_tokens))
+    num_slots = (
+        int(float(kv_bytes) // model_spec.kv_bytes_per_token) if kv_bytes is not None else int(scenario.kv_cache_tokens)
+    )
     if num_slots < 1:
         raise UserError(f"the serve KV pool must hold at least one token (scenario.kv_cache_tokens={num_slots})")
     swap_slots = int(scenario.swap_space_tokens)
@@ -186,16 +206,23 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     executor = engine.executor
     if async_scheduling:
         executor.drain()
-    row.update(executor.time_split(engine.recorder.schedule_s, engine.recorder.step_dt),
-               async_scheduling=async_scheduling, dropped_requests=requests.dropped)
+    row.update(
+        executor.time_split(engine.recorder.schedule_s, engine.recorder.step_dt),
+        async_scheduling=async_scheduling,
+        dropped_requests=requests.dropped,
+    )
     row.update(preemption_report(engine, model_spec, hardware, row), swap_time_s=executor.swap_s)
     if any(r.prefix_id >= 0 for r in requests):
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)
     rate = float(served["rate"])
     sampling = real.sampling
-    row.update(device=str(device), dtype=model_spec.dtype, rate="inf" if math.isinf(rate) else rate,
-               clock=str(scenario.get("clock", "wall")),
-               sampling="greedy" if sampling.greedy else f"t={sampling.temperature},top_p={sampling.top_p}")
+    row.update(
+        device=str(device),
+        dtype=model_spec.dtype,
+        rate="inf" if math.isinf(rate) else rate,
+        clock=str(scenario.get("clock", "wall")),
+        sampling="greedy" if sampling.greedy else f"t={sampling.temperature},top_p={sampling.top_p}",
+    )
     return row, engine
 
 

@@ -19,8 +19,14 @@ EXECUTORS = ("roofline", "calibrated")
 
 
 def preemption_report(engine: Engine, model, hardware, row: dict) -> dict:
-    return preemption_costs(model, hardware, engine.allocator.block_size, row["swapped_blocks"],
-                            row["recomputed_tokens"], engine.scheduler.recomputed_pairs)
+    return preemption_costs(
+        model,
+        hardware,
+        engine.allocator.block_size,
+        row["swapped_blocks"],
+        row["recomputed_tokens"],
+        engine.scheduler.recomputed_pairs,
+    )
 
 
 def make_executor(cfg: DictConfig, model, hardware) -> tuple:
@@ -31,36 +37,54 @@ def make_executor(cfg: DictConfig, model, hardware) -> tuple:
         raise UserError(f"executor={name!r} is not one of {', '.join(EXECUTORS)}")
     if name == "roofline":
         return CostModelExecutor(model, hardware), {"executor": "roofline"}
-    from kvbench.executors.calibrated import (CalibratedExecutor, check_profile, load_profile,
-                                              local_device_name, model_shape)
+    from kvbench.executors.calibrated import (
+        CalibratedExecutor,
+        check_profile,
+        load_profile,
+        local_device_name,
+        model_shape,
+    )
 
     path = chosen.get("profile")
     if not path:
         raise UserError("executor=calibrated needs executor.profile=PATH (a profile.csv from bench scenario=profile)")
     profile = load_profile(str(path))
-    expected = {"model": model.name, "model_shape": model_shape(model), "dtype": model.dtype,
-                "backend": plugin_cfg(cfg, "backend")["name"], "graph": plugin_cfg(cfg, "graph")["name"]}
+    expected = {
+        "model": model.name,
+        "model_shape": model_shape(model),
+        "dtype": model.dtype,
+        "backend": plugin_cfg(cfg, "backend")["name"],
+        "graph": plugin_cfg(cfg, "graph")["name"],
+    }
     device = str(chosen.get("device", "local"))
     if device != "any":
         expected["device"] = local_device_name() if device == "local" else device
     check_profile(profile, expected)
     report = profile.report
     return CalibratedExecutor(profile, model, hardware), {
-        "executor": "calibrated", "executor_profile": profile.path, "executor_profile_sha256": profile.sha256,
-        "executor_fit_form": report.model.form, "executor_fit_heldout_median_err": report.heldout_median,
-        "executor_fit_heldout_max_err": report.heldout_max, "executor_device": profile.identity["device"]}
+        "executor": "calibrated",
+        "executor_profile": profile.path,
+        "executor_profile_sha256": profile.sha256,
+        "executor_fit_form": report.model.form,
+        "executor_fit_heldout_median_err": report.heldout_median,
+        "executor_fit_heldout_max_err": report.heldout_max,
+        "executor_device": profile.identity["device"],
+    }
 
 
 def simulate(cfg: DictConfig) -> tuple[dict, Engine]:
     """One simulated run: its result row and the engine (whose recorder holds the steps)."""
     model, hardware = load_specs(cfg)
-    requests = workload.generate(OmegaConf.to_container(cfg.workload, resolve=True), int(cfg.seed),
-                                 model.max_model_len, vocab_size=model.vocab_size)
+    requests = workload.generate(
+        OmegaConf.to_container(cfg.workload, resolve=True),
+        int(cfg.seed),
+        model.max_model_len,
+        vocab_size=model.vocab_size,
+    )
     executor, columns = make_executor(cfg, model, hardware)
     engine = build_engine(cfg, model, kv_slots(cfg, model, hardware), lambda allocator: executor)
     row = engine.run(requests)
-    row.update(preemption_report(engine, model, hardware, row), device="simulated",
-               dropped_requests=requests.dropped)
+    row.update(preemption_report(engine, model, hardware, row), device="simulated", dropped_requests=requests.dropped)
     row.update(columns)
     if any(r.prefix_id >= 0 for r in requests):
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)

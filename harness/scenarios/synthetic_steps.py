@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.core.scheduler import Scheduler
-from kvbench.core.sequence import Request, Sequence, SeqStatus
+from kvbench.core.sequence import Request, SeqStatus, Sequence
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,16 @@ class TimedStep:
 class StepTimer:
     """Times one step of a shape at a time on `executor`, whose KV pool `allocator` manages."""
 
-    def __init__(self, allocator, executor, max_num_seqs: int, max_num_batched_tokens: int,
-                 vocab_size: int, seed: int = 0, clock=time.perf_counter):
+    def __init__(
+        self,
+        allocator,
+        executor,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        vocab_size: int,
+        seed: int = 0,
+        clock=time.perf_counter,
+    ):
         self.allocator, self.executor, self.clock = allocator, executor, clock
         self.scheduler = Scheduler(allocator, max_num_seqs, max_num_batched_tokens)
         self.vocab_size = vocab_size

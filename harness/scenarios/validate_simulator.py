@@ -81,21 +81,33 @@ def table(measured: list[dict], simulated: list[dict]) -> list[dict]:
     for label, column in METRICS.items():
         real = [float(r[column]) for r in measured]
         sim = [float(r[column]) for r in simulated]
-        rows.append({"metric": label, "column": column,
-                     **{f"measured_{i + 1}": v for i, v in enumerate(real)},
-                     **{f"simulated_{i + 1}": v for i, v in enumerate(sim)},
-                     "measured_spread": spread(real), "simulated_spread": spread(sim),
-                     "rel_error": relative_error(float(np.mean(sim)), float(np.mean(real)))})
+        rows.append(
+            {
+                "metric": label,
+                "column": column,
+                **{f"measured_{i + 1}": v for i, v in enumerate(real)},
+                **{f"simulated_{i + 1}": v for i, v in enumerate(sim)},
+                "measured_spread": spread(real),
+                "simulated_spread": spread(sim),
+                "rel_error": relative_error(float(np.mean(sim)), float(np.mean(real))),
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict], head: str) -> str:
-    lines = [head, "", "| metric | measured (runs) | simulated | measured run-to-run spread | simulator error |",
-             "|---|---|---|---|---|"]
+    lines = [
+        head,
+        "",
+        "| metric | measured (runs) | simulated | measured run-to-run spread | simulator error |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
         real = " / ".join(f"{row[k]:.4g}" for k in row if k.startswith("measured_") and k[9:].isdigit())
-        lines.append(f"| {row['metric']} | {real} | {row['simulated_1']:.4g} | {100 * row['measured_spread']:.1f}% "
-                     f"| {100 * row['rel_error']:+.1f}% |")
+        lines.append(
+            f"| {row['metric']} | {real} | {row['simulated_1']:.4g} | {100 * row['measured_spread']:.1f}% "
+            f"| {100 * row['rel_error']:+.1f}% |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -109,8 +121,9 @@ def step_plot(measured_s: list, predicted_s: np.ndarray, sim_engine, path) -> fl
     smooth = lambda a: np.convolve(a, np.ones(15) / 15, mode="same") if len(a) > 15 else a
     over_run.plot(smooth(measured) * 1e3, label="measured (serve)", lw=1.2)
     over_run.plot(smooth(predicted_s) * 1e3, label="calibrated model, same batches", lw=1.2)
-    over_run.plot(smooth(np.asarray(sim_engine.recorder.step_dt)) * 1e3, label="simulated run's steps",
-                  lw=1.0, alpha=0.7)
+    over_run.plot(
+        smooth(np.asarray(sim_engine.recorder.step_dt)) * 1e3, label="simulated run's steps", lw=1.0, alpha=0.7
+    )
     over_run.set(xlabel="step", ylabel="step time, ms (15-step mean)", title="per-step time over the run")
     over_run.legend()
     scatter.scatter(measured * 1e3, predicted_s * 1e3, s=4, alpha=0.4)
@@ -163,14 +176,22 @@ def run(cfg: DictConfig) -> list[dict]:
     predicted = np.array([predict(*f) for f in logs[0].features])
     step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
     rate = float(base.workload.rate)
-    head = (f"Calibrated simulator vs serve: model {model.name}, allocator {plugin_cfg(cfg, 'allocator')['name']}, "
-            f"{len(engines[0].recorder.finished)} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
-            f"serve clock {measured[0]['clock']}; profile {profile} (sha256 {simulated[0]['executor_profile_sha256'][:12]}); "
-            f"median per-step error on run 1's batches {100 * step_err:.1f}%")
+    head = (
+        f"Calibrated simulator vs serve: model {model.name}, allocator {plugin_cfg(cfg, 'allocator')['name']}, "
+        f"{len(engines[0].recorder.finished)} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
+        f"serve clock {measured[0]['clock']}; profile {profile} "
+        f"(sha256 {simulated[0]['executor_profile_sha256'][:12]}); "
+        f"median per-step error on run 1's batches {100 * step_err:.1f}%"
+    )
     write_csv(folder / "validation.csv", rows)
     write_atomic(folder / "validation.md", markdown(rows, head))
-    common = {"rate": rate, "profile": str(profile), "executor_profile_sha256": simulated[0]["executor_profile_sha256"],
-              "step_err_median": step_err, "clock": measured[0]["clock"]}
+    common = {
+        "rate": rate,
+        "profile": str(profile),
+        "executor_profile_sha256": simulated[0]["executor_profile_sha256"],
+        "step_err_median": step_err,
+        "clock": measured[0]["clock"],
+    }
     return [{**common, **row} for row in rows]
 
 

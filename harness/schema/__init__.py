@@ -36,8 +36,11 @@ from kvbench.schema.memory import refuse_if_too_big
 from kvbench.schema.messages import allowed, closest, rule, show, unknown_key, validation_line
 
 # group -> (the key that picks the option's model, option -> model); the others have one model
-OPTION_GROUPS = {"scenario": ("name", groups.SCENARIOS), "workload": ("kind", groups.WORKLOADS),
-                 "executor": ("name", groups.EXECUTORS)}
+OPTION_GROUPS = {
+    "scenario": ("name", groups.SCENARIOS),
+    "workload": ("kind", groups.WORKLOADS),
+    "executor": ("name", groups.EXECUTORS),
+}
 SINGLE_GROUPS = {"model": groups.Model, "hardware": groups.Hardware}
 PLUGIN_GROUPS = tuple(groups.PLUGINS)
 # arguments the harness passes a plugin itself; never config options
@@ -61,8 +64,9 @@ def _option_model(group: str, node) -> type[BaseModel]:
         raise UserError(f"{group}={show(node)}: choose a {group} config ({', '.join(options)})")
     choice = node.get(key)
     if choice not in options:
-        raise UserError(f"{group}.{key}={show(choice)} must be one of {', '.join(options)}"
-                        f"{closest(str(choice), options)}")
+        raise UserError(
+            f"{group}.{key}={show(choice)} must be one of {', '.join(options)}{closest(str(choice), options)}"
+        )
     return options[choice]
 
 
@@ -96,22 +100,25 @@ def check_plugin_options(kind: str, cls: type, options: dict) -> None:
     accepted, hints = accepted_options(cls), _hints(cls)
     for key, value in options.items():
         if key not in accepted:
-            raise UserError(f"{kind} {cls.name} has no option {key!r}{closest(key, accepted)} "
-                            f"(it accepts: {', '.join(accepted) or 'none'})")
+            raise UserError(
+                f"{kind} {cls.name} has no option {key!r}{closest(key, accepted)} "
+                f"(it accepts: {', '.join(accepted) or 'none'})"
+            )
         hint = hints.get(key)
         if hint is not None:
             try:
                 TypeAdapter(hint).validate_python(value, strict=hint is bool)
             except ValidationError as err:
-                raise UserError(rule(f"{kind}.{key}={show(value)}", allowed(err.errors(include_url=False)[0]))) from None
+                raise UserError(
+                    rule(f"{kind}.{key}={show(value)}", allowed(err.errors(include_url=False)[0]))
+                ) from None
             except Exception:  # an annotation pydantic cannot check (a protocol, a forward ref)
                 pass
 
 
 def _plugin(kind: str, node) -> dict:
     if not isinstance(node, dict) or not isinstance(node.get("name"), str):
-        raise UserError(f"{kind}={show(node)}: choose a plugin with +{kind}=NAME "
-                        f"(or give {kind}.name)")
+        raise UserError(f"{kind}={show(node)}: choose a plugin with +{kind}=NAME (or give {kind}.name)")
     schema = groups.PLUGINS[kind].get(node["name"])
     if schema is not None:
         return _check(schema, node, kind).model_dump()
@@ -152,8 +159,11 @@ def validate(cfg: DictConfig | dict) -> dict:
             checked[kind] = _plugin(kind, data[kind])
     workload, model = checked["workload"], checked["model"]
     if workload.prefix_len >= model.max_model_len:
-        raise UserError(f"workload.prefix_len={workload.prefix_len} must be shorter than "
-                        f"max_model_len={model.max_model_len} (model.max_model_len)")
-    refuse_if_too_big(checked["root"], model, checked["hardware"], workload, checked["scenario"],
-                      checked.get("allocator") or {})
+        raise UserError(
+            f"workload.prefix_len={workload.prefix_len} must be shorter than "
+            f"max_model_len={model.max_model_len} (model.max_model_len)"
+        )
+    refuse_if_too_big(
+        checked["root"], model, checked["hardware"], workload, checked["scenario"], checked.get("allocator") or {}
+    )
     return checked

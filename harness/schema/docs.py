@@ -18,8 +18,12 @@ from pydantic import BaseModel
 from kvbench.schema import OPTION_GROUPS, PLUGIN_GROUPS, SINGLE_GROUPS, groups
 
 _LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<value>[^#]*?)(?:#\s*(?P<doc>.*))?$")
-_BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="), (annotated_types.Lt, "lt", "<"),
-           (annotated_types.Le, "le", "<="))
+_BOUNDS = (
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Ge, "ge", ">="),
+    (annotated_types.Lt, "lt", "<"),
+    (annotated_types.Le, "le", "<="),
+)
 
 
 def yaml_docs(text: str, prefix: str = "") -> dict[str, str]:
@@ -93,8 +97,12 @@ def allows_inf(field) -> bool:
 
 
 def describe(field) -> str:
-    bounds = [f"{sign} {getattr(m, attr):g}" for m in constraints(field)
-              for kind, attr, sign in _BOUNDS if isinstance(m, kind)]
+    bounds = [
+        f"{sign} {getattr(m, attr):g}"
+        for m in constraints(field)
+        for kind, attr, sign in _BOUNDS
+        if isinstance(m, kind)
+    ]
     finite = "inf ok" if allows_inf(field) else ""
     return ", ".join(part for part in [_type_name(field.annotation), *bounds, finite] if part)
 
@@ -124,8 +132,9 @@ def schema_fields():
 
 def describe_all(same_key: list) -> str:
     """One key's type across the options that have it (the options' names, for a choice key)."""
-    choices = [a for f in same_key if typing.get_origin(f.annotation) is typing.Literal
-               for a in typing.get_args(f.annotation)]
+    choices = [
+        a for f in same_key if typing.get_origin(f.annotation) is typing.Literal for a in typing.get_args(f.annotation)
+    ]
     if len(choices) == sum(len(typing.get_args(f.annotation)) for f in same_key) and choices:
         return "|".join(dict.fromkeys(str(c) for c in choices))
     return describe(same_key[0])

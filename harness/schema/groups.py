@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
 
 
 def _not_bool(value):
@@ -24,6 +33,8 @@ def _not_bool(value):
 
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
 def _finite_or_inf(rate: float) -> float:
     if math.isfinite(rate) and rate > 1e9:
         raise ValueError("must be <= 1e9 requests/s, or inf (every request at t=0)")
@@ -45,8 +56,9 @@ class Section(BaseModel):
 
 # --- top-level sections -------------------------------------------------------------------------
 
+
 class Engine(Section):
-    kv_cache_bytes: Optional[Float] = Field(None, gt=0, le=1024 * TB)
+    kv_cache_bytes: Float | None = Field(None, gt=0, le=1024 * TB)
     preemption: Literal["recompute", "swap"] = "recompute"
     swap_space_bytes: Float = Field(4.0e9, ge=0, le=1024 * TB)
     async_scheduling: Bool = False
@@ -79,7 +91,7 @@ def _milliseconds(value):
     return number
 
 
-SLO = Annotated[Optional[float], BeforeValidator(_milliseconds)]
+SLO = Annotated[float | None, BeforeValidator(_milliseconds)]
 
 
 class Goodput(Section):
@@ -91,9 +103,9 @@ class Goodput(Section):
 
 
 class Report(Section):
-    paper: Optional[Literal["fig2", "fig12", "fig13", "fig18", "fig19"]] = None
+    paper: Literal["fig2", "fig12", "fig13", "fig18", "fig19"] | None = None
     slo_s_per_token: Float = Field(0.5, gt=0, le=1e6)
-    baseline: Optional[str] = "contiguous"
+    baseline: str | None = "contiguous"
     goodput: Goodput = Goodput()
 
 
@@ -103,6 +115,7 @@ class Sweep(Section):
 
 # --- model / hardware ---------------------------------------------------------------------------
 
+
 class Model(Section):
     name: str = Field(description="the model's name in result rows")
     num_layers: Int = Field(ge=1, le=10_000, description="decoder layers")
@@ -111,16 +124,23 @@ class Model(Section):
     num_kv_heads: Int = Field(ge=1, le=10_000, description="K/V heads per layer (< num_heads: GQA); divides num_heads")
     head_dim: Int = Field(ge=1, le=65_536, description="dimension of one head")
     num_params: Float = Field(gt=0, le=1e15, description="parameters, for the weights' bytes and the roofline's FLOPs")
-    max_model_len: Int = Field(ge=1, le=100_000_000, description="longest prompt + output; Orca(Max) reserves this many slots")
+    max_model_len: Int = Field(
+        ge=1, le=100_000_000, description="longest prompt + output; Orca(Max) reserves this many slots"
+    )
     dtype: DType = Field("fp16", description="weights and KV cache element type")
     vocab_size: Int = Field(50272, ge=1, le=100_000_000, description="token ids are drawn below this")
-    intermediate_size: Int = Field(0, ge=0, le=10_000_000, description="MLP width of the serve model; 0 = 4 x hidden_size")
+    intermediate_size: Int = Field(
+        0, ge=0, le=10_000_000, description="MLP width of the serve model; 0 = 4 x hidden_size"
+    )
     layer_pattern: list[Literal["full", "window", "linear"]] = Field(
-        [], description="layer kinds repeated over the layers; empty = every layer full attention")
+        [], description="layer kinds repeated over the layers; empty = every layer full attention"
+    )
     window: Int = Field(0, ge=0, le=100_000_000, description="sliding window of window layers, tokens")
     linear_state_dim: Int = Field(0, ge=0, le=65_536, description="per-head state width of linear layers")
     rope_theta: Float = Field(10000.0, gt=0, le=1e12, description="RoPE base of the serve model")
-    num_active_params: Float = Field(0.0, ge=0, le=1e15, description="parameters one token uses (mixture of experts); 0 = all")
+    num_active_params: Float = Field(
+        0.0, ge=0, le=1e15, description="parameters one token uses (mixture of experts); 0 = all"
+    )
 
     @model_validator(mode="after")
     def _shape(self):
@@ -151,17 +171,18 @@ class Hardware(Section):
 
 # --- workload: one model per kind ---------------------------------------------------------------
 
+
 class Workload(Section):
     kind: str = Field(description="the length distribution (the workload config's name)")
     rate: Rate = 4.0
-    duration_s: Optional[Float] = Field(None, gt=0, le=1e9)
-    num_requests: Optional[Int] = Field(None, ge=1, le=100_000_000)
+    duration_s: Float | None = Field(None, gt=0, le=1e9)
+    num_requests: Int | None = Field(None, ge=1, le=100_000_000)
     burstiness: Float = Field(1.0, ge=1e-3, le=1e3)
     n: Int = Field(1, ge=1, le=1024)
     beam_width: Int = Field(1, ge=1, le=1024)
     prefix_len: Int = Field(0, ge=0, le=100_000_000)
     num_prefixes: Int = Field(1, ge=1, le=1_000_000)
-    path: Optional[str] = None
+    path: str | None = None
     shuffle: Bool = False
     strict: Bool = False
 
@@ -214,11 +235,17 @@ class TraceWorkload(Workload):
         return path
 
 
-WORKLOADS = {"sharegpt": DatasetWorkload, "alpaca": DatasetWorkload, "fixed": FixedWorkload,
-             "uniform": UniformWorkload, "trace": TraceWorkload}
+WORKLOADS = {
+    "sharegpt": DatasetWorkload,
+    "alpaca": DatasetWorkload,
+    "fixed": FixedWorkload,
+    "uniform": UniformWorkload,
+    "trace": TraceWorkload,
+}
 
 
 # --- scenario: one model per name ---------------------------------------------------------------
+
 
 class Simulate(Section):
     name: Literal["simulate"] = Field(description="the scenario: choose it with scenario=NAME")
@@ -233,27 +260,27 @@ class Serve(Section):
     name: Literal["serve"]
     device: Device = "auto"
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    cpu_threads: Optional[Int] = Field(1, ge=1, le=4096)
+    cpu_threads: Int | None = Field(1, ge=1, le=4096)
     kv_cache_tokens: Int = Field(4096, ge=1, le=10**10)
     swap_space_tokens: Int = Field(8192, ge=0, le=10**10)
-    num_requests: Optional[Int] = Field(64, ge=1, le=100_000_000)
-    rate: Optional[Rate] = float("inf")
+    num_requests: Int | None = Field(64, ge=1, le=100_000_000)
+    rate: Rate | None = float("inf")
     sampling: Sampling = Sampling()
     clock: Literal["wall", "cpu"] = "wall"
-    cpu_affinity: Optional[list[Annotated[Int, Field(ge=0, le=65_535)]]] = None
+    cpu_affinity: list[Annotated[Int, Field(ge=0, le=65535)]] | None = None
     warmup_steps: Int = Field(3, ge=0, le=10_000)
 
 
-Length = Union[Annotated[Int, Field(ge=1, le=100_000_000)], Literal["max"]]
+Length = Annotated[Int, Field(ge=1, le=100_000_000)] | Literal["max"]
 
 
 class Profile(Section):
     name: Literal["profile"]
     device: Device = "auto"
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    cpu_threads: Optional[Int] = Field(1, ge=1, le=4096)
+    cpu_threads: Int | None = Field(1, ge=1, le=4096)
     clock: Literal["wall", "cpu"] = "wall"
-    cpu_affinity: Optional[list[Annotated[Int, Field(ge=0, le=65_535)]]] = None
+    cpu_affinity: list[Annotated[Int, Field(ge=0, le=65535)]] | None = None
     warmup: Int = Field(2, ge=0, le=10_000)
     repeats: Int = Field(5, ge=1, le=10_000)
     prefill_len: list[Length] = [16, 64, 256, "max"]
@@ -264,16 +291,16 @@ class Profile(Section):
     mixed_prefill_len: list[Length] = [32, 256]
     kv_cache_tokens: Int = Field(65536, ge=1, le=10**10)
     heldout_frac: Float = Field(0.25, ge=0, lt=1)
-    out_dir: Optional[str] = None
+    out_dir: str | None = None
 
 
 class Validate(Section):
     name: Literal["validate"]
-    profile: Optional[str] = None
+    profile: str | None = None
     runs: Int = Field(2, ge=1, le=1000)
-    load: Optional[Float] = Field(0.8, gt=0, le=100)
+    load: Float | None = Field(0.8, gt=0, le=100)
     kv_cache_tokens: Int = Field(8192, ge=1, le=10**10)
-    out_dir: Optional[str] = None
+    out_dir: str | None = None
     serve: dict = {}
     profiling: dict = {}
 
@@ -298,7 +325,7 @@ class RooflineExecutor(Section):
 
 class CalibratedExecutor(Section):
     name: Literal["calibrated"]
-    profile: Optional[str] = None
+    profile: str | None = None
     device: str = "local"
 
 
@@ -307,8 +334,12 @@ EXECUTORS = {"roofline": RooflineExecutor, "calibrated": CalibratedExecutor}
 
 # --- plugins: built-in options; a third-party plugin's are checked against its constructor -----
 
-BlockSize = Field(16, ge=1, le=256, description="tokens per block: paged's page, pow2's buddy unit; recorded only "
-                                                  "by contiguous and oracle")
+BlockSize = Field(
+    16,
+    ge=1,
+    le=256,
+    description="tokens per block: paged's page, pow2's buddy unit; recorded only by contiguous and oracle",
+)
 Watermark = Field(0.01, ge=0, lt=1)
 
 
@@ -340,7 +371,7 @@ class Backend(Plugin):
 
 class Graph(Plugin):
     name: Literal["eager", "full", "piecewise"] = Field(description="the graph mode: +graph=NAME")
-    capture_sizes: Optional[list[Annotated[Int, Field(ge=1, le=1_000_000)]]] = None
+    capture_sizes: list[Annotated[Int, Field(ge=1, le=1000000)]] | None = None
 
     @field_validator("capture_sizes")
     @classmethod
@@ -351,8 +382,13 @@ class Graph(Plugin):
 
 
 PLUGINS = {
-    "allocator": {"contiguous": ReservingAllocator, "oracle": ReservingAllocator, "pow2": ReservingAllocator,
-                  "paged": PagedAllocator, "hybrid": HybridAllocator},
+    "allocator": {
+        "contiguous": ReservingAllocator,
+        "oracle": ReservingAllocator,
+        "pow2": ReservingAllocator,
+        "paged": PagedAllocator,
+        "hybrid": HybridAllocator,
+    },
     "backend": {name: Backend for name in ("eager", "triton_paged", "flashinfer")},
     "graph": {name: Graph for name in ("eager", "full", "piecewise")},
 }

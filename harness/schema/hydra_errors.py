@@ -9,8 +9,9 @@ from pydantic import BaseModel
 from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, groups, top_level_keys
 from kvbench.schema.messages import closest, unknown_key
 
-LAUNCHERS = (" (submitit_local and submitit_slurm come with pip install 'kvbench[slurm]', ray with "
-             "pip install 'kvbench[ray]')")
+LAUNCHERS = (
+    " (submitit_local and submitit_slurm come with pip install 'kvbench[slurm]', ray with pip install 'kvbench[ray]')"
+)
 GRAMMAR = "key=value, -m key=1,2,3, key=range(1,4), +key=value (add), ~key (delete)"
 
 
@@ -51,14 +52,17 @@ def _unknown_key(full_key: str, add: str = "") -> str:
         return unknown_key(full_key, top_level_keys(), "the config")
     nested = _nested(group, rest)
     if nested is not None and rest.rsplit(".", 1)[-1] in nested[1]:
-        return (f"{full_key} is a {nested[0]} key that this config does not set: add it with "
-                f"{add or '+' + full_key + '=VALUE'}")
+        return (
+            f"{full_key} is a {nested[0]} key that this config does not set: add it with "
+            f"{add or '+' + full_key + '=VALUE'}"
+        )
     if nested is not None:
         return unknown_key(full_key, nested[1], nested[0])
     if group in groups.PLUGINS and rest in group_fields(group):
         return f"{full_key} is an option of a plugin, and no {group} is chosen: add +{group}=NAME first"
     if rest in group_fields(group):
-        return f"{full_key} is a {group} key that this {group} config does not set: add it with {add or '+' + full_key + '=VALUE'}"
+        how = add or f"+{full_key}=VALUE"
+        return f"{full_key} is a {group} key that this {group} config does not set: add it with {how}"
     return unknown_key(full_key, group_fields(group), group)
 
 
@@ -71,20 +75,26 @@ def hydra_line(err: BaseException) -> str | None:
         missing = str(err.missing_cfg_file or "")
         group, _, option = missing.rpartition("/")
         if err.options:
-            return (f"unknown {group} {option!r}{closest(option, err.options)}; known: "
-                    f"{', '.join(sorted(err.options))}{LAUNCHERS if group == 'hydra/launcher' else ''}")
+            return (
+                f"unknown {group} {option!r}{closest(option, err.options)}; known: "
+                f"{', '.join(sorted(err.options))}{LAUNCHERS if group == 'hydra/launcher' else ''}"
+            )
         return f"cannot find the config {missing or _first(err)}; known groups: {', '.join(top_level_keys())}"
     if "does not support sweep type" in str(err):
-        return (f"{_first(err)}: the basic sweeper takes lists, range(), choice() and glob(); interval() "
-                f"needs a sampling sweeper plugin (hydra/sweeper=...)")
+        return (
+            f"{_first(err)}: the basic sweeper takes lists, range(), choice() and glob(); interval() "
+            f"needs a sampling sweeper plugin (hydra/sweeper=...)"
+        )
     cause = err.__cause__ or err.__context__
     if isinstance(err, ConfigCompositionException):
         message = str(err)
         if message.startswith("Could not override '"):
             return _unknown_key(message.split("'")[1], message.rsplit("use ", 1)[-1].strip())
         if message.startswith("Ambiguous value for argument"):
-            return (f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "
-                    f"values: add -m to sweep over them, or write [a,b] for a list")
+            return (
+                f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "
+                f"values: add -m to sweep over them, or write [a,b] for a list"
+            )
         if "An item is already at" in message:
             key = message.split("An item is already at '")[-1].split("'")[0]
             return f"{key} is already in the config: write {key}=VALUE (without +) to change it"

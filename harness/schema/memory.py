@@ -14,8 +14,8 @@ import os
 from kvbench.errors import UserError
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-REQUEST_BYTES = 2048   # a Request, its Sequence(s) and the recorder's per-request entries
-BLOCK_BYTES = 64       # a paged pool's per-block entries (free list, ref count, fill, table slot)
+REQUEST_BYTES = 2048  # a Request, its Sequence(s) and the recorder's per-request entries
+BLOCK_BYTES = 64  # a paged pool's per-block entries (free list, ref count, fill, table slot)
 SEQUENCE_BYTES = 1024  # the kernel scenario's per-sequence Python objects and metadata rows
 
 
@@ -36,8 +36,11 @@ def _gb(n: float) -> str:
 
 
 def _kv_bytes_per_token(model, dtype_bytes: int) -> int:
-    attention = sum(1 for i in range(model.num_layers)
-                    if (model.layer_pattern or ["full"])[i % len(model.layer_pattern or ["full"])] != "linear")
+    attention = sum(
+        1
+        for i in range(model.num_layers)
+        if (model.layer_pattern or ["full"])[i % len(model.layer_pattern or ["full"])] != "linear"
+    )
     return 2 * attention * model.num_kv_heads * model.head_dim * dtype_bytes
 
 
@@ -70,8 +73,11 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
     if scenario.name == "serve":
         dtype = {"auto": "fp32"}.get(scenario.dtype, scenario.dtype)
         per_token = _kv_bytes_per_token(model, DTYPE_BYTES[dtype])
-        slots = (root.engine.kv_cache_bytes // per_token if root.engine.kv_cache_bytes is not None
-                 else scenario.kv_cache_tokens)
+        slots = (
+            root.engine.kv_cache_bytes // per_token
+            if root.engine.kv_cache_bytes is not None
+            else scenario.kv_cache_tokens
+        )
         parts[f"weights ({dtype})"] = _serve_weights(model, DTYPE_BYTES[dtype])
         parts["KV cache"] = slots * per_token
         parts["swap pool"] = scenario.swap_space_tokens * per_token
@@ -90,8 +96,10 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
     else:
         kv_bytes = root.engine.kv_cache_bytes
         if kv_bytes is None:
-            kv_bytes = (hardware.memory_bytes * hardware.num_gpus * hardware.gpu_memory_utilization
-                        - model.num_params * DTYPE_BYTES[model.dtype])
+            kv_bytes = (
+                hardware.memory_bytes * hardware.num_gpus * hardware.gpu_memory_utilization
+                - model.num_params * DTYPE_BYTES[model.dtype]
+            )
         slots = max(kv_bytes, 0) / _kv_bytes_per_token(model, DTYPE_BYTES[model.dtype])
         parts["KV pool bookkeeping"] = slots / block_size * BLOCK_BYTES
     total = sum(parts.values())
@@ -105,4 +113,5 @@ def refuse_if_too_big(root, model, hardware, workload, scenario, allocator: dict
         raise UserError(
             f"scenario={scenario.name} with model={model.name} would allocate about {_gb(total)} "
             f"({', '.join(parts)}) but this machine has {_gb(free)} available; shrink the model, "
-            f"the KV pool (engine.kv_cache_bytes, scenario.kv_cache_tokens), the batch or the workload")
+            f"the KV pool (engine.kv_cache_bytes, scenario.kv_cache_tokens), the batch or the workload"
+        )

@@ -15,8 +15,11 @@ def show(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else ("inf" if value == math.inf else "-inf" if value == -math.inf
-                                                else f"{value:g}")
+        return (
+            "nan"
+            if math.isnan(value)
+            else ("inf" if value == math.inf else "-inf" if value == -math.inf else f"{value:g}")
+        )
     if isinstance(value, str):
         return value
     try:
@@ -49,8 +52,11 @@ def _fields_at(model, loc: list[str]) -> list[str]:
             cursor = typing.get_args(cursor)[1]  # `part` is a key of the mapping
         else:
             break
-    return list(cursor.model_fields) if isinstance(cursor, type) and issubclass(cursor, BaseModel) \
+    return (
+        list(cursor.model_fields)
+        if isinstance(cursor, type) and issubclass(cursor, BaseModel)
         else list(model.model_fields)
+    )
 
 
 def allowed(error: dict) -> str:
@@ -70,8 +76,13 @@ def allowed(error: dict) -> str:
         return "must be a finite number"
     if error["type"] == "missing":
         return "is required"
-    return message.replace("Input should be", "must be").replace("greater than or equal to", ">=") \
-        .replace("less than or equal to", "<=").replace("greater than", ">").replace("less than", "<")
+    return (
+        message.replace("Input should be", "must be")
+        .replace("greater than or equal to", ">=")
+        .replace("less than or equal to", "<=")
+        .replace("greater than", ">")
+        .replace("less than", "<")
+    )
 
 
 def validation_line(err: ValidationError, group: str, model) -> str:

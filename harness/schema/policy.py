@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -13,7 +13,7 @@ from kvbench.schema.messages import validation_line
 
 class Rule(Section):
     better: Literal["higher", "lower"]
-    tolerance: Optional[Float] = Field(None, ge=0, le=1e6)  # null = report only
+    tolerance: Float | None = Field(None, ge=0, le=1e6)  # null = report only
     abs_tolerance: Float = Field(0.0, ge=0)
     min_effect: Any = None  # measured metrics; kvbench.reporting.policy checks its range
 

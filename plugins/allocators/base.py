@@ -76,17 +76,18 @@ class KVAllocator(ABC):
     # runs the executor that reads that layout (kvbench.executors.hybrid_executor)
     per_layer_kind_layout: ClassVar[bool] = False
 
-    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None,
-                 **options):
+    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None, **options):
         if not isinstance(block_size, int) or not (self.min_block_size <= block_size <= self.max_block_size):
             raise UserError(
                 f"allocator.block_size={block_size!r} is not allowed for {self.name}: "
                 f"use an integer in {self.min_block_size}..{self.max_block_size}"
             )
         if "placement" in options:
-            raise UserError(f"allocator.placement={options['placement']!r} cannot be used with {self.name}: "
-                            f"only the reserving allocators (contiguous, oracle, pow2) place a "
-                            f"reservation; {self.name} hands out blocks on demand")
+            raise UserError(
+                f"allocator.placement={options['placement']!r} cannot be used with {self.name}: "
+                f"only the reserving allocators (contiguous, oracle, pow2) place a "
+                f"reservation; {self.name} hands out blocks on demand"
+            )
         if options:
             raise UserError(f"allocator {self.name} has no option(s) {sorted(options)}")
         self.block_size = block_size
@@ -160,8 +161,13 @@ class KVAllocator(ABC):
         return self.footprint(final_len) <= self.num_slots
 
     def accounting(self) -> KVAccounting:
-        return KVAccounting(self.num_slots, self._token, self._reserved, self._internal,
-                            rounding=self._allocated - self._token - self._reserved - self._internal)
+        return KVAccounting(
+            self.num_slots,
+            self._token,
+            self._reserved,
+            self._internal,
+            rounding=self._allocated - self._token - self._reserved - self._internal,
+        )
 
     @property
     def num_free_slots(self) -> int:

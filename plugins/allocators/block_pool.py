@@ -40,12 +40,12 @@ def hash_block(parent_hash: int, token_ids) -> int:
     return hash((parent_hash, tuple(token_ids)))
 
 
-def extend_hashes(hashes: list, token_ids, block_size: int, num_blocks: int,
-                  root: int = ROOT_HASH) -> list:
+def extend_hashes(hashes: list, token_ids, block_size: int, num_blocks: int, root: int = ROOT_HASH) -> list:
     """Append to `hashes` the chained hashes of blocks len(hashes) .. num_blocks - 1 of `token_ids`."""
     for index in range(len(hashes), num_blocks):
-        hashes.append(hash_block(hashes[-1] if hashes else root,
-                                 token_ids[index * block_size:(index + 1) * block_size]))
+        hashes.append(
+            hash_block(hashes[-1] if hashes else root, token_ids[index * block_size : (index + 1) * block_size])
+        )
     return hashes
 
 

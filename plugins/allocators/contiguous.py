@@ -16,9 +16,10 @@ before any rounding (0 for Oracle), and the rest of the range is rounding (block
 
 from __future__ import annotations
 
+from kvbench.arith import cdiv
+from kvbench.core.sequence import Request, Sequence
 from kvbench.plugins.allocators.base import KVAllocator
 from kvbench.plugins.allocators.placement import make_space
-from kvbench.core.sequence import Request, Sequence
 
 
 class ReservingAllocator(KVAllocator):
@@ -31,8 +32,7 @@ class ReservingAllocator(KVAllocator):
 
     layout = "contiguous"
 
-    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16,
-                 placement: str = "buddy", **options):
+    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, placement: str = "buddy", **options):
         super().__init__(num_slots, max_model_len, block_size, **options)
         self.placement = placement
         self.num_slots = num_slots // block_size * block_size  # a partial block at the end is unusable
@@ -48,7 +48,7 @@ class ReservingAllocator(KVAllocator):
     def reservation(self, prompt_len: int, output_len: int) -> int:
         """Slots asked of the placement: the estimate, capped, rounded up to whole blocks."""
         wanted = min(prompt_len + self.estimate(output_len), self.max_model_len)
-        return -(-wanted // self.block_size) * self.block_size
+        return cdiv(wanted, self.block_size) * self.block_size
 
     def _overshoot(self, request: Request) -> int:
         """Internal fragmentation of one range: the estimate beyond the request's real length."""
@@ -57,8 +57,10 @@ class ReservingAllocator(KVAllocator):
 
     def footprint(self, request_len: int) -> int:
         # the most any split of `request_len` tokens into prompt + output holds (once per run)
-        return max(self._space.held(self.reservation(request_len - output, output))
-                   for output in range(1, max(request_len, 1) + 1))
+        return max(
+            self._space.held(self.reservation(request_len - output, output))
+            for output in range(1, max(request_len, 1) + 1)
+        )
 
     def admit(self, seq: Sequence) -> bool:
         request = seq.request
@@ -98,8 +100,7 @@ class ReservingAllocator(KVAllocator):
         _, held = self._range[seq.seq_id]
         after = seq.num_computed + num_tokens
         if after > held:
-            raise RuntimeError(f"{self.name}: sequence {seq.seq_id} outgrew its reservation "
-                               f"({after} > {held} slots)")
+            raise RuntimeError(f"{self.name}: sequence {seq.seq_id} outgrew its reservation ({after} > {held} slots)")
         self._token += num_tokens
         self._update(seq, after)
         return True

@@ -22,15 +22,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvbench.arith import cdiv
 from kvbench.core.sequence import Sequence
 from kvbench.core.spec import LAYER_KINDS
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAccounting, KVAllocator
-from kvbench.plugins.allocators.hybrid_attention import AttentionManager
 from kvbench.plugins.allocators.block_pool import BlockPool
+from kvbench.plugins.allocators.hybrid_attention import AttentionManager
 from kvbench.plugins.allocators.hybrid_pages import LinearStateManager, unify_pages
-from kvbench.core.sequence import Sequence
-from kvbench.core.spec import LAYER_KINDS
 
 POLICIES = ("shared", "static", "as_full")
 
@@ -50,9 +49,17 @@ class HybridAllocator(KVAllocator):
     layer_kinds = LAYER_KINDS
     per_layer_kind_layout = True
 
-    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, model=None,
-                 policy: str = "shared", watermark: float = 0.01, prefix_caching: bool = False,
-                 **options):
+    def __init__(
+        self,
+        num_slots: int,
+        max_model_len: int,
+        block_size: int = 16,
+        model=None,
+        policy: str = "shared",
+        watermark: float = 0.01,
+        prefix_caching: bool = False,
+        **options,
+    ):
         super().__init__(num_slots, max_model_len, block_size, model=model, **options)
         if model is None:
             raise ValueError("the hybrid allocator needs the model's layer kinds (model=ModelSpec)")
@@ -76,16 +83,23 @@ class HybridAllocator(KVAllocator):
         self.managers: dict = {}
         for kind in kinds:
             if kind == "linear" and policy != "as_full":
-                self.managers[kind] = LinearStateManager(pools[kind], self.pages.pages_per_state,
-                                                         self.pages.state_bytes, self._log_page_copy)
+                self.managers[kind] = LinearStateManager(
+                    pools[kind], self.pages.pages_per_state, self.pages.state_bytes, self._log_page_copy
+                )
                 continue
             keep = model.window if kind == "window" else 0
             if kind == "linear":  # sized as attention, it still reads only its state's worth
                 state_bytes = model.num_layers_of("linear") * model.linear_state_bytes_per_layer
-                keep = -(-state_bytes // self.pages.token_bytes[kind])
+                keep = cdiv(state_bytes, self.pages.token_bytes[kind])
             self.managers[kind] = AttentionManager(
-                kind, pools[kind], self.pages.block_sizes[kind], self.pages.token_bytes[kind],
-                keep=keep, release=kind == "window" and policy != "as_full", log_copy=self._log_page_copy)
+                kind,
+                pools[kind],
+                self.pages.block_sizes[kind],
+                self.pages.token_bytes[kind],
+                keep=keep,
+                release=kind == "window" and policy != "as_full",
+                log_copy=self._log_page_copy,
+            )
         self.attention = [m for m in self.managers.values() if isinstance(m, AttentionManager)]
         self.linear = self.managers.get("linear") if policy != "as_full" else None
         # A linear layer's state after a prefix is not kept, so models with linear layers get no
@@ -113,9 +127,9 @@ class HybridAllocator(KVAllocator):
         hit, hashes = self._prefix_hit(seq) if cached else (0, {})
         need: dict = {}
         for m in self.attention:
-            blocks = -(-seq.num_tokens // m.block_size)
+            blocks = cdiv(seq.num_tokens, m.block_size)
             if m.release:
-                blocks = min(blocks, -(-(m.keep - 1 + step) // m.block_size) + 1)
+                blocks = min(blocks, cdiv((m.keep - 1 + step), m.block_size) + 1)
             if hit:
                 blocks = m.pool.admission_need(blocks, m.hit_pages(hashes[m], hit))
             need[id(m.pool)] = need.get(id(m.pool), 0) + blocks
@@ -139,8 +153,7 @@ class HybridAllocator(KVAllocator):
         each kind's block hashes of the prompt."""
         tokens, limit = seq.token_ids, seq.num_tokens - 1
         hashes = {m: m.chain(tokens, limit // m.block_size) for m in self.attention}
-        hit = min([m.cached_prefix_blocks(hashes[m]) * m.block_size for m in self.attention
-                   if not m.release] + [limit])
+        hit = min([m.cached_prefix_blocks(hashes[m]) * m.block_size for m in self.attention if not m.release] + [limit])
         hit -= hit % self.hit_step
         while hit and not all(m.window_cached(hashes[m], hit) for m in self.attention if m.release):
             hit -= self.hit_step
@@ -210,8 +223,12 @@ class HybridAllocator(KVAllocator):
         by_kind, token, reserved, held = {}, 0, 0, 0
         for kind, m in self.managers.items():
             pages, kind_token, kind_reserved = m.usage()
-            by_kind[kind] = KVAccounting((pages + m.pool.num_free) * page_bytes, kind_token,
-                                         kind_reserved, pages * page_bytes - kind_token - kind_reserved)
+            by_kind[kind] = KVAccounting(
+                (pages + m.pool.num_free) * page_bytes,
+                kind_token,
+                kind_reserved,
+                pages * page_bytes - kind_token - kind_reserved,
+            )
             token, reserved, held = token + kind_token, reserved + kind_reserved, held + pages
         total = sum(p.num_blocks for p in self.pools) * page_bytes
         return HybridAccounting(total, token, reserved, held * page_bytes - token - reserved, by_kind)
@@ -222,10 +239,15 @@ class HybridAllocator(KVAllocator):
         return free * self.pages.page_bytes // self.slot_bytes
 
     def stats(self) -> dict:
-        row = {**super().stats(), "copies": sum(m.num_copies for m in self.managers.values()),
-               "prefix_hit_rate": self.prefix_hit_tokens / max(1, self.prefix_query_tokens),
-               "policy": self.policy, "page_bytes": self.pages.page_bytes,
-               "num_pages": self.num_pages, "pages_per_state": self.pages.pages_per_state}
+        row = {
+            **super().stats(),
+            "copies": sum(m.num_copies for m in self.managers.values()),
+            "prefix_hit_rate": self.prefix_hit_tokens / max(1, self.prefix_query_tokens),
+            "policy": self.policy,
+            "page_bytes": self.pages.page_bytes,
+            "num_pages": self.num_pages,
+            "pages_per_state": self.pages.pages_per_state,
+        }
         row.update({f"block_size_{k}": b for k, b in self.pages.block_sizes.items()})
         return row
 

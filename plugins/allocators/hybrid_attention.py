@@ -2,13 +2,14 @@
 
 Prefix caching (vLLM's scheme, per kind): a full block is named by the chained hash of its
 parent block's hash and its own token ids (block_pool), chained from a root of its own per layer
-kind, so kinds that share a pool never find each other's pages. Across kinds a hit must suit every kind: full attention needs every block of
-the prefix, a window layer only the blocks its next query reads (the last W tokens), and the
-hit length is a multiple of every kind's block size.
+kind, so kinds that share a pool never find each other's pages. Across kinds a hit must suit
+every kind: full attention needs every block of the prefix, a window layer only the blocks its
+next query reads (the last W tokens), and the hit length is a multiple of every kind's block size.
 """
 
 from __future__ import annotations
 
+from kvbench.arith import cdiv
 from kvbench.core.spec import LAYER_KINDS
 from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes
 
@@ -24,8 +25,16 @@ class AttentionManager:
     is counted once.
     """
 
-    def __init__(self, kind: str, pool: BlockPool, block_size: int, token_bytes: int,
-                 keep: int = 0, release: bool = False, log_copy=lambda src, dst: None):
+    def __init__(
+        self,
+        kind: str,
+        pool: BlockPool,
+        block_size: int,
+        token_bytes: int,
+        keep: int = 0,
+        release: bool = False,
+        log_copy=lambda src, dst: None,
+    ):
         self.kind, self.pool, self.block_size, self.token_bytes = kind, pool, block_size, token_bytes
         self.keep, self.release, self.log_copy = keep, release, log_copy
         self.tables: dict[int, list[int]] = {}  # seq -> page per block; -1 once released
@@ -77,13 +86,12 @@ class AttentionManager:
 
     def pages_needed(self, seq_id: int, before: int, after: int) -> int:
         table = self.tables[seq_id]
-        need = -(-after // self.block_size) - len(table)
+        need = cdiv(after, self.block_size) - len(table)
         if before % self.block_size and table and self.pool.ref_count[table[-1]] > 1:
             need += 1  # the shared partial last block is copied before it is written
         return need
 
-    def append(self, seq_id: int, before: int, after: int, final_len: int,
-               token_ids: list | None = None) -> None:
+    def append(self, seq_id: int, before: int, after: int, final_len: int, token_ids: list | None = None) -> None:
         """Room for positions [before, after), filled; with `token_ids`, full blocks get cached."""
         table, bs, pool = self.tables[seq_id], self.block_size, self.pool
         if before % bs and pool.ref_count[table[-1]] > 1:
@@ -142,7 +150,7 @@ class AttentionManager:
 
     def free(self, seq_id: int) -> None:
         table = self.tables.pop(seq_id)
-        for page in reversed(table[self.first_live.pop(seq_id):]):  # the tail is evicted first
+        for page in reversed(table[self.first_live.pop(seq_id) :]):  # the tail is evicted first
             self._drop(page)
         del self.stale_end[seq_id]
         self.reserved -= self.seq_reserved.pop(seq_id)
@@ -153,15 +161,14 @@ class AttentionManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks a sequence of `num_tokens` tokens holds between steps."""
-        blocks = -(-num_tokens // self.block_size)
+        blocks = cdiv(num_tokens, self.block_size)
         if self.release:
-            blocks = min(blocks, -(-self.keep // self.block_size) + 1)
+            blocks = min(blocks, cdiv(self.keep, self.block_size) + 1)
         return blocks
 
     def usage(self) -> tuple[int, int, int]:
         """(pages held, bytes of token state, bytes reserved)."""
-        return (self.num_pages, (self.filled - self.stale) * self.token_bytes,
-                self.reserved * self.token_bytes)
+        return (self.num_pages, (self.filled - self.stale) * self.token_bytes, self.reserved * self.token_bytes)
 
     # --- prefix caching --------------------------------------------------------------------
     def chain(self, token_ids: list, num_blocks: int, hashes: list | None = None) -> list:
@@ -197,7 +204,7 @@ class AttentionManager:
         """The cached pages a sequence starting with `length` cached tokens holds: the blocks its
         next query reads (a window layer releases the older ones at once)."""
         first = max(0, self.first_needed(length)) // self.block_size
-        return [self.pool.cached[h] for h in hashes[first:length // self.block_size]]
+        return [self.pool.cached[h] for h in hashes[first : length // self.block_size]]
 
     def adopt(self, seq_id: int, hashes: list, length: int) -> None:
         """Start `seq_id` with its first `length` tokens from cached pages (a prefix hit)."""
@@ -210,6 +217,6 @@ class AttentionManager:
                 self.page_stale[page] = 0
         self.add(seq_id, table)
         self.first_live[seq_id] = len(table) - len(pages)
-        self.hashes[seq_id] = hashes[:length // self.block_size]
+        self.hashes[seq_id] = hashes[: length // self.block_size]
         if self.keep:
             self._mark_stale(seq_id, length - self.keep)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.errors import UserError
-from kvbench.plugins.allocators.block_pool import BlockPool
+from kvbench.arith import cdiv
 from kvbench.core.spec import LAYER_KINDS, ModelSpec
 from kvbench.errors import UserError
+from kvbench.plugins.allocators.block_pool import BlockPool
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def unify_pages(model: ModelSpec, block_size: int, linear_as_full: bool = False)
     if page_bytes <= 0:
         raise UserError(f"model {model.name} stores no KV and no state: nothing to allocate")
     block_sizes = {k: page_bytes // b for k, b in token_bytes.items()}
-    pages_per_state = -(-state_bytes // page_bytes)
+    pages_per_state = cdiv(state_bytes, page_bytes)
     return PageLayout(page_bytes, block_sizes, token_bytes, state_bytes, pages_per_state)
 
 
@@ -64,8 +64,7 @@ class LinearStateManager:
 
     kind = "linear"
 
-    def __init__(self, pool: BlockPool, pages_per_state: int, state_bytes: int,
-                 log_copy=lambda src, dst: None):
+    def __init__(self, pool: BlockPool, pages_per_state: int, state_bytes: int, log_copy=lambda src, dst: None):
         self.pool, self.pages_per_state, self.state_bytes = pool, pages_per_state, state_bytes
         self.log_copy = log_copy
         self.states: dict[int, list[int]] = {}
@@ -109,5 +108,4 @@ class LinearStateManager:
 
     def usage(self) -> tuple[int, int, int]:
         started = len(self.started)
-        return (self.num_pages, started * self.state_bytes,
-                (self.num_states - started) * self.state_bytes)
+        return (self.num_pages, started * self.state_bytes, (self.num_states - started) * self.state_bytes)

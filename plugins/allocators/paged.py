@@ -23,10 +23,11 @@ same block size, a block shared within the request once, and copied back when it
 
 from __future__ import annotations
 
+from kvbench.arith import cdiv
+from kvbench.core.sequence import Sequence
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
 from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes, hash_block
-from kvbench.core.sequence import Sequence
 
 
 class PagedAllocator(KVAllocator):
@@ -36,8 +37,15 @@ class PagedAllocator(KVAllocator):
     layout = "paged"
     supports_swap = True
 
-    def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16,
-                 watermark: float = 0.01, prefix_caching: bool = False, **options):
+    def __init__(
+        self,
+        num_slots: int,
+        max_model_len: int,
+        block_size: int = 16,
+        watermark: float = 0.01,
+        prefix_caching: bool = False,
+        **options,
+    ):
         super().__init__(num_slots, max_model_len, block_size, **options)
         if not 0.0 <= watermark < 1.0:
             raise UserError(f"allocator.watermark={watermark} must be in [0, 1)")
@@ -67,7 +75,7 @@ class PagedAllocator(KVAllocator):
 
     def _blocks_needed(self, seq: Sequence, after: int) -> int:
         table = self.block_tables[seq.seq_id]
-        need = -(-after // self.block_size) - len(table)
+        need = cdiv(after, self.block_size) - len(table)
         if table and seq.num_computed % self.block_size and self.ref_count[table[-1]] > 1:
             need += 1  # the shared partial last block is copied before it is written
         return need
@@ -110,7 +118,7 @@ class PagedAllocator(KVAllocator):
         tokens, bs = seq.token_ids, self.block_size
         blocks, hashes, parent, cached = [], [], ROOT_HASH, self.pool.cached
         for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
-            parent = hash_block(parent, tokens[index * bs:(index + 1) * bs])
+            parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
             block = cached.get(parent)
             if block is None:
                 break
@@ -132,15 +140,16 @@ class PagedAllocator(KVAllocator):
         hashes, tokens, bs = self._hashes[seq.seq_id], seq.token_ids, self.block_size
         if len(hashes) * bs + bs != num_tokens or len(tokens) < num_tokens:
             return self._cache_full_blocks(seq, num_tokens)
-        block_hash = hash_block(hashes[-1] if hashes else ROOT_HASH, tokens[num_tokens - bs:num_tokens])
+        block_hash = hash_block(hashes[-1] if hashes else ROOT_HASH, tokens[num_tokens - bs : num_tokens])
         hashes.append(block_hash)
         self.pool.name(block, block_hash)
 
     def _admit_cached(self, seq: Sequence) -> bool:
         hits, hashes = self._cached_prefix(seq)
         pool = self.pool
-        if not pool.fits(pool.admission_need(-(-seq.num_tokens // self.block_size), hits),
-                         reserve=not self.watermark_exempt):
+        if not pool.fits(
+            pool.admission_need(cdiv(seq.num_tokens, self.block_size), hits), reserve=not self.watermark_exempt
+        ):
             return False
         ref_count = self.ref_count
         for block in hits:
@@ -162,7 +171,7 @@ class PagedAllocator(KVAllocator):
     def admit(self, seq: Sequence) -> bool:
         if self.prefix_caching:
             return self._admit_cached(seq)
-        if not self.pool.fits(-(-seq.num_tokens // self.block_size), reserve=not self.watermark_exempt):
+        if not self.pool.fits(cdiv(seq.num_tokens, self.block_size), reserve=not self.watermark_exempt):
             return False
         self.block_tables[seq.seq_id] = []
         self._seq_reserved[seq.seq_id] = 0
@@ -262,7 +271,7 @@ class PagedAllocator(KVAllocator):
         return len(self.block_tables[seq.seq_id]) * self.block_size
 
     def footprint(self, request_len: int) -> int:
-        return -(-request_len // self.block_size) * self.block_size
+        return cdiv(request_len, self.block_size) * self.block_size
 
     def can_ever_admit(self, final_len: int) -> bool:
         return self.footprint(final_len) <= (self.num_blocks - self.watermark_blocks) * self.block_size
@@ -285,7 +294,7 @@ class PagedAllocator(KVAllocator):
 
     def swap_out(self, seqs) -> bool:
         bs = self.block_size
-        tables = [self.block_tables[seq.seq_id][:-(-seq.num_computed // bs)] for seq in seqs]
+        tables = [self.block_tables[seq.seq_id][: cdiv(seq.num_computed, bs)] for seq in seqs]
         if len({block for table in tables for block in table}) > len(self.cpu_free):
             return False
         to_cpu: dict[int, int] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 
+from kvbench.arith import cdiv
 from kvbench.errors import UserError
 
 PLACEMENTS = ("buddy", "first_fit")
@@ -80,7 +81,7 @@ class BuddySpace:
         self.arena_order[start] = order
 
     def _order(self, length: int) -> int:
-        return (-(-length // self.block_size) - 1).bit_length()
+        return (cdiv(length, self.block_size) - 1).bit_length()
 
     def held(self, length: int) -> int:
         return (1 << self._order(length)) * self.block_size
@@ -117,6 +118,6 @@ def make_space(placement: str, num_blocks: int, block_size: int, max_model_len: 
     if placement == "first_fit":
         return FirstFitSpace(num_blocks * block_size)
     if placement == "buddy":
-        largest = -(-max_model_len // block_size)  # blocks of the longest reservation
+        largest = cdiv(max_model_len, block_size)  # blocks of the longest reservation
         return BuddySpace(num_blocks, block_size, (largest - 1).bit_length())
     raise UserError(f"allocator.placement={placement!r} is not one of {', '.join(PLACEMENTS)}")

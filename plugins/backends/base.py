@@ -59,8 +59,7 @@ class AttentionBackend:
     cuda_graph_capturable: ClassVar[bool] = False
 
     @classmethod
-    def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str,
-                           window: int) -> str | None:
+    def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str, window: int) -> str | None:
         """None when the backend can run this combination, else why not (one line)."""
         return None
 
@@ -73,12 +72,25 @@ class AttentionBackend:
             return f"window must be >= 0 (0 = full attention), got {window}"
         return None
 
-    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         """Store the new tokens' K/V ([T, kv_heads, head_dim]) at their slots; skip slot -1."""
         raise NotImplementedError
 
-    def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
         """Causal attention of packed queries [T, num_heads, head_dim] over the cache."""
         raise NotImplementedError

@@ -26,16 +26,29 @@ class EagerBackend(AttentionBackend):
 
     name = "eager"
 
-    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         written = slot_mapping >= 0
         slots = slot_mapping[written]
         # view (not reshape) so a non-contiguous cache fails loudly instead of writing a copy.
         k_cache.view(-1, *k_cache.shape[2:])[slots] = key[written].to(k_cache.dtype)
         v_cache.view(-1, *v_cache.shape[2:])[slots] = value[written].to(v_cache.dtype)
 
-    def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
         num_heads = query.shape[1]
         num_kv_heads = k_cache.shape[2]
         if num_heads % num_kv_heads:

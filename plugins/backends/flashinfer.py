@@ -41,14 +41,14 @@ class PagedKV:
     page_size: int
 
 
-def paged_kv_from_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                               block_size: int) -> PagedKV:
+def paged_kv_from_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> PagedKV:
     """The CSR page table holding the first `seq_lens[b]` tokens of each block-table row."""
     seq_lens = seq_lens.to(torch.int32)
     pages = (seq_lens + block_size - 1) // block_size
     if pages.numel() and int(pages.max()) > block_tables.shape[1]:
-        raise ValueError(f"a sequence needs {int(pages.max())} blocks but the block table has "
-                         f"{block_tables.shape[1]} columns")
+        raise ValueError(
+            f"a sequence needs {int(pages.max())} blocks but the block table has {block_tables.shape[1]} columns"
+        )
     indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device=seq_lens.device)
     indptr[1:] = pages.cumsum(0)
     held = torch.arange(block_tables.shape[1], device=seq_lens.device)[None, :] < pages[:, None]
@@ -62,11 +62,11 @@ def paged_kv_from_seq_starts(seq_starts: torch.Tensor, seq_lens: torch.Tensor) -
     indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device=seq_lens.device)
     indptr[1:] = seq_lens.cumsum(0)
     num_tokens = int(indptr[-1])
-    offset_in_seq = (torch.arange(num_tokens, device=seq_lens.device)
-                     - indptr[:-1].repeat_interleave(seq_lens, output_size=num_tokens))
+    offset_in_seq = torch.arange(num_tokens, device=seq_lens.device) - indptr[:-1].repeat_interleave(
+        seq_lens, output_size=num_tokens
+    )
     first_slot = seq_starts.to(torch.int64).repeat_interleave(seq_lens, output_size=num_tokens)
-    return PagedKV(indptr, (first_slot + offset_in_seq).to(torch.int32),
-                   (seq_lens > 0).to(torch.int32), 1)
+    return PagedKV(indptr, (first_slot + offset_in_seq).to(torch.int32), (seq_lens > 0).to(torch.int32), 1)
 
 
 def paged_kv(meta: AttentionMetadata) -> PagedKV:
@@ -80,20 +80,38 @@ def window_left(window: int) -> int:
     return window - 1 if window > 0 else -1
 
 
-def plan_step(wrapper: Any, meta: AttentionMetadata, kv: PagedKV, num_heads: int,
-              num_kv_heads: int, head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.dtype,
-              scale: float, window: int) -> None:
+def plan_step(
+    wrapper: Any,
+    meta: AttentionMetadata,
+    kv: PagedKV,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    scale: float,
+    window: int,
+) -> None:
     """Plan one step on a decode wrapper (decode-only batch) or a prefill wrapper (any other)."""
-    options = dict(window_left=window_left(window), sm_scale=scale, q_data_type=q_dtype,
-                   kv_data_type=kv_dtype)
+    options = dict(window_left=window_left(window), sm_scale=scale, q_data_type=q_dtype, kv_data_type=kv_dtype)
     if meta.is_decode_only:
-        wrapper.plan(kv.indptr, kv.indices, kv.last_page_len, num_heads, num_kv_heads, head_dim,
-                     kv.page_size, **options)
+        wrapper.plan(
+            kv.indptr, kv.indices, kv.last_page_len, num_heads, num_kv_heads, head_dim, kv.page_size, **options
+        )
     else:
         # causal in FlashInfer aligns queries to the end of the context, as AttentionMetadata does.
-        wrapper.plan(meta.query_start_loc.to(torch.int32), kv.indptr, kv.indices,
-                     kv.last_page_len, num_heads, num_kv_heads, head_dim, kv.page_size,
-                     causal=True, **options)
+        wrapper.plan(
+            meta.query_start_loc.to(torch.int32),
+            kv.indptr,
+            kv.indices,
+            kv.last_page_len,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            kv.page_size,
+            causal=True,
+            **options,
+        )
 
 
 @dataclass
@@ -115,8 +133,7 @@ class FlashInferBackend(AttentionBackend):
         self._step_plans: dict = {}  # plan key -> _PlannedStep, valid for _step_meta only
 
     @classmethod
-    def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str,
-                           window: int) -> str | None:
+    def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str, window: int) -> str | None:
         if importlib.util.find_spec("flashinfer") is None:
             return INSTALL_HINT
         if torch.device(device).type != "cuda":
@@ -135,12 +152,21 @@ class FlashInferBackend(AttentionBackend):
     # One scatter through slot_mapping, as vLLM's reshape_and_cache does before FlashInfer runs.
     write_kv = EagerBackend.write_kv
 
-    def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
         if query.is_cuda and torch.cuda.is_current_stream_capturing():
             # A captured run would replay the plan of the capture step for every later batch.
-            raise UserError("flashinfer plans each step on the host, so it cannot be captured "
-                            "in a full CUDA graph; use +graph=eager or +graph=piecewise")
+            raise UserError(
+                "flashinfer plans each step on the host, so it cannot be captured "
+                "in a full CUDA graph; use +graph=eager or +graph=piecewise"
+            )
         step = self._plan(query, k_cache, meta, scale, window)
         if meta.block_tables is None:
             k_cache = k_cache.view(-1, 1, *k_cache.shape[2:])
@@ -150,23 +176,23 @@ class FlashInferBackend(AttentionBackend):
         out[:rows] = step.wrapper.run(query[:rows], (k_cache, v_cache))
         return out
 
-    def _plan(self, query: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata,
-              scale: float, window: int) -> _PlannedStep:
+    def _plan(
+        self, query: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int
+    ) -> _PlannedStep:
         if meta is not self._step_meta:
             self._step_meta, self._step_plans = meta, {}
         num_heads, head_dim = query.shape[1], query.shape[2]
-        key = (query.device, window, num_heads, k_cache.shape[2], head_dim, query.dtype,
-               k_cache.dtype, scale)
+        key = (query.device, window, num_heads, k_cache.shape[2], head_dim, query.dtype, k_cache.dtype, scale)
         step = self._step_plans.get(key)
         if step is None:
             wrapper_key = (meta.is_decode_only, key)
             wrapper = self._wrappers.get(wrapper_key)
             if wrapper is None:
-                wrapper = self._wrappers[wrapper_key] = self._make_wrapper(meta.is_decode_only,
-                                                                           query.device)
+                wrapper = self._wrappers[wrapper_key] = self._make_wrapper(meta.is_decode_only, query.device)
             kv = paged_kv(meta)
-            plan_step(wrapper, meta, kv, num_heads, k_cache.shape[2], head_dim, query.dtype,
-                      k_cache.dtype, scale, window)
+            plan_step(
+                wrapper, meta, kv, num_heads, k_cache.shape[2], head_dim, query.dtype, k_cache.dtype, scale, window
+            )
             rows = meta.num_seqs if meta.is_decode_only else int(meta.query_start_loc[-1])
             step = self._step_plans[key] = _PlannedStep(wrapper, rows)
         return step
@@ -176,8 +202,7 @@ class FlashInferBackend(AttentionBackend):
 
         workspace = self._workspaces.get(device)
         if workspace is None:
-            workspace = self._workspaces[device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8,
-                                                               device=device)
+            workspace = self._workspaces[device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         if decode:
             return flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
         return flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")

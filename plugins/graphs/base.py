@@ -36,8 +36,10 @@ def check_capture_sizes(sizes) -> tuple[int, ...]:
     sizes = tuple(sizes)
     valid = bool(sizes) and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes)
     if not valid or any(b <= a for a, b in zip(sizes, sizes[1:])):
-        raise UserError(f"graph.capture_sizes={list(sizes)} must be positive integers in increasing "
-                        f"order, e.g. [1, 2, 4, 8, 16]; null = vLLM's [1, 2, 4, 8, ..., 256]")
+        raise UserError(
+            f"graph.capture_sizes={list(sizes)} must be positive integers in increasing "
+            f"order, e.g. [1, 2, 4, 8, 16]; null = vLLM's [1, 2, 4, 8, ..., 256]"
+        )
     return sizes
 
 
@@ -45,12 +47,15 @@ def padding_metadata(like: AttentionMetadata, num_seqs: int) -> AttentionMetadat
     """A decode batch of `num_seqs` empty sequences writing nowhere: what capture-time rows are."""
     device = like.seq_lens.device
     return replace(
-        like, query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=device),
+        like,
+        query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=device),
         seq_lens=torch.zeros(num_seqs, dtype=torch.int32, device=device),
         slot_mapping=torch.full((num_seqs,), -1, dtype=torch.int64, device=device),
-        max_query_len=1, max_seq_len=1,
+        max_query_len=1,
+        max_seq_len=1,
         block_tables=None if like.block_tables is None else like.block_tables.new_zeros(num_seqs, 1),
-        seq_starts=None if like.seq_starts is None else like.seq_starts.new_zeros(num_seqs))
+        seq_starts=None if like.seq_starts is None else like.seq_starts.new_zeros(num_seqs),
+    )
 
 
 class Capture:
@@ -93,8 +98,7 @@ class GraphMode:
 
     name: ClassVar[str]
 
-    def __init__(self, forward: Callable, device: torch.device, max_seq_len: int,
-                 capture_sizes=None, **options):
+    def __init__(self, forward: Callable, device: torch.device, max_seq_len: int, capture_sizes=None, **options):
         if options:
             raise UserError(f"graph mode {self.name} has no option(s) {sorted(options)}")
         self.forward = forward
@@ -120,19 +124,21 @@ class GraphMode:
     def prepare(self, max_num_seqs: int, max_num_tokens: int, ctx: ForwardContext) -> None:
         """Capture ahead of the first step what the scheduler's largest batches will need."""
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 ctx: ForwardContext) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         raise NotImplementedError
 
     def stats(self) -> dict:
         """Result columns: captures replayed, steps run uncaptured and why (the results say so)."""
-        return {"graph_replays": self.replays,
-                "graph_eager_steps": sum(self.eager_steps.values()),
-                "graph_eager_reason": "; ".join(f"{n} x {why}" for why, n in sorted(self.eager_steps.items()))}
+        return {
+            "graph_replays": self.replays,
+            "graph_eager_steps": sum(self.eager_steps.values()),
+            "graph_eager_reason": "; ".join(f"{n} x {why}" for why, n in sorted(self.eager_steps.items())),
+        }
 
 
-def build(cls: type, options: dict, forward: Callable, backend_cls: type, device: torch.device,
-          max_seq_len: int) -> GraphMode:
+def build(
+    cls: type, options: dict, forward: Callable, backend_cls: type, device: torch.device, max_seq_len: int
+) -> GraphMode:
     """Graph mode `cls` with `options` around `forward`; a mode that cannot run the attention
     backend is a UserError naming the reason."""
     reason = cls.unsupported_reason(backend_cls, torch.device(device))

@@ -13,7 +13,6 @@ class EagerGraph(GraphMode):
 
     name = "eager"
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 ctx: ForwardContext) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         with forward_context(ctx):
             return self.forward(input_ids, positions)

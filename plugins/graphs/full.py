@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from kvbench.arith import cdiv
 from kvbench.model.attention_op import ForwardContext, forward_context
 from kvbench.plugins.backends.base import AttentionMetadata
 from kvbench.plugins.graphs.base import Capture, GraphMode, padding_metadata
@@ -36,7 +37,7 @@ class StaticInputs:
         self.query_start_loc = torch.arange(num_rows + 1, dtype=torch.int32, **to)  # one token each
         self.block_tables = self.seq_starts = None
         if like.layout == "paged":
-            max_blocks = -(-max_seq_len // like.block_size)
+            max_blocks = cdiv(max_seq_len, like.block_size)
             self.block_tables = torch.zeros(num_rows, max_blocks, dtype=torch.int32, **to)
         else:
             self.seq_starts = torch.zeros(num_rows, dtype=torch.int64, **to)
@@ -44,28 +45,37 @@ class StaticInputs:
     def load(self, input_ids, positions, meta: AttentionMetadata, size: int) -> None:
         """Rows [0, n) from the step, rows [n, size) padding."""
         n = input_ids.shape[0]
-        for static, new, pad in ((self.input_ids, input_ids, 0), (self.positions, positions, 0),
-                                 (self.seq_lens, meta.seq_lens, 0),
-                                 (self.slot_mapping, meta.slot_mapping, -1),
-                                 (self.seq_starts, meta.seq_starts, 0)):
+        for static, new, pad in (
+            (self.input_ids, input_ids, 0),
+            (self.positions, positions, 0),
+            (self.seq_lens, meta.seq_lens, 0),
+            (self.slot_mapping, meta.slot_mapping, -1),
+            (self.seq_starts, meta.seq_starts, 0),
+        ):
             if static is not None:
                 static[:n].copy_(new)
                 static[n:size].fill_(pad)
         if self.block_tables is not None:
             width = meta.block_tables.shape[1]
             if width > self.block_tables.shape[1]:
-                raise ValueError(f"block table of {width} blocks exceeds the captured bound of "
-                                 f"{self.block_tables.shape[1]} (max_seq_len={self.max_seq_len})")
+                raise ValueError(
+                    f"block table of {width} blocks exceeds the captured bound of "
+                    f"{self.block_tables.shape[1]} (max_seq_len={self.max_seq_len})"
+                )
             self.block_tables[:n, :width].copy_(meta.block_tables)
             self.block_tables[n:size].zero_()
 
     def meta(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(
-            query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
-            slot_mapping=self.slot_mapping[:size], block_size=self.block_size, max_query_len=1,
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            slot_mapping=self.slot_mapping[:size],
+            block_size=self.block_size,
+            max_query_len=1,
             max_seq_len=self.max_seq_len,
             block_tables=None if self.block_tables is None else self.block_tables[:size],
-            seq_starts=None if self.seq_starts is None else self.seq_starts[:size])
+            seq_starts=None if self.seq_starts is None else self.seq_starts[:size],
+        )
 
 
 class FullGraph(GraphMode):
@@ -83,10 +93,12 @@ class FullGraph(GraphMode):
     def unsupported_reason(cls, backend_cls: type, device: torch.device) -> str | None:
         if getattr(backend_cls, "cuda_graph_capturable", False):
             return None
-        return ("its forward is not declared cuda_graph_capturable (a replayed graph never "
-                "re-runs host code, so a backend that reads batch metadata on the host would "
-                "attend over the capture's batch); use +graph=piecewise, which keeps attention "
-                "out of the graph, or +graph=eager")
+        return (
+            "its forward is not declared cuda_graph_capturable (a replayed graph never "
+            "re-runs host code, so a backend that reads batch metadata on the host would "
+            "attend over the capture's batch); use +graph=piecewise, which keeps attention "
+            "out of the graph, or +graph=eager"
+        )
 
     def _capture(self, size: int, ctx: ForwardContext) -> Capture:
         static_ctx = replace(ctx, meta=self.static.meta(size))
@@ -115,8 +127,7 @@ class FullGraph(GraphMode):
             if size not in self.captures:
                 self._replay(empty, empty, no_rows, size)
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 ctx: ForwardContext) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         num_tokens = input_ids.shape[0]
         size = self.padded_size(num_tokens)
         if ctx.layer_meta is not None:

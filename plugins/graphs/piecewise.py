@@ -37,8 +37,7 @@ def split_at_attention(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
         else:
             assignment[node] = part
     split = split_module(gm, None, lambda node: assignment[node], keep_original_order=True)
-    pieces = [name for name, _ in split.named_children()
-              if int(name.rsplit("_", 1)[1]) not in attention_parts]
+    pieces = [name for name, _ in split.named_children() if int(name.rsplit("_", 1)[1]) not in attention_parts]
     return split, pieces
 
 
@@ -101,11 +100,14 @@ class PiecewiseGraph(GraphMode):
         for size in reversed([s for s in self.capture_sizes if s <= largest]):
             self.static_ids[:size].zero_()
             self.static_positions[:size].zero_()
-            self._run(self.static_ids[:size], self.static_positions[:size],
-                      replace(ctx, meta=padding_metadata(ctx.meta, size), layer_meta=None), size)
+            self._run(
+                self.static_ids[:size],
+                self.static_positions[:size],
+                replace(ctx, meta=padding_metadata(ctx.meta, size), layer_meta=None),
+                size,
+            )
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 ctx: ForwardContext) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         num_tokens = input_ids.shape[0]
         size = self.padded_size(num_tokens)
         if size is None:
@@ -121,11 +123,18 @@ class PiecewiseGraph(GraphMode):
             return replace(meta, slot_mapping=torch.cat([meta.slot_mapping, padding]))
 
         layer_meta = None if ctx.layer_meta is None else [pad(m) for m in ctx.layer_meta]
-        hidden = self._run(self.static_ids[:size], self.static_positions[:size],
-                           replace(ctx, meta=pad(ctx.meta), layer_meta=layer_meta), size)
+        hidden = self._run(
+            self.static_ids[:size],
+            self.static_positions[:size],
+            replace(ctx, meta=pad(ctx.meta), layer_meta=layer_meta),
+            size,
+        )
         return hidden[:num_tokens]
 
     def stats(self) -> dict:
-        return {**super().stats(), "graph_pieces": max(self.pieces, default=0),
-                "graph_compiles": len(self.pieces),
-                "graph_captured_sizes": len({size for piece in self.piece_modules for size in piece.captures})}
+        return {
+            **super().stats(),
+            "graph_pieces": max(self.pieces, default=0),
+            "graph_compiles": len(self.pieces),
+            "graph_captured_sizes": len({size for piece in self.piece_modules for size in piece.captures}),
+        }

@@ -19,6 +19,8 @@ import os
 import pytest
 from hydra import compose, initialize_config_module
 from pytest_benchmark.fixture import BenchmarkFixture
+from slowdown import slowed
+from work_counter import count_work
 
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.sequence import Request, Sequence
@@ -26,9 +28,6 @@ from kvbench.executors.cost_model import CostModelExecutor
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.scenarios.build import load_specs
-
-from slowdown import slowed
-from work_counter import count_work
 
 
 class SlowedBenchmark(BenchmarkFixture):

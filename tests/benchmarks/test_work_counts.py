@@ -3,11 +3,11 @@ O(pool) scan counts thousands of lines more (these run in the test suite, not as
 
 from __future__ import annotations
 
-from kvbench.plugins.allocators.block_pool import BlockPool
-from kvbench.plugins.allocators.paged import PagedAllocator
-
 from test_hot_paths import COUNTED_STEPS, decode_step, running_scheduler
 from work_counter import count_work
+
+from kvbench.plugins.allocators.block_pool import BlockPool
+from kvbench.plugins.allocators.paged import PagedAllocator
 
 
 class ScanningBlockPool(BlockPool):
@@ -36,8 +36,9 @@ def lines_per_step(allocator_cls, running: int = 256) -> float:
 def test_identical_code_counts_identical_work():
     scheduler_a = running_scheduler(PagedAllocator(256 * 2048, 2048, block_size=16))
     scheduler_b = running_scheduler(PagedAllocator(256 * 2048, 2048, block_size=16))
-    assert count_work(lambda: decode_step(scheduler_a), COUNTED_STEPS) == \
-        count_work(lambda: decode_step(scheduler_b), COUNTED_STEPS)
+    assert count_work(lambda: decode_step(scheduler_a), COUNTED_STEPS) == count_work(
+        lambda: decode_step(scheduler_b), COUNTED_STEPS
+    )
 
 
 def test_an_injected_pool_scan_is_caught_and_grows_with_the_pool_in_use():

@@ -9,7 +9,7 @@ thousands more lines even when the clock cannot see it.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 def count_work(step: Callable[[], object], steps: int) -> tuple[float, float]:

@@ -7,7 +7,6 @@ import sys
 import types
 
 import pytest
-
 import vllm_conformance as conformance
 
 
@@ -19,7 +18,10 @@ def run(capsys, *argv):
 @pytest.fixture
 def installed_vllm(monkeypatch):
     def install(version):
-        monkeypatch.setitem(sys.modules, "vllm", None if version is None else types.SimpleNamespace(__version__=version))
+        monkeypatch.setitem(
+            sys.modules, "vllm", None if version is None else types.SimpleNamespace(__version__=version)
+        )
+
     return install
 
 
@@ -27,8 +29,9 @@ def test_a_vllm_version_it_was_not_written_for_is_refused_naming_the_supported_o
     installed_vllm("0.32.0")
     code, err = run(capsys, "--case", "sharegpt")
     assert code == 2
-    assert err == ["error: vllm 0.32.0 is not supported: this harness is written for vllm 0.33.0 "
-                   "(scripts/vllm_env.sh installs it)"]
+    assert err == [
+        "error: vllm 0.32.0 is not supported: this harness is written for vllm 0.33.0 (scripts/vllm_env.sh installs it)"
+    ]
 
 
 def test_no_vllm_at_all_is_one_line_too(capsys, installed_vllm):
@@ -37,10 +40,13 @@ def test_no_vllm_at_all_is_one_line_too(capsys, installed_vllm):
     assert code == 2 and len(err) == 1 and err[0].startswith("error: vllm is not importable")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--preset", "sglang"], "error: unknown preset 'sglang'; known: vllm, none"),
-    (["--case", "bogus"], "error: unknown case 'bogus'; known: sharegpt, sharegpt-prefix,"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "sglang"], "error: unknown preset 'sglang'; known: vllm, none"),
+        (["--case", "bogus"], "error: unknown case 'bogus'; known: sharegpt, sharegpt-prefix,"),
+    ],
+)
 def test_an_unknown_preset_or_case_is_one_line_with_exit_code_2(capsys, installed_vllm, argv, message):
     installed_vllm("0.33.0")
     code, err = run(capsys, *argv)

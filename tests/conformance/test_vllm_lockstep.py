@@ -20,8 +20,9 @@ try:
 except ImportError as err:
     if os.environ.get("KVBENCH_REQUIRE_VLLM") == "1":
         raise RuntimeError(f"KVBENCH_REQUIRE_VLLM=1 but vllm is not importable: {err}") from None
-    pytest.skip(f"vllm is not importable ({err}); scripts/vllm_env.sh builds an environment with it",
-                allow_module_level=True)
+    pytest.skip(
+        f"vllm is not importable ({err}); scripts/vllm_env.sh builds an environment with it", allow_module_level=True
+    )
 
 import vllm_conformance as conformance
 from vllm_conformance import CASES

@@ -46,8 +46,13 @@ def one_request(seq_id: int, prompt_len: int, output_len: int = 10) -> Sequence:
 def test_an_idle_pool_admits_past_the_watermark_only_when_told_to():
     # 100 blocks, watermark 10 % = 10 blocks kept free; a 92-block prompt fits, but not with headroom
     for when_idle, admitted in ((True, []), (False, [0])):
-        scheduler = Scheduler(PagedAllocator(100 * 16, 2048, 16, watermark=0.1), 8, 2048, chunked_prefill=True,
-                              watermark_when_idle=when_idle)
+        scheduler = Scheduler(
+            PagedAllocator(100 * 16, 2048, 16, watermark=0.1),
+            8,
+            2048,
+            chunked_prefill=True,
+            watermark_when_idle=when_idle,
+        )
         scheduler.add(one_request(0, 92 * 16))
         batch = scheduler.schedule()
         assert [s.seq_id for s in batch.seqs] == admitted
@@ -55,8 +60,9 @@ def test_an_idle_pool_admits_past_the_watermark_only_when_told_to():
 
 
 def test_with_a_request_running_the_watermark_still_applies():
-    scheduler = Scheduler(PagedAllocator(100 * 16, 2048, 16, watermark=0.1), 8, 4096, chunked_prefill=True,
-                          watermark_when_idle=False)
+    scheduler = Scheduler(
+        PagedAllocator(100 * 16, 2048, 16, watermark=0.1), 8, 4096, chunked_prefill=True, watermark_when_idle=False
+    )
     scheduler.add(one_request(0, 40 * 16))
     scheduler.add(one_request(1, 55 * 16))  # fits the 60 free blocks, not with 10 kept free
     scheduler.add(one_request(2, 5 * 16))
@@ -68,8 +74,13 @@ def test_with_a_request_running_the_watermark_still_applies():
 
 
 def bench(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_bench_runs_the_preset_and_an_unknown_preset_is_one_line_with_exit_code_2(tmp_path):

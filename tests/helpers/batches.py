@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.arith import cdiv
 from kvbench.plugins.backends.base import AttentionMetadata
 
 
@@ -30,7 +31,7 @@ def scattered_slots(seq_lens: list, block_size: int, layout: str, gen: torch.Gen
     """(slots of each sequence's tokens, num_blocks, block_tables, seq_starts) for one layout."""
     block_tables = seq_starts = None
     if layout == "paged":
-        needed = [-(-n // block_size) for n in seq_lens]
+        needed = [cdiv(n, block_size) for n in seq_lens]
         physical = torch.randperm(sum(needed) + 2, generator=gen).tolist()
         num_blocks = len(physical)
         spare = physical.pop()
@@ -45,7 +46,7 @@ def scattered_slots(seq_lens: list, block_size: int, layout: str, gen: torch.Gen
         for seq in torch.randperm(len(seq_lens), generator=gen).tolist():
             starts[seq] = end + int(torch.randint(0, 4, (1,), generator=gen))
             end = starts[seq] + seq_lens[seq]
-        num_blocks = -(-(end + 3) // block_size)
+        num_blocks = cdiv((end + 3), block_size)
         seq_starts = torch.tensor(starts, dtype=torch.int64)
         slots = [list(range(start, start + n)) for start, n in zip(starts, seq_lens)]
     return slots, num_blocks, block_tables, seq_starts
