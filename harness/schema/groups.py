@@ -106,6 +106,17 @@ class Report(Section):
     paper: Literal["fig2", "fig12", "fig13", "fig18", "fig19"] | None = None
     slo_s_per_token: Float = Field(0.5, gt=0, le=1e6)
     baseline: str | None = "contiguous"
+
+    @field_validator("baseline")
+    @classmethod
+    def _registered_allocator(cls, name):
+        from kvbench.registry import default_registry
+
+        known = default_registry().classes("allocator")
+        if name is not None and name not in known:
+            raise ValueError(f"must be a registered allocator: {', '.join(known)}")
+        return name
+
     goodput: Goodput = Goodput()
 
 
