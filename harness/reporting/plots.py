@@ -123,7 +123,8 @@ def kv_breakdown(frame: pd.DataFrame):
     for ax in axes[:, 0]:
         ax.set_ylabel("% of KV slots (time-averaged)")
     fig.suptitle(
-        f"Where KV memory goes: {context_title(frame)}\n(internal fragmentation includes block and buddy rounding)",
+        f"Where KV memory goes: {context_title(frame)}\n"
+        "(the five categories of docs/paper.md; the paper files rounding under external & other)",
         fontsize=11,
     )
     _legend_below(fig, axes.flat[0])
