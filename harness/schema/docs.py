@@ -1,7 +1,7 @@
 """`bench --help`'s field list: every schema field with its type, its range and its one-line doc.
 
-The doc of a field is the comment beside it in the YAML that sets it (the one place STYLE.md
-documents a field), the first one found across the group's options; a field no YAML comments
+The doc of a field is the comment beside it in the YAML that sets it (the one place a field is
+documented, docs/configs.md), the first one found across the group's options; a field no YAML comments
 falls back to the schema's `Field(description=...)`.
 """
 
