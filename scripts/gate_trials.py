@@ -1,0 +1,83 @@
+"""How often the A/B gate cries wolf, and how often it sleeps: repeated `bench-compare --against`.
+
+Each trial is one whole A/B (REF in a git worktree against this tree, `--repeats` runs a side,
+interleaved). With --slowdown F the current side is made (1 + F) times slower without editing
+it: the hot-path benchmarks read KVBENCH_TEST_SLOWDOWN themselves, and for a serve sweep
+tests/slowdown_site/sitecustomize.py slows ModelExecutor.execute. A trial "reports a
+regression" when bench-compare exits 1. Prints one line per trial and a tally; --out keeps them.
+
+    python scripts/gate_trials.py --trials 10                      # hot paths, identical code
+    python scripts/gate_trials.py --trials 10 --slowdown 0.25      # hot paths, 25 % slower
+    python scripts/gate_trials.py --trials 10 --serve              # a small serve sweep
+    python scripts/gate_trials.py --trials 10 --serve --slowdown 0.4
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE = ["scenario=serve", "model=tiny", "workload=fixed", "scenario.num_requests=8", "+allocator=paged"]
+
+
+def trial(ref: str, repeats: int, serve: bool, slowdown: float) -> dict:
+    command = ["bench-compare", "--against", ref, "--repeats", str(repeats)]
+    if slowdown:
+        command += ["--current-env", f"KVBENCH_TEST_SLOWDOWN={slowdown}"]
+        if serve:
+            command += ["--current-env", "PYTHONPATH=tests/slowdown_site"]
+    if serve:
+        command += SERVE
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    text = result.stdout + result.stderr
+    regressed = re.findall(r"^  (\S.*?): (\S+) .* the worse way", text, re.M)
+    if result.returncode not in (0, 1):
+        raise SystemExit(f"bench-compare failed (exit {result.returncode}): {text.strip().splitlines()[-1:]}")
+    return {
+        "kind": "serve" if serve else "hot paths",
+        "slowdown": slowdown,
+        "exit": result.returncode,
+        "regressions": len(regressed),
+        "regressed": "; ".join(f"{point} {metric}" for point, metric in regressed),
+        "seconds": round(seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--ref", default="HEAD", help="the git ref measured as the baseline (default HEAD)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs a side in each A/B (default 5)")
+    parser.add_argument("--serve", action="store_true", help="a small serve sweep instead of the hot paths")
+    parser.add_argument("--slowdown", type=float, default=0.0, help="make the current side (1 + F) times slower")
+    parser.add_argument("--out", type=Path, help="append the trials to this CSV")
+    args = parser.parse_args()
+    rows = []
+    for index in range(args.trials):
+        row = trial(args.ref, args.repeats, args.serve, args.slowdown)
+        rows.append(row)
+        verdict = "REGRESSION" if row["exit"] else "no regression"
+        print(f"trial {index + 1}/{args.trials}: {verdict} ({row['regressed'] or '-'}), {row['seconds']} s", flush=True)
+    flagged = sum(r["exit"] == 1 for r in rows)
+    seconds = pd.Series([r["seconds"] for r in rows])
+    print(
+        f"{rows[0]['kind']}, slowdown {args.slowdown:g}: {flagged}/{len(rows)} trials reported a regression; "
+        f"an A/B took {seconds.median():.0f} s median ({seconds.min():.0f}-{seconds.max():.0f} s)"
+    )
+    if args.out:
+        frame = pd.DataFrame(rows)
+        frame.to_csv(args.out, mode="a", header=not args.out.exists(), index=False)
+        print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
