@@ -55,7 +55,8 @@ FIG12 = {  # request rate vLLM sustains at similar normalized latency, ShareGPT 
 }
 
 
-def _num(row: dict, key: str) -> float:
+def number(row: dict, key: str) -> float:
+    """A result cell as a float; NaN for a missing or non-numeric cell (a failed point)."""
     try:
         return float(row.get(key, "nan"))
     except (TypeError, ValueError):
@@ -68,7 +69,7 @@ def _ok(rows: list[dict]) -> list[dict]:
 
 def mean_over_seeds(rows: list[dict], key: str, **where) -> tuple[float, int]:
     """The mean of `key` over the ok rows whose columns equal `where`, and how many there were."""
-    values = [_num(r, key) for r in _ok(rows) if all(r.get(k) == v for k, v in where.items())]
+    values = [number(r, key) for r in _ok(rows) if all(r.get(k) == v for k, v in where.items())]
     return (float(np.mean(values)) if values else float("nan")), len(values)
 
 
@@ -123,7 +124,7 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
     out = []
     for (workload, rate), papers in FIG13.items():
         # matched by rate, so that a trace of the paper's dataset compares as well
-        at_rate = [r for r in _ok(rows) if _num(r, "rate") == rate]
+        at_rate = [r for r in _ok(rows) if number(r, "rate") == rate]
         if not at_rate:
             continue
         for allocator in PAPER_ORDER:
@@ -142,7 +143,8 @@ def capacities(rows: list[dict], slo: float) -> dict[tuple[str, str], float]:
     """(workload, allocator) -> the highest request rate with normalized latency <= `slo`."""
     series = defaultdict(lambda: defaultdict(list))
     for r in _ok(rows):
-        series[(r.get("workload"), r.get("allocator"))][_num(r, "rate")].append(_num(r, "normalized_latency_s_per_tok"))
+        latency = number(r, "normalized_latency_s_per_tok")
+        series[(r.get("workload"), r.get("allocator"))][number(r, "rate")].append(latency)
     found = {}
     for (workload, allocator), by_rate in sorted(series.items()):
         rates = sorted(by_rate)
@@ -214,7 +216,7 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
         by_block = {}
         for r in _ok(rows):
             if r.get("workload") == workload:
-                by_block.setdefault(int(_num(r, "block_size")), []).append(_num(r, "normalized_latency_s_per_tok"))
+                by_block.setdefault(int(number(r, "block_size")), []).append(number(r, "normalized_latency_s_per_tok"))
         best = min(by_block, key=lambda b: np.mean(by_block[b]))
         out.append(
             comparison_row(
@@ -238,7 +240,7 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
         for r in _ok(rows):
             mode = r.get("engine.preemption")
             if mode in column_of:
-                by_block[int(_num(r, "block_size"))][mode] = _num(r, column_of[mode])
+                by_block[int(number(r, "block_size"))][mode] = number(r, column_of[mode])
         both = sorted(b for b, t in by_block.items() if len(t) == 2)
         crossover = next((b for b in both if by_block[b]["swap"] <= by_block[b]["recompute"]), None)
         if crossover is None:

@@ -12,8 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kvbench.reporting.figures import number, save_figure  # noqa: E402
-from kvbench.reporting.paper import PAPER_ORDER, SYSTEMS  # noqa: E402
+from kvbench.reporting.figures import save_figure  # noqa: E402
+from kvbench.reporting.paper import PAPER_ORDER, SYSTEMS, number  # noqa: E402
 
 COLORS = {
     "token states": "#2b8a3e",
