@@ -49,6 +49,15 @@ FIG13 = {  # mean batched requests (Fig. 13): ShareGPT at 2 req/s, Alpaca at 30 
     ("sharegpt", 2.0): {"paged": 30.42, "oracle": 13.62, "pow2": 9.81, "contiguous": 7.00},
     ("alpaca", 30.0): {"paged": 132.44, "oracle": 72.75, "pow2": 43.24, "contiguous": 7.00},
 }
+# % of KV blocks sharing saves, OPT-13B, each range over the widths 2, 4, 6 (Fig. 14 / 15, Sec. 6.3)
+FIG14_15 = {
+    ("alpaca", "parallel"): (6.1, 9.8),
+    ("alpaca", "beam"): (37.6, 55.2),
+    ("sharegpt", "parallel"): (16.2, 30.5),
+    ("sharegpt", "beam"): (44.3, 66.3),
+}
+# fig14_15.sharing -> (what it is, what its width counts)
+SHARING = {"parallel": ("parallel sampling", "n"), "beam": ("beam search", "width")}
 FIG12 = {  # request rate vLLM sustains at similar normalized latency, ShareGPT (Sec. 6.2)
     ("paged", "oracle"): (1.7, 2.7),
     ("paged", "contiguous"): (2.7, 8.0),
@@ -210,6 +219,36 @@ def fig12(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
+def sharing_points(rows: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
+    """(workload, sharing mode, width) -> its ok rows, in the paper's order; the mode and width are
+    the columns conf/experiment/fig14_15.yaml sweeps."""
+    points = defaultdict(list)
+    for r in _ok(rows):
+        key = (r.get("workload"), r.get("fig14_15.sharing"))
+        if key in FIG14_15 and r.get("fig14_15.width"):
+            points[(*key, int(number(r, "fig14_15.width")))].append(r)
+    order = list(FIG14_15)
+    return {k: points[k] for k in sorted(points, key=lambda k: (order.index(k[:2]), k[2]))}
+
+
+def fig14_15(rows: list[dict], cfg) -> list[dict]:
+    """The paper gives a range over the widths 2, 4, 6: each width is compared with it."""
+    points = sharing_points(rows)
+    if not points:
+        raise UserError(
+            "fig14_15: no point says its sharing (columns fig14_15.sharing and fig14_15.width, "
+            "workload alpaca or sharegpt): run bench +experiment=fig14_15"
+        )
+    out = []
+    for (workload, mode, width), mine in points.items():
+        value, runs = mean_over_seeds(mine, "kv_blocks_saved_frac")
+        name, knob = SHARING[mode]
+        paper = FIG14_15[(workload, mode)]
+        quantity = f"% KV blocks saved, {name} {knob}={width}"
+        out.append(comparison_row("fig14_15", workload, "vLLM", quantity, paper, 100 * value, runs))
+    return out
+
+
 def fig18(rows: list[dict], cfg) -> list[dict]:
     out = []
     for workload in sorted({r.get("workload") for r in _ok(rows)}):
@@ -262,7 +301,7 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
-FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig18": fig18, "fig19": fig19}
+FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig14_15": fig14_15, "fig18": fig18, "fig19": fig19}
 
 
 def report_settings(report) -> dict:
@@ -324,6 +363,8 @@ def write_comparison(sweep_dir: Path, report) -> list[Path]:
 
     if name == "fig2":
         written.append(paper_plots.fig2_breakdown(_ok(rows), sweep_dir))
+    if name == "fig14_15":
+        written.append(paper_plots.sharing_savings(sharing_points(rows), sweep_dir))
     if name == "fig12":
         found = capacities(rows, settings["slo"])
         write_csv(sweep_dir / "capacity.csv", capacity_rows(found, settings["baseline"]))
