@@ -3,10 +3,12 @@ under every placement a reserving allocator can use."""
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvbench.core.sequence import Request, Sequence
 from kvbench.plugins.allocators.block_pool import BlockPool
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
@@ -57,6 +59,10 @@ def check(allocator, live):
     parts = (acc.token, acc.reserved, acc.internal, acc.rounding, acc.free)
     assert all(p >= 0 for p in parts), parts
     assert sum(parts) == allocator.num_slots
+    if isinstance(allocator, PagedAllocator):
+        recount_named(allocator)
+    else:
+        assert acc.named == acc.held  # a reservation is nobody else's: nothing is shared
     assert abs(sum(acc.fractions()) - 1.0) < 1e-12  # the five fractions
     owners = occupancy(allocator)
     assert set(owners.values()) <= {1}, "a slot is owned twice"
@@ -198,3 +204,103 @@ def test_the_pool_evicts_never_named_blocks_first_then_the_least_recently_freed(
         pool.drop(block)
     assert [pool.take() for _ in range(4)] == [blocks[3], blocks[2], blocks[1], blocks[0]]
     assert not pool.cached
+
+
+# --- sharing: the running count of named blocks -----------------------------------------
+SHARING_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "append", "append", "append", "fork", "free", "swap", "recompute", "resume"]),
+        st.integers(0, 10_000),
+        st.integers(1, 24),
+    ),
+    min_size=1,
+    max_size=80,
+)
+
+
+def recount_named(allocator: PagedAllocator) -> None:
+    """The running count against a full recount: every block table's length, summed."""
+    tables = allocator.block_tables.values()
+    assert allocator.num_named_blocks == sum(len(table) for table in tables)
+    acc = allocator.accounting()
+    assert acc.named == allocator.num_named_blocks * allocator.block_size
+    assert acc.held == len({block for table in tables for block in table}) * allocator.block_size
+    assert acc.held <= acc.named
+
+
+def start(allocator: PagedAllocator, seq: Sequence) -> bool:
+    """Admit `seq` and compute its tokens (a prompt, or a recomputed sequence); False = not now."""
+    if not allocator.admit(seq):
+        return False
+    if seq.num_computed < seq.num_tokens and not allocator.grow(seq, seq.num_tokens - seq.num_computed):
+        allocator.free(seq)
+        return False
+    seq.num_computed = seq.num_tokens
+    return True
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=SHARING_OPS, block_size=st.sampled_from([1, 4, 16]), prefix_caching=st.booleans())
+def test_the_running_count_of_named_blocks_equals_a_recount(ops, block_size, prefix_caching):
+    """Requests of several sequences admitted, decoded, forked, freed, preempted by swap and by
+    recompute and resumed; prompts from a 2-token vocabulary, so prefix hits share blocks too."""
+    allocator = PagedAllocator(num_slots=512, max_model_len=256, block_size=block_size, prefix_caching=prefix_caching)
+    allocator.enable_swap(256)
+    running, swapped, waiting = [], [], []  # each a list of requests' sequence groups
+    ids = iter(range(10**6))
+    for op, pick, size in ops:
+        if op == "admit":
+            tokens = [(pick >> i) & 1 for i in range(size)]
+            request = Request(next(ids), 0.0, size, 1 + pick % 60, np.asarray(tokens))
+            seq = Sequence(next(ids), request, size, token_ids=list(tokens))
+            if start(allocator, seq):
+                running.append([seq])
+        elif op == "resume" and (swapped or waiting):
+            queue = swapped if swapped and (pick % 2 or not waiting) else waiting
+            group = queue[pick % len(queue)]
+            if queue is swapped and allocator.swap_in(group):
+                queue.remove(group)
+                running.append(group)
+            elif queue is waiting:
+                started = [seq for seq in group if start(allocator, seq)]
+                if len(started) == len(group):
+                    queue.remove(group)
+                    running.append(group)
+                else:
+                    for seq in started:
+                        allocator.free(seq)
+                        seq.num_computed = 0
+        elif running and op not in ("admit", "resume"):
+            group = running[pick % len(running)]
+            seq = group[pick % len(group)]
+            if op == "append":
+                n = min(1 if pick % 3 else size, seq.final_len - seq.num_computed)
+                if n > 0 and allocator.grow(seq, n):
+                    seq.num_computed += n
+                    seq.num_tokens = max(seq.num_tokens, seq.num_computed)
+                    seq.token_ids.extend([pick % 2] * (seq.num_tokens - len(seq.token_ids)))
+            elif op == "fork":
+                child = Sequence(next(ids), seq.request, seq.num_tokens, token_ids=list(seq.token_ids), parent=seq)
+                allocator.fork(seq, child)
+                group.append(child)
+            elif op == "free":
+                group.remove(seq)
+                allocator.free(seq)
+                if not group:
+                    running.remove(group)
+            elif op == "swap":
+                if allocator.swap_out(group):
+                    running.remove(group)
+                    swapped.append(group)
+            else:  # recompute: drop the blocks, compute every token again when resumed
+                for member in group:
+                    allocator.free(member)
+                    member.num_computed = 0
+                running.remove(group)
+                waiting.append(group)
+        recount_named(allocator)
+    for group in running:
+        for seq in group:
+            allocator.free(seq)
+    recount_named(allocator)
+    assert allocator.num_named_blocks == 0

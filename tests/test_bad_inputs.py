@@ -195,6 +195,7 @@ COMPOSE_CASES = [
     (["workload.rate=[1"], "cannot parse the override"),
     (["workload.rate=${nope}"], "Interpolation key 'nope' not found"),
     (["workload.rate=${hardware.nope}"], "nope"),
+    (["+experiment=fig14_15", "fig14_15.sharing=beams"], "Interpolation key 'fig14_15.knobs.beams.n' not found"),
     (
         ["model.window=8"],
         "model.window is a model key that this model config does not set: add it with +model.window=8",

@@ -196,10 +196,11 @@ def recount(allocator) -> None:
             assert m.num_pages == len(unique)
             assert m.filled == sum(m.pool.fill[p] for p in unique)
             assert m.stale == sum(m.page_stale[p] for p in unique)
+            assert m.num_named == len(live)  # a shared page once per table
             pages = len(unique)
         else:
             pages = sum(len(p) for p in m.states.values()) + sum(len(p) for s in m.spares.values() for p in s)
-            assert m.num_pages == pages
+            assert m.num_pages == m.num_named == pages
         pools_used[id(m.pool)] += pages
     for pool in allocator.pools:
         assert pool.num_free + pools_used[id(pool)] == pool.num_blocks
@@ -210,6 +211,7 @@ def recount(allocator) -> None:
         assert sum(parts) == view.num_slots
         assert abs(sum(view.fractions()) - 1.0) < 1e-12
     assert acc.token == sum(v.token for v in acc.by_kind.values())
+    assert acc.named == sum(v.named for v in acc.by_kind.values()) >= acc.held
     assert acc.internal == sum(v.internal for v in acc.by_kind.values())
 
 

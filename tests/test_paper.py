@@ -10,7 +10,15 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from kvbench.errors import UserError
-from kvbench.reporting.paper import FIGURES, capacities, capacity_rows, fig2, report_settings
+from kvbench.reporting.paper import (
+    FIGURES,
+    capacities,
+    capacity_rows,
+    fig2,
+    fig14_15,
+    report_settings,
+    write_comparison,
+)
 
 
 def curve(allocator: str, points: dict, workload: str = "sharegpt") -> list[dict]:
@@ -165,3 +173,51 @@ def test_a_rate_sweep_too_short_for_a_knee_is_one_line_exit_2_and_keeps_its_summ
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "paged on sharegpt (rates 0.5, 1) never exceeds" in errors[0]
     assert (tmp_path / "sweep" / "summary.csv").is_file()
+
+
+def sharing_row(workload: str, sharing: str, width: int, saved: float) -> dict:
+    return {
+        "workload": workload,
+        "status": "ok",
+        "fig14_15.sharing": sharing,
+        "fig14_15.width": str(width),
+        "kv_blocks_saved_frac": str(saved),
+    }
+
+
+def test_fig14_15_compares_every_width_with_the_paper_s_range_over_the_widths(tmp_path):
+    rows = [
+        sharing_row("alpaca", "parallel", 4, 0.08),  # inside 6.1-9.8 %
+        sharing_row("alpaca", "parallel", 2, 0.05),  # below it
+        sharing_row("sharegpt", "beam", 6, 0.70),  # above 44.3-66.3 %
+    ]
+    compared = fig14_15(rows, {})
+    assert [r["quantity"] for r in compared] == [
+        "% KV blocks saved, parallel sampling n=2",
+        "% KV blocks saved, parallel sampling n=4",
+        "% KV blocks saved, beam search width=6",
+    ]
+    assert [r["paper"] for r in compared] == ["6.1-9.8", "6.1-9.8", "44.3-66.3"]
+    assert [r["delta"] for r in compared] == [pytest.approx(5 - 6.1), 0.0, pytest.approx(70 - 66.3)]
+    for point, row in enumerate(rows):
+        (tmp_path / f"p{point}").mkdir()
+        (tmp_path / f"p{point}" / "metrics.csv").write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    written = write_comparison(tmp_path, {"paper": "fig14_15"})
+    assert [p.name for p in written] == ["paper_comparison.csv", "paper_comparison.md", "fig14_15_sharing.png"]
+
+
+def test_fig14_15_without_sharing_columns_says_which_experiment_makes_them():
+    with pytest.raises(UserError, match="run bench \\+experiment=fig14_15"):
+        fig14_15([{"workload": "alpaca", "status": "ok", "kv_blocks_saved_frac": "0.1"}], {})
+
+
+@pytest.mark.parametrize("sharing, width, n, beam_width", [("parallel", 4, 4, 1), ("beam", 6, 1, 6)])
+def test_fig14_15_sweeps_one_width_and_the_mode_that_says_what_it_sets(sharing, width, n, beam_width):
+    overrides = ["+experiment=fig14_15", "workload=alpaca", f"fig14_15.sharing={sharing}", f"fig14_15.width={width}"]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=overrides, return_hydra_config=True)
+    assert (cfg.workload.n, cfg.workload.beam_width) == (n, beam_width)
+    assert (cfg.workload.rate, cfg.workload.duration_s) == (20.0, 40)
+    assert (cfg.allocator.name, cfg.engine.preemption, cfg.report.paper) == ("paged", "swap", "fig14_15")
+    params = cfg.hydra.sweeper.params
+    assert (params["fig14_15.sharing"], params["fig14_15.width"]) == ("parallel,beam", "2,4,6")

@@ -3,7 +3,8 @@
 n samples of an L-token prompt share its blocks; each writer of the shared, partly filled last
 block copies it first, so the request makes n - 1 copies, and none when L is a multiple of the
 block size. Beams fork and free through reference counts and hold fewer blocks than the same
-beams each keeping its own. The simulator runs the same sharing without tokens.
+beams each keeping its own. The simulator runs the same sharing without tokens. What sharing
+saves is every row's `kv_blocks_saved_frac`: 1 - blocks held / blocks the block tables name.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
-from kvbench.core.sequence import Request
+from kvbench.core.recorder import Recorder
+from kvbench.core.sequence import Request, Sequence
 from kvbench.core.workload import generate
 from kvbench.executors.cost_model import CostModelExecutor
+from kvbench.plugins.allocators.base import KVAccounting
+from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.scenarios.build import build_engine, load_specs
 
 from helpers.engine import SAMPLED, make_requests, run_engine
@@ -27,22 +31,61 @@ def test_n_samples_of_a_prompt_make_n_minus_1_copies(prompt_len, copies):
     assert row["copies"] == copies
 
 
-def blocks_held(log: list):
-    """on_step hook: (physical blocks in use, blocks the live sequences' tables name)."""
+def test_two_samples_of_a_40_token_prompt_share_its_blocks_until_they_write():
+    """Block 16: the prompt fills blocks 0 and 1 and half of block 2. Forked, both tables name all
+    three: 6 named, 3 held, half saved. The first sample to write the half-full block copies it
+    (6 named, 4 held); once both have filled their own and started a fourth block, only blocks 0
+    and 1 are shared (8 named, 6 held)."""
+    pool = PagedAllocator(num_slots=16 * 16, max_model_len=256, block_size=16)
+    request = Request(0, 0.0, 40, 20, n=2)
+    first = Sequence(1, request, 40)
+    assert pool.admit(first) and pool.grow(first, 40)
+    first.num_computed = 40
+    second = Sequence(2, request, 40, parent=first)
+    pool.fork(first, second)
 
-    def on_step(batch, pool):
-        held = (pool.num_slots - pool.accounting().free) // pool.block_size
-        log.append((held, sum(len(table) for table in pool.block_tables.values())))
+    def saved() -> float:
+        acc = pool.accounting()
+        return 1 - acc.held / acc.named
 
-    return on_step
+    assert pool.block_table(first) == pool.block_table(second)
+    assert saved() == 1 / 2
+    for step in range(1, 10):
+        for seq in (first, second):
+            assert pool.grow(seq, 1)
+            seq.num_computed += 1
+        if step == 1:
+            assert pool.num_copies == 1 and saved() == 1 - 4 / 6
+    assert pool.block_table(first)[:2] == pool.block_table(second)[:2]
+    assert not set(pool.block_table(first)[2:]) & set(pool.block_table(second)[2:])
+    assert saved() == 1 - 6 / 8
+
+
+def test_the_saved_fraction_is_held_over_named_blocks_each_averaged_over_the_window():
+    """1 s with 3 of 6 named blocks held, then 3 s with 4 of 6: 1 - (3 + 12) / (6 + 18)."""
+    recorder = Recorder(warmup_frac=0.0)
+    bs = 16
+    for end, dt, held in ((1.0, 1.0, 3), (4.0, 3.0, 4)):
+        accounting = KVAccounting(256, held * bs - 8, 0, 0, rounding=8, named=6 * bs)
+        recorder.on_step(end, dt, 2, accounting, 0.0)
+    row = recorder.summary(1, last_admit_s=0.0, first_arrival_s=0.0)
+    assert row["kv_blocks_saved_frac"] == pytest.approx(1 - 15 / 24)
 
 
 def test_beams_hold_fewer_blocks_than_unshared_beams():
     log: list = []
-    run_engine(make_requests(3, beam_width=4, output_len=12), block_size=4, on_step=blocks_held(log))
-    held, named = map(sum, zip(*log))
-    assert held < 0.8 * named  # the prompt and the common history are held once
-    assert all(h <= n for h, n in log)
+
+    def on_step(batch, pool):
+        log.append((pool.accounting().held, pool.accounting().named))
+
+    row, _ = run_engine(make_requests(3, beam_width=4, output_len=12), block_size=4, on_step=on_step)
+    assert row["kv_blocks_saved_frac"] > 0.2  # the prompt and the common history are held once
+    assert all(held <= named for held, named in log)
+
+
+def test_a_reserving_allocator_shares_nothing():
+    row, _ = run_engine(make_requests(3, n=4, output_len=12), "contiguous", num_slots=96 * 12)
+    assert row["kv_blocks_saved_frac"] == 0.0
 
 
 def test_beam_search_copies_less_with_paging_than_with_contiguous_ranges():
@@ -71,12 +114,7 @@ def test_simulated_samples_and_beams_share_blocks(n, beam_width):
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=overrides)
     model, hardware = load_specs(cfg)
-    log: list = []
     engine = build_engine(cfg, model, 4096, lambda allocator: CostModelExecutor(model, hardware))
-    execute = engine.executor.execute
-    hook = blocks_held(log)
-    engine.executor.execute = lambda batch: (hook(batch, engine.allocator), execute(batch))[1]
     row = engine.run(generate(dict(cfg.workload), 0, model.max_model_len))
     assert row["completed"] == 60
-    held, named = map(sum, zip(*log))
-    assert held < named
+    assert row["kv_blocks_saved_frac"] > 0

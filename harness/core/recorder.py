@@ -30,7 +30,7 @@ class Recorder:
         self.step_end: list[float] = []
         self.step_dt: list[float] = []
         self.batch_size: list[int] = []
-        self.kv: list[tuple[int, int, int, int]] = []  # token, reserved, internal, rounding slots
+        self.kv: list[tuple[int, ...]] = []  # token, reserved, internal, rounding, named slots
         self.kv_by_kind: dict[str, list] = {}  # hybrid models: layer kind -> per-step fractions
         self.schedule_s: list[float] = []
         self.num_slots = 1
@@ -56,7 +56,9 @@ class Recorder:
         self.step_end.append(end_s)
         self.step_dt.append(dt)
         self.batch_size.append(batch_size)
-        self.kv.append((accounting.token, accounting.reserved, accounting.internal, accounting.rounding))
+        self.kv.append(
+            (accounting.token, accounting.reserved, accounting.internal, accounting.rounding, accounting.named)
+        )
         by_kind = getattr(accounting, "by_kind", None)  # hybrid models only
         if by_kind:
             for kind, acc in by_kind.items():
@@ -134,8 +136,13 @@ class Recorder:
         weight = np.clip(np.minimum(ends, stop) - np.maximum(ends - dts, start), 0, None)
         if weight.sum() <= 0:
             weight = dts
-        kv = np.asarray(self.kv, dtype=float).reshape(-1, 4) / self.num_slots
+        slots = np.asarray(self.kv, dtype=np.int64).reshape(-1, 5)
+        kv = slots / self.num_slots
         token, reserved, internal, rounding = (np.average(kv[:, i], weights=weight) for i in range(4))
+        # sharing saves what the block tables name beyond what the pool holds, over the window
+        held = np.average(slots[:, :4].sum(axis=1), weights=weight)
+        named = np.average(slots[:, 4], weights=weight)
+        saved = float(1.0 - held / named) if named > 0 else 0.0
 
         self._read_finished()
         if self.request_log is not None:
@@ -164,6 +171,7 @@ class Recorder:
             "kv_internal_frag_frac": internal,
             "kv_rounding_frac": rounding,
             "kv_external_frag_frac": 1.0 - token - reserved - internal - rounding,
+            "kv_blocks_saved_frac": saved,
             **self._kind_fractions(weight),
             "max_batch_size": max(self.batch_size, default=0),
             "normalized_latency_s_per_tok": float(np.mean(e2el / out)) if len(out) else float("nan"),

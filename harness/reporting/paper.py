@@ -49,13 +49,23 @@ FIG13 = {  # mean batched requests (Fig. 13): ShareGPT at 2 req/s, Alpaca at 30 
     ("sharegpt", 2.0): {"paged": 30.42, "oracle": 13.62, "pow2": 9.81, "contiguous": 7.00},
     ("alpaca", 30.0): {"paged": 132.44, "oracle": 72.75, "pow2": 43.24, "contiguous": 7.00},
 }
+# % of KV blocks sharing saves, OPT-13B, each range over the widths 2, 4, 6 (Fig. 14 / 15, Sec. 6.3)
+FIG14_15 = {
+    ("alpaca", "parallel"): (6.1, 9.8),
+    ("alpaca", "beam"): (37.6, 55.2),
+    ("sharegpt", "parallel"): (16.2, 30.5),
+    ("sharegpt", "beam"): (44.3, 66.3),
+}
+# fig14_15.sharing -> (what it is, what its width counts)
+SHARING = {"parallel": ("parallel sampling", "n"), "beam": ("beam search", "width")}
 FIG12 = {  # request rate vLLM sustains at similar normalized latency, ShareGPT (Sec. 6.2)
     ("paged", "oracle"): (1.7, 2.7),
     ("paged", "contiguous"): (2.7, 8.0),
 }
 
 
-def _num(row: dict, key: str) -> float:
+def number(row: dict, key: str) -> float:
+    """A result cell as a float; NaN for a missing or non-numeric cell (a failed point)."""
     try:
         return float(row.get(key, "nan"))
     except (TypeError, ValueError):
@@ -68,7 +78,7 @@ def _ok(rows: list[dict]) -> list[dict]:
 
 def mean_over_seeds(rows: list[dict], key: str, **where) -> tuple[float, int]:
     """The mean of `key` over the ok rows whose columns equal `where`, and how many there were."""
-    values = [_num(r, key) for r in _ok(rows) if all(r.get(k) == v for k, v in where.items())]
+    values = [number(r, key) for r in _ok(rows) if all(r.get(k) == v for k, v in where.items())]
     return (float(np.mean(values)) if values else float("nan")), len(values)
 
 
@@ -123,7 +133,7 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
     out = []
     for (workload, rate), papers in FIG13.items():
         # matched by rate, so that a trace of the paper's dataset compares as well
-        at_rate = [r for r in _ok(rows) if _num(r, "rate") == rate]
+        at_rate = [r for r in _ok(rows) if number(r, "rate") == rate]
         if not at_rate:
             continue
         for allocator in PAPER_ORDER:
@@ -142,7 +152,8 @@ def capacities(rows: list[dict], slo: float) -> dict[tuple[str, str], float]:
     """(workload, allocator) -> the highest request rate with normalized latency <= `slo`."""
     series = defaultdict(lambda: defaultdict(list))
     for r in _ok(rows):
-        series[(r.get("workload"), r.get("allocator"))][_num(r, "rate")].append(_num(r, "normalized_latency_s_per_tok"))
+        latency = number(r, "normalized_latency_s_per_tok")
+        series[(r.get("workload"), r.get("allocator"))][number(r, "rate")].append(latency)
     found = {}
     for (workload, allocator), by_rate in sorted(series.items()):
         rates = sorted(by_rate)
@@ -208,13 +219,43 @@ def fig12(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
+def sharing_points(rows: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
+    """(workload, sharing mode, width) -> its ok rows, in the paper's order; the mode and width are
+    the columns conf/experiment/fig14_15.yaml sweeps."""
+    points = defaultdict(list)
+    for r in _ok(rows):
+        key = (r.get("workload"), r.get("fig14_15.sharing"))
+        if key in FIG14_15 and r.get("fig14_15.width"):
+            points[(*key, int(number(r, "fig14_15.width")))].append(r)
+    order = list(FIG14_15)
+    return {k: points[k] for k in sorted(points, key=lambda k: (order.index(k[:2]), k[2]))}
+
+
+def fig14_15(rows: list[dict], cfg) -> list[dict]:
+    """The paper gives a range over the widths 2, 4, 6: each width is compared with it."""
+    points = sharing_points(rows)
+    if not points:
+        raise UserError(
+            "fig14_15: no point says its sharing (columns fig14_15.sharing and fig14_15.width, "
+            "workload alpaca or sharegpt): run bench +experiment=fig14_15"
+        )
+    out = []
+    for (workload, mode, width), mine in points.items():
+        value, runs = mean_over_seeds(mine, "kv_blocks_saved_frac")
+        name, knob = SHARING[mode]
+        paper = FIG14_15[(workload, mode)]
+        quantity = f"% KV blocks saved, {name} {knob}={width}"
+        out.append(comparison_row("fig14_15", workload, "vLLM", quantity, paper, 100 * value, runs))
+    return out
+
+
 def fig18(rows: list[dict], cfg) -> list[dict]:
     out = []
     for workload in sorted({r.get("workload") for r in _ok(rows)}):
         by_block = {}
         for r in _ok(rows):
             if r.get("workload") == workload:
-                by_block.setdefault(int(_num(r, "block_size")), []).append(_num(r, "normalized_latency_s_per_tok"))
+                by_block.setdefault(int(number(r, "block_size")), []).append(number(r, "normalized_latency_s_per_tok"))
         best = min(by_block, key=lambda b: np.mean(by_block[b]))
         out.append(
             comparison_row(
@@ -238,7 +279,7 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
         for r in _ok(rows):
             mode = r.get("engine.preemption")
             if mode in column_of:
-                by_block[int(_num(r, "block_size"))][mode] = _num(r, column_of[mode])
+                by_block[int(number(r, "block_size"))][mode] = number(r, column_of[mode])
         both = sorted(b for b, t in by_block.items() if len(t) == 2)
         crossover = next((b for b in both if by_block[b]["swap"] <= by_block[b]["recompute"]), None)
         if crossover is None:
@@ -260,7 +301,7 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
-FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig18": fig18, "fig19": fig19}
+FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig14_15": fig14_15, "fig18": fig18, "fig19": fig19}
 
 
 def report_settings(report) -> dict:
@@ -322,6 +363,8 @@ def write_comparison(sweep_dir: Path, report) -> list[Path]:
 
     if name == "fig2":
         written.append(paper_plots.fig2_breakdown(_ok(rows), sweep_dir))
+    if name == "fig14_15":
+        written.append(paper_plots.sharing_savings(sharing_points(rows), sweep_dir))
     if name == "fig12":
         found = capacities(rows, settings["slo"])
         write_csv(sweep_dir / "capacity.csv", capacity_rows(found, settings["baseline"]))

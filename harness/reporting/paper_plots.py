@@ -1,6 +1,6 @@
 """The paper's figures as kvbench draws them: Fig. 2 in the paper's four categories (rounding
-hatched inside "external fragmentation & other") and Fig. 12's latency curves with each system's
-knee at the latency target."""
+hatched inside "external fragmentation & other"), Fig. 12's latency curves with each system's
+knee at the latency target, and Fig. 14 / 15's blocks saved by sharing against the paper's ranges."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kvbench.reporting.figures import number, save_figure  # noqa: E402
-from kvbench.reporting.paper import PAPER_ORDER, SYSTEMS  # noqa: E402
+from kvbench.reporting.figures import save_figure  # noqa: E402
+from kvbench.reporting.paper import FIG14_15, PAPER_ORDER, SHARING, SYSTEMS, number  # noqa: E402
 
 COLORS = {
     "token states": "#2b8a3e",
@@ -108,3 +108,28 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
         ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, out / "fig12_latency.png")
+
+
+def sharing_savings(points: dict, out: Path) -> Path:
+    """One panel per sharing mode: % of blocks saved against the width, per workload, over the
+    paper's range for that workload (shaded)."""
+    fig, axes = plt.subplots(1, len(SHARING), figsize=(10, 4), squeeze=False)
+    for ax, (mode, (name, knob)) in zip(axes[0], SHARING.items()):
+        for workload in dict.fromkeys(w for w, m in FIG14_15 if m == mode):
+            mine = {width: rows for (w, m, width), rows in points.items() if (w, m) == (workload, mode)}
+            if not mine:
+                continue
+            widths = sorted(mine)
+            (line,) = ax.plot(
+                widths, [100 * _mean(mine[x], "kv_blocks_saved_frac") for x in widths], marker="o", label=workload
+            )
+            low, high = FIG14_15[(workload, mode)]
+            ax.axhspan(low, high, color=line.get_color(), alpha=0.15, label=f"{workload}: paper {low:g}-{high:g} %")
+        ax.set_xticks(sorted({width for _, m, width in points if m == mode}))
+        ax.set_xlabel(knob)
+        ax.set_ylabel("% of KV blocks saved by sharing")
+        ax.set_ylim(0, 100)
+        ax.set_title(f"OPT-13B, {name}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, out / "fig14_15_sharing.png")

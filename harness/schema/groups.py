@@ -103,7 +103,7 @@ class Goodput(Section):
 
 
 class Report(Section):
-    paper: Literal["fig2", "fig12", "fig13", "fig18", "fig19"] | None = None
+    paper: Literal["fig2", "fig12", "fig13", "fig14_15", "fig18", "fig19"] | None = None
     slo_s_per_token: Float = Field(0.5, gt=0, le=1e6)
     baseline: str | None = "contiguous"
 
@@ -418,6 +418,7 @@ class Root(Section):
     measure: Measure = Measure()
     sweep: Sweep = Sweep()
     report: Report = Report()
+    fig14_15: dict | None = Field(None, description="+experiment=fig14_15's sharing mode, width and arrivals")
 
     @field_validator("batch", mode="before")
     @classmethod

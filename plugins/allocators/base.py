@@ -28,6 +28,11 @@ space is handed out in blocks or power-of-two chunks) or free / external fragmen
 counters are kept incrementally, so `accounting()` is O(1) and the five parts always add up to
 `num_slots`. An allocator that never over-estimates (paged) leaves `_internal` at 0: whatever
 it holds beyond token state and reserved slots is rounding (the empty tail of a last block).
+
+Sharing: `named` is the slots the sequences' block tables name, a block held by k tables counted
+k times. An allocator that shares blocks keeps that count as tables grow, fork, shrink and go,
+so it too is O(1) to read; one that shares nothing names exactly the slots it holds. What sharing
+saves is `1 - held / named` (docs/metrics.md, `kv_blocks_saved_frac`).
 """
 
 from __future__ import annotations
@@ -49,10 +54,15 @@ class KVAccounting:
     reserved: int
     internal: int
     rounding: int = field(default=0, kw_only=True)
+    named: int = field(kw_only=True)  # slots the block tables name, a shared block once per table
 
     @property
     def free(self) -> int:
         return self.num_slots - self.token - self.reserved - self.internal - self.rounding
+
+    @property
+    def held(self) -> int:
+        return self.num_slots - self.free
 
     def fractions(self) -> tuple[float, float, float, float, float]:
         """Token, reserved, internal, rounding and free, as shares of the pool."""
@@ -167,7 +177,13 @@ class KVAllocator(ABC):
             self._reserved,
             self._internal,
             rounding=self._allocated - self._token - self._reserved - self._internal,
+            named=self.named_slots(),
         )
+
+    def named_slots(self) -> int:
+        """Slots the sequences' block tables name, a shared block once per table; an allocator
+        that shares nothing names what it holds."""
+        return self._allocated
 
     @property
     def num_free_slots(self) -> int:

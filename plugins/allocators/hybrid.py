@@ -220,7 +220,7 @@ class HybridAllocator(KVAllocator):
     # --- accounting ----------------------------------------------------------------------
     def accounting(self) -> HybridAccounting:
         page_bytes = self.pages.page_bytes
-        by_kind, token, reserved, held = {}, 0, 0, 0
+        by_kind, token, reserved, held, named = {}, 0, 0, 0, 0
         for kind, m in self.managers.items():
             pages, kind_token, kind_reserved = m.usage()
             by_kind[kind] = KVAccounting(
@@ -228,10 +228,14 @@ class HybridAllocator(KVAllocator):
                 kind_token,
                 kind_reserved,
                 pages * page_bytes - kind_token - kind_reserved,
+                named=m.num_named * page_bytes,
             )
             token, reserved, held = token + kind_token, reserved + kind_reserved, held + pages
+            named += m.num_named
         total = sum(p.num_blocks for p in self.pools) * page_bytes
-        return HybridAccounting(total, token, reserved, held * page_bytes - token - reserved, by_kind)
+        return HybridAccounting(
+            total, token, reserved, held * page_bytes - token - reserved, by_kind=by_kind, named=named * page_bytes
+        )
 
     @property
     def num_free_slots(self) -> int:

@@ -22,7 +22,8 @@ class AttentionManager:
     fragmentation. `release`: blocks that fall wholly before what the next step reads go back to
     the pool, so a window layer holds at most ceil(W / B) + 1 blocks after a decode step.
     Counters (pages held, tokens filled, stale, reserved) are kept incrementally; a shared page
-    is counted once.
+    is counted once, except in `num_named`: the live (not released) entries of every table, a
+    shared page once per table.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class AttentionManager:
         self.root_hash = ROOT_HASH + LAYER_KINDS.index(kind)
         self.page_stale = [0] * len(pool.ref_count)  # per page: tokens no layer will read again
         self.num_pages = self.filled = self.stale = self.reserved = self.num_copies = 0
+        self.num_named = 0
 
     # --- pages ---------------------------------------------------------------------------
     def _take(self) -> int:
@@ -81,6 +83,7 @@ class AttentionManager:
         while i < len(table) and (i + 1) * bs <= position:
             self._drop(table[i])
             table[i] = -1
+            self.num_named -= 1
             i += 1
         self.first_live[seq_id] = i
 
@@ -105,6 +108,7 @@ class AttentionManager:
             self.num_copies += 1
         while len(table) * bs < after:
             table.append(self._take())
+            self.num_named += 1
         for index in range(before // bs, (after - 1) // bs + 1):
             self._fill(table[index], min(bs, after - index * bs))
         if self.keep:
@@ -142,6 +146,7 @@ class AttentionManager:
             self.pool.hold(page)
         self.add(child, table)
         self.first_live[child] = first
+        self.num_named += len(table) - first
         if parent in self.hashes:
             self.hashes[child] = list(self.hashes[parent])
         self.stale_end[child] = self.stale_end[parent]
@@ -150,7 +155,9 @@ class AttentionManager:
 
     def free(self, seq_id: int) -> None:
         table = self.tables.pop(seq_id)
-        for page in reversed(table[self.first_live.pop(seq_id) :]):  # the tail is evicted first
+        live = table[self.first_live.pop(seq_id) :]
+        self.num_named -= len(live)
+        for page in reversed(live):  # the tail is evicted first
             self._drop(page)
         del self.stale_end[seq_id]
         self.reserved -= self.seq_reserved.pop(seq_id)
@@ -217,6 +224,7 @@ class AttentionManager:
                 self.page_stale[page] = 0
         self.add(seq_id, table)
         self.first_live[seq_id] = len(table) - len(pages)
+        self.num_named += len(pages)
         self.hashes[seq_id] = hashes[: length // self.block_size]
         if self.keep:
             self._mark_stale(seq_id, length - self.keep)

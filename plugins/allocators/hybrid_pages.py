@@ -106,6 +106,11 @@ class LinearStateManager:
             self._drop_state(pages)
         self.started.discard(seq_id)
 
+    @property
+    def num_named(self) -> int:
+        """A state is never shared: the sequences name exactly the pages held."""
+        return self.num_pages
+
     def usage(self) -> tuple[int, int, int]:
         started = len(self.started)
         return (self.num_pages, started * self.state_bytes, (self.num_states - started) * self.state_bytes)

@@ -17,6 +17,10 @@ once (`took_room`), a block that the room filled is named when it fills (`room_r
 each block's fill and each sequence's reservation when anything else touches the
 sequence (`_settle`).
 
+Sharing is counted as it happens: `num_named_blocks` is the length of every block table summed,
+kept where a table is made, grows, is forked, given back, swapped out or in, so the blocks
+sharing saves (named less held) cost no pass over the tables.
+
 Swapping (`enable_swap`): a preempted request's computed blocks are copied to a CPU pool of the
 same block size, a block shared within the request once, and copied back when it resumes.
 """
@@ -56,6 +60,7 @@ class PagedAllocator(KVAllocator):
         # the pool's per-block lists, read on every decode step
         self.ref_count, self.block_fill = self.pool.ref_count, self.pool.fill
         self.block_tables: dict[int, list[int]] = {}
+        self.num_named_blocks = 0  # sum of the block tables' lengths: a shared block once per table
         self._seq_reserved: dict[int, int] = {}
         self._granted: dict[int, int] = {}  # seq_id -> its room when last counted
         self.prefix_caching = bool(prefix_caching)
@@ -159,6 +164,7 @@ class PagedAllocator(KVAllocator):
                 self._allocated += self.block_size
                 self._token += self.block_fill[block]
         self.block_tables[seq.seq_id] = hits
+        self.num_named_blocks += len(hits)
         self._hashes[seq.seq_id] = hashes
         self._seq_reserved[seq.seq_id] = 0
         seq.num_computed = seq.num_cached = len(hits) * self.block_size
@@ -208,6 +214,7 @@ class PagedAllocator(KVAllocator):
                     return False
                 block = pool.take()
                 table.append(block)
+                self.num_named_blocks += 1
                 block_fill[block] = 1
                 self._allocated += bs
                 self._token += 1
@@ -228,6 +235,7 @@ class PagedAllocator(KVAllocator):
             self.num_copies += 1
         while len(table) * bs < after:
             table.append(self._take_block())
+            self.num_named_blocks += 1
         for index in range(before // bs, (after - 1) // bs + 1):
             block = table[index]
             filled = min(bs, after - index * bs)
@@ -244,6 +252,7 @@ class PagedAllocator(KVAllocator):
         for block in table:
             self.ref_count[block] += 1
         self.block_tables[child.seq_id] = table
+        self.num_named_blocks += len(table)
         self._seq_reserved[child.seq_id] = 0
         if self.prefix_caching:
             self._hashes[child.seq_id] = list(self._hashes[parent.seq_id])
@@ -257,8 +266,9 @@ class PagedAllocator(KVAllocator):
 
     def _release(self, seq: Sequence) -> None:
         self._settle(seq)
-        ref_count = self.ref_count
-        for block in reversed(self.block_tables.pop(seq.seq_id)):
+        ref_count, table = self.ref_count, self.block_tables.pop(seq.seq_id)
+        self.num_named_blocks -= len(table)
+        for block in reversed(table):
             if ref_count[block] > 1:  # still held by another sequence (pool.drop, inlined)
                 ref_count[block] -= 1
             else:
@@ -275,6 +285,9 @@ class PagedAllocator(KVAllocator):
 
     def can_ever_admit(self, final_len: int) -> bool:
         return self.footprint(final_len) <= (self.num_blocks - self.watermark_blocks) * self.block_size
+
+    def named_slots(self) -> int:
+        return self.num_named_blocks * self.block_size
 
     def block_table(self, seq: Sequence) -> list[int]:
         return self.block_tables[seq.seq_id]
@@ -333,6 +346,7 @@ class PagedAllocator(KVAllocator):
                 if self.cpu_ref[cpu] == 0:
                     self.cpu_free.append(cpu)
             self.block_tables[seq.seq_id] = table
+            self.num_named_blocks += len(table)
             self._seq_reserved[seq.seq_id] = 0
         for seq in seqs:  # once every table is back, so a shared last block is seen as shared
             self._update_reserved(seq, seq.num_computed)
