@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, save_figure  # noqa: E402
-from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, table, varying_keys  # noqa: E402
+from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, rate_axis, table, varying_keys  # noqa: E402
 
 KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),
@@ -36,13 +36,6 @@ PANELS = [
     ("median_ttft_ms", "median TTFT (ms)", True),
     ("median_tpot_ms", "median TPOT (ms)", True),
 ]
-
-
-def _rate_axis(frame: pd.DataFrame) -> str | None:
-    """`rate` when the points were taken at several finite request rates."""
-    if "rate" not in varying_keys(frame):
-        return None
-    return "rate" if np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all() else None
 
 
 def _series(frame: pd.DataFrame):
@@ -92,7 +85,7 @@ def _legend_below(fig, ax) -> None:
 
 def kv_breakdown(frame: pd.DataFrame):
     """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep."""
-    x = _rate_axis(frame)
+    x = rate_axis(frame)
     groups = list(_series(frame)) if x else [("", None, "-", frame)]
     cols = min(len(groups), 2)
     rows_n = cdiv(len(groups), cols)
@@ -134,7 +127,7 @@ def kv_breakdown(frame: pd.DataFrame):
 def throughput_latency(frame: pd.DataFrame):
     """Throughput, batch size and latency medians: lines against rate in a rate sweep, else
     grouped bars (one group per setting, one bar per system)."""
-    x = _rate_axis(frame)
+    x = rate_axis(frame)
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
     fig, axes = plt.subplots(1, len(panels), figsize=(MAX_WIDTH_IN, 3.9), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
@@ -182,7 +175,7 @@ def draw_all(rows, out: Path) -> list[Path]:
         if len(serving):
             written.append(save_figure(kv_breakdown(serving), out / "kv_breakdown.png"))
             written.append(save_figure(throughput_latency(serving), out / "throughput_latency.png"))
-            if _rate_axis(serving):
+            if rate_axis(serving):
                 written.append(save_figure(latency_vs_rate(serving), out / "latency_vs_rate.png"))
     if "latency_us_p50" in frame:
         kernel = frame[frame["latency_us_p50"].notna()]
