@@ -165,3 +165,15 @@ def test_a_rate_sweep_too_short_for_a_knee_is_one_line_exit_2_and_keeps_its_summ
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "paged on sharegpt (rates 0.5, 1) never exceeds" in errors[0]
     assert (tmp_path / "sweep" / "summary.csv").is_file()
+
+
+def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
+    from kvbench.reporting import paper_plots
+
+    parts = {"kv_token_util": "0.4", "kv_reserved_frac": "0.2", "kv_internal_frag_frac": "0.1"}
+    parts |= {"kv_rounding_frac": "0.1", "kv_external_frag_frac": "0.2"}
+    rows = [{**r, **parts} for r in curve("contiguous", {1.0: 0.1, 2.0: 5.0}) + curve("paged", {1.0: 0.04, 2.0: 0.9})]
+    knees = capacities(rows, slo=0.5)
+    written = [paper_plots.fig2_breakdown(rows, tmp_path), paper_plots.latency_knees(rows, knees, 0.5, tmp_path)]
+    assert [p.name for p in written] == ["fig2_breakdown.png", "fig12_latency.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)

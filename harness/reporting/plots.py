@@ -10,17 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
 from kvbench.arith import cdiv
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, save_figure  # noqa: E402
-from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, rate_axis, table, varying_keys  # noqa: E402
+from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, save_figure
+from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, rate_axis, table, varying_keys
 
 KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),
@@ -94,18 +89,12 @@ def kv_breakdown(frame: pd.DataFrame):
     fig, axes = plt.subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
     for ax, (name, _, _, rows) in zip(axes.flat, groups):
         labels = pd.to_numeric(rows[x]).map("{:g}".format) if x else point_labels(rows)
-        bottom = np.zeros(len(rows))
-        for key, text, color in KV_PARTS:
-            values = 100 * pd.to_numeric(rows[key], errors="coerce").fillna(0).to_numpy()
-            drawn = ax.bar(range(len(rows)), values, bottom=bottom, label=text, color=color)
-            ax.bar_label(
-                drawn,
-                labels=[f"{v:.0f}" if v >= 8 else "" for v in values],
-                label_type="center",
-                fontsize=7,
-                color="white",
-            )
-            bottom += values
+        shares = rows[[key for key, _, _ in KV_PARTS]].apply(pd.to_numeric, errors="coerce").fillna(0) * 100
+        shares.columns = [text for _, text, _ in KV_PARTS]
+        shares.plot.bar(ax=ax, stacked=True, width=0.8, legend=False, color=[color for *_, color in KV_PARTS])
+        for bars in ax.containers:
+            shown = [f"{v:.0f}" if v >= 8 else "" for v in bars.datavalues]
+            ax.bar_label(bars, labels=shown, label_type="center", fontsize=7, color="white")
         ax.set_xticks(range(len(rows)), list(labels), rotation=0 if x else 20, ha="center" if x else "right")
         ax.set_ylim(0, 100)
         ax.set_title(name, fontsize=10)
@@ -132,9 +121,7 @@ def throughput_latency(frame: pd.DataFrame):
     fig, axes = plt.subplots(1, len(panels), figsize=(MAX_WIDTH_IN, 3.9), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
         if x:
-            for name, color, style, rows in _series(frame):
-                ax.plot(pd.to_numeric(rows[x]), rows[metric], style, marker="o", markersize=3, color=color, label=name)
-            ax.set_xlabel("request rate (req/s)")
+            _lines(ax, frame, metric, markersize=3)
         else:
             _draw_bars(ax, frame, metric)
         ax.set_ylabel(text)
@@ -146,18 +133,15 @@ def throughput_latency(frame: pd.DataFrame):
     return fig
 
 
+def _lines(ax, frame: pd.DataFrame, metric: str, **style) -> None:
+    for name, color, line, rows in _series(frame):
+        ax.plot(pd.to_numeric(rows["rate"]), rows[metric], line, marker="o", color=color, label=name, **style)
+    ax.set_xlabel("request rate (req/s)")
+
+
 def latency_vs_rate(frame: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    for name, color, style, rows in _series(frame):
-        ax.plot(
-            pd.to_numeric(rows["rate"]),
-            rows["normalized_latency_s_per_tok"],
-            style,
-            marker="o",
-            color=color,
-            label=name,
-        )
-    ax.set_xlabel("request rate (req/s)")
+    _lines(ax, frame, "normalized_latency_s_per_tok")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")
     ax.set_title(f"Normalized latency against request rate\n{context_title(frame)}", fontsize=11)
