@@ -37,6 +37,7 @@ class SweepSummary(Callback):
         from kvbench.reporting.console import sweep_table
         from kvbench.reporting.report import summarize
         from kvbench.reporting.results import collect
+        from kvbench.reporting.winners import verdict_settings
 
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
@@ -57,7 +58,8 @@ class SweepSummary(Callback):
         finally:
             if self.lock is not None:
                 self.lock.release()
-        print(sweep_table(rows))
+        baseline, _, slo = verdict_settings(rows, sweep_dir)
+        print(sweep_table(rows, slo, baseline))
         failed = rows[rows["status"] == "failed"] if "status" in rows else rows.iloc[:0]
         for row in failed.itertuples():
             log.warning("point %s failed: %s", row.point, row.reason)

@@ -8,7 +8,9 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
@@ -19,7 +21,7 @@ from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.registry import Registry
-from kvbench.reporting.compare import compare, main
+from kvbench.reporting.compare import compare, main, read_side
 from kvbench.reporting.policy import Rule, SignificanceTest, load_policy
 from kvbench.reporting.results import write_csv
 from kvbench.reporting.significance import judge
@@ -162,6 +164,19 @@ def test_swept_parameters_are_part_of_a_points_identity():
     cur = [row("paged", 4.0, **{"workload.rate": "8"}), row("paged", 1.0, **{"workload.rate": "2"})]
     assert compare(base, cur, load_policy(), out=out) == 1
     assert "workload.rate=2: request_throughput 2 -> 1" in out.getvalue()
+
+
+def test_wide_summaries_read_from_csv_match_without_a_fragmented_frame(tmp_path):
+    extra = {f"counter_{i}": str(i) for i in range(80)}  # a column each: read_csv's frames are one block a column
+    sides = []
+    for name, throughput in (("baseline", 2.0), ("current", 2.0)):
+        write_csv(tmp_path / name / "summary.csv", [row("paged", throughput, **extra), row("pow2", 1.0, **extra)])
+        sides.append(tmp_path / name / "summary.csv")
+    out = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.PerformanceWarning)
+        assert compare(*map(read_side, sides), load_policy(), out=out) == 0
+    assert "OK: 2 point(s) match" in out.getvalue()
 
 
 def test_measured_serve_rows_are_judged_by_the_test_simulated_rows_exactly():

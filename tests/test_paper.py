@@ -221,3 +221,15 @@ def test_fig14_15_sweeps_one_width_and_the_mode_that_says_what_it_sets(sharing, 
     assert (cfg.allocator.name, cfg.engine.preemption, cfg.report.paper) == ("paged", "swap", "fig14_15")
     params = cfg.hydra.sweeper.params
     assert (params["fig14_15.sharing"], params["fig14_15.width"]) == ("parallel,beam", "2,4,6")
+
+
+def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
+    from kvbench.reporting import paper_plots
+
+    parts = {"kv_token_util": "0.4", "kv_reserved_frac": "0.2", "kv_internal_frag_frac": "0.1"}
+    parts |= {"kv_rounding_frac": "0.1", "kv_external_frag_frac": "0.2"}
+    rows = [{**r, **parts} for r in curve("contiguous", {1.0: 0.1, 2.0: 5.0}) + curve("paged", {1.0: 0.04, 2.0: 0.9})]
+    knees = capacities(rows, slo=0.5)
+    written = [paper_plots.fig2_breakdown(rows, tmp_path), paper_plots.latency_knees(rows, knees, 0.5, tmp_path)]
+    assert [p.name for p in written] == ["fig2_breakdown.png", "fig12_latency.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)

@@ -101,6 +101,8 @@ def test_sweep_end_writes_the_report_and_prints_the_sweep_table(swept):
     summary = read_csv(sweep / "summary.csv")
     for line, (_, row) in zip(table[2:4], summary.iterrows()):
         assert line.split()[:3] == [row["allocator"], "ok", f"{row['request_throughput']:.3f}"]
+    assert "capacity at 0.5 s/token (req/s)" in table[5]
+    assert table[6].startswith("none: the points were not taken at several finite request rates (rate: 4)")
 
 
 def test_the_verdict_comes_first_and_names_the_winner_and_its_margin(sweep, tmp_path):
@@ -248,3 +250,45 @@ def test_the_winner_at_each_rate_with_ties_shared_and_a_failed_baseline_said():
     assert found.at["rate=1", "latency_vs_baseline"] == pytest.approx(3.0)
     assert found.at["rate=1", "throughput_vs_baseline"] == pytest.approx(1.8)
     assert found.at["rate=2", "winner"] == "paged" and found["latency_vs_baseline"].isna().tolist() == [False, True]
+
+
+def linear_sweep(rates) -> pd.DataFrame:
+    """Normalized latency linear in rate: contiguous reaches 0.5 s/token at 5 req/s, paged at 10."""
+    slope = {"contiguous": 0.1, "paged": 0.05}
+    return pd.DataFrame(
+        [
+            {
+                "allocator": a,
+                "workload": "sharegpt",
+                "rate": r,
+                "normalized_latency_s_per_tok": k * r,
+                "request_throughput": r,
+            }
+            for r in rates
+            for a, k in slope.items()
+        ]
+    )
+
+
+def verdict_of(frame: pd.DataFrame, slo: float = 0.5) -> str:
+    page = report.render_html(frame, [], [Path("sweep")], "contiguous", "contiguous", slo)
+    return page.split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
+
+
+def test_the_verdict_opens_with_each_system_s_capacity_at_the_latency_target_and_its_ratio():
+    verdict = verdict_of(linear_sweep(range(1, 13)))
+    assert "within 0.5 s/token of normalized latency" in verdict
+    assert "<li><b>contiguous</b>: 5 req/s, 1.00× contiguous's</li>" in verdict
+    assert "<li><b>paged</b>: 10 req/s, 2.00× contiguous's</li>" in verdict
+    assert verdict.index("Capacity") < verdict.index("Winner")
+    tighter = verdict_of(linear_sweep(range(1, 13)), slo=0.3)  # the target moves the crossing
+    assert "<li><b>contiguous</b>: 3 req/s" in tighter and "<li><b>paged</b>: 6 req/s, 2.00×" in tighter
+
+
+def test_without_a_rate_axis_or_a_crossing_the_verdict_says_why_instead_of_a_capacity():
+    one_rate = verdict_of(linear_sweep([4]))
+    assert "<p>No capacity at 0.5 s/token (report.slo_s_per_token): the points were not taken at " in one_rate
+    assert one_rate.count("capacity") == 1 and "req/s," not in one_rate
+    short = verdict_of(linear_sweep(range(1, 7)))  # paged stays under the target
+    assert "<li><b>contiguous</b>: 5 req/s, 1.00× contiguous's</li>" in short
+    assert "paged on sharegpt (rates 1, 2, 3, 4, 5, 6) never exceeds report.slo_s_per_token=0.5" in short

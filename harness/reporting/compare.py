@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
@@ -95,7 +96,7 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
     sides = []
     for name, frame in (("baseline", baseline), ("current", current)):
         frame = frame.reindex(columns=union)
-        frame[columns] = frame[columns].fillna("").astype(str)
+        frame[columns] = frame[columns].astype(object).fillna("").astype(str)
         twice = frame[frame.duplicated(columns, keep=False)]
         if not twice.empty:
             raise UserError(
@@ -105,7 +106,14 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
         sides.append(frame)
     both = pd.concat(sides)[columns]
     varying = [c for c in columns if both[c].nunique() > 1]
-    merged = sides[0].merge(sides[1], on=columns, how="outer", suffixes=(BASE, CUR), indicator=True, sort=False)
+    base, cur = (side.set_index(columns) for side in sides)
+    points = base.index.union(cur.index, sort=False)
+    where = np.select([~points.isin(cur.index), ~points.isin(base.index)], ["left_only", "right_only"], "both")
+    # one concat: read_csv leaves a block per column, and inserting a column (merge's indicator)
+    # into two such frames side by side warns of a fragmented frame
+    halves = [side.reindex(points).add_suffix(suffix) for side, suffix in ((base, BASE), (cur, CUR))]
+    merged = pd.concat([points.to_frame(), *halves, pd.Series(where, index=points, name="_merge")], axis=1)
+    merged = merged.reset_index(drop=True)
     if not (merged["_merge"] == "both").any():
         raise UserError(
             f"no point of the current run matches the baseline on {', '.join(columns)}; "

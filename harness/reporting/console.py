@@ -8,6 +8,7 @@ import math
 import pandas as pd
 
 from kvbench.reporting.results import in_paper_order, ok_rows, point_labels
+from kvbench.reporting.winners import capacity
 
 WIDTH = 56
 # (section, [(label, column, format)]); a line whose column a run lacks is left out
@@ -105,8 +106,9 @@ def run_table(row: dict) -> str:
     return "\n".join(lines)
 
 
-def sweep_table(frame: pd.DataFrame) -> str:
-    """Every point of a sweep, one line each, systems in the paper's order."""
+def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | None = None) -> str:
+    """Every point of a sweep, one line each, systems in the paper's order; with `slo`, each
+    system's capacity at that latency target below it."""
     frame = in_paper_order(frame)
     table = pd.DataFrame({"point": point_labels(frame)})
     if "status" in frame:
@@ -117,4 +119,15 @@ def sweep_table(frame: pd.DataFrame) -> str:
             table[header] = [_value(row, column, fmt) or "" for _, row in frame.iterrows()]
     body = table.to_string(index=False, justify="right")
     rule = "=" * max(WIDTH, len(body.splitlines()[0]))
-    return "\n".join([f" kvbench sweep: {len(frame)} point(s) ".center(len(rule), "="), body, rule])
+    lines = [f" kvbench sweep: {len(frame)} point(s) ".center(len(rule), "="), body, rule]
+    if slo is not None:
+        found, unplaced = capacity(frame, slo, baseline)
+        lines.append(f" capacity at {slo:g} s/token (req/s) ".center(len(rule), "-"))
+        for row in found.itertuples():
+            ratio = getattr(row, "ratio_to_baseline", float("nan"))
+            name = ", ".join(filter(None, [row.setting, row.allocator]))
+            against = f"  {ratio:.2f}x {baseline}" if ratio == ratio else ""
+            lines.append(f"{name:<32}{row.capacity_req_s:>8.3g}{against}")
+        lines += [f"none: {line}" for line in unplaced]
+        lines.append(rule)
+    return "\n".join(lines)

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from kvbench.reporting.figures import MAX_WIDTH_IN, save_figure  # noqa: E402
+from kvbench.reporting.figures import MAX_WIDTH_IN, save_figure
 
 SERIES_KEYS = ("backend", "allocator", "layout", "graph", "dtype", "model", "window")
 

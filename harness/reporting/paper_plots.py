@@ -4,16 +4,13 @@ knee at the latency target, and Fig. 14 / 15's blocks saved by sharing against t
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from kvbench.reporting.figures import save_figure  # noqa: E402
-from kvbench.reporting.paper import FIG14_15, PAPER_ORDER, SHARING, SYSTEMS, number  # noqa: E402
+from kvbench.reporting.figures import save_figure
+from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS
 
 COLORS = {
     "token states": "#2b8a3e",
@@ -23,35 +20,31 @@ COLORS = {
 }
 
 
-def _mean(rows: list[dict], key: str) -> float:
-    values = [number(r, key) for r in rows]
-    return sum(values) / len(values)
+def _numbers(rows: list[dict], *columns: str) -> pd.DataFrame:
+    """The text cells of `rows` as a frame, `columns` as numbers (a blank or bad cell is NaN)."""
+    frame = pd.DataFrame(rows)
+    return frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") for c in columns})
 
 
 def fig2_breakdown(rows: list[dict], out: Path) -> Path:
     """One bar per system; the rounding part of "external & other" is hatched."""
-    systems = [a for a in PAPER_ORDER if any(r.get("allocator") == a for r in rows)]
+    # the paper's categories, rounding hatched inside "external fragmentation & other"
+    parts = [(name, column, "//" * (column == "kv_rounding_frac")) for name, cs in FIG2_PARTS.items() for column in cs]
+    means = _numbers(rows, *(c for _, c, _ in parts)).groupby("allocator")[[c for _, c, _ in parts]].mean()
+    systems = [a for a in PAPER_ORDER if a in means.index]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, allocator in enumerate(systems):
-        mine = [r for r in rows if r.get("allocator") == allocator]
-        parts = [
-            ("token states", _mean(mine, "kv_token_util"), None),
-            ("reservation", _mean(mine, "kv_reserved_frac"), None),
-            ("internal fragmentation", _mean(mine, "kv_internal_frag_frac"), None),
-            ("external fragmentation & other", _mean(mine, "kv_rounding_frac"), "//"),
-            ("external fragmentation & other", _mean(mine, "kv_external_frag_frac"), None),
-        ]
         bottom = 0.0
-        for name, share, hatch in parts:
+        for (name, _, hatch), share in zip(parts, means.loc[allocator]):
             value = 100 * share
             ax.bar(
                 i,
                 value,
                 bottom=bottom,
                 color=COLORS[name],
-                hatch=hatch,
+                hatch=hatch or None,
                 edgecolor="white",
-                label=name if i == 0 and hatch is None else None,
+                label=name if i == 0 and not hatch else None,
             )
             if value >= 4:
                 ax.text(i, bottom + value / 2, f"{value:.1f}", ha="center", va="center", fontsize=8, color="white")
@@ -82,21 +75,15 @@ def fig2_breakdown(rows: list[dict], out: Path) -> Path:
 
 def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Path:
     """Normalized latency against rate, per workload, with the target and each system's knee."""
-    workloads = sorted({r.get("workload") for r in rows})
+    frame = _numbers(rows, "rate", "normalized_latency_s_per_tok")
+    workloads = sorted(frame["workload"].unique())
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
-        series = defaultdict(lambda: defaultdict(list))
-        for r in rows:
-            if r.get("workload") == workload:
-                series[r.get("allocator")][number(r, "rate")].append(number(r, "normalized_latency_s_per_tok"))
-        for allocator in [a for a in PAPER_ORDER if a in series]:
-            rates = sorted(series[allocator])
-            (line,) = ax.plot(
-                rates,
-                [sum(series[allocator][x]) / len(series[allocator][x]) for x in rates],
-                marker="o",
-                label=SYSTEMS[allocator],
-            )
+        curves = frame[frame["workload"] == workload].pivot_table(
+            index="rate", columns="allocator", values="normalized_latency_s_per_tok"
+        )  # the mean over seeds at each rate
+        for allocator in [a for a in PAPER_ORDER if a in curves]:
+            (line,) = ax.plot(curves[allocator].dropna(), marker="o", label=SYSTEMS[allocator])
             knee = capacity.get((workload, allocator))
             if knee is not None:
                 ax.axvline(knee, color=line.get_color(), linestyle=":", linewidth=1)
@@ -121,7 +108,10 @@ def sharing_savings(points: dict, out: Path) -> Path:
                 continue
             widths = sorted(mine)
             (line,) = ax.plot(
-                widths, [100 * _mean(mine[x], "kv_blocks_saved_frac") for x in widths], marker="o", label=workload
+                widths,
+                [100 * _numbers(mine[x], "kv_blocks_saved_frac")["kv_blocks_saved_frac"].mean() for x in widths],
+                marker="o",
+                label=workload,
             )
             low, high = FIG14_15[(workload, mode)]
             ax.axhspan(low, high, color=line.get_color(), alpha=0.15, label=f"{workload}: paper {low:g}-{high:g} %")

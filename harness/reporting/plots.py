@@ -10,17 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
 from kvbench.arith import cdiv
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, save_figure  # noqa: E402
-from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, table, varying_keys  # noqa: E402
+from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, save_figure
+from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, rate_axis, table, varying_keys
 
 KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),
@@ -36,13 +31,6 @@ PANELS = [
     ("median_ttft_ms", "median TTFT (ms)", True),
     ("median_tpot_ms", "median TPOT (ms)", True),
 ]
-
-
-def _rate_axis(frame: pd.DataFrame) -> str | None:
-    """`rate` when the points were taken at several finite request rates."""
-    if "rate" not in varying_keys(frame):
-        return None
-    return "rate" if np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all() else None
 
 
 def _series(frame: pd.DataFrame):
@@ -92,7 +80,7 @@ def _legend_below(fig, ax) -> None:
 
 def kv_breakdown(frame: pd.DataFrame):
     """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep."""
-    x = _rate_axis(frame)
+    x = rate_axis(frame)
     groups = list(_series(frame)) if x else [("", None, "-", frame)]
     cols = min(len(groups), 2)
     rows_n = cdiv(len(groups), cols)
@@ -101,18 +89,12 @@ def kv_breakdown(frame: pd.DataFrame):
     fig, axes = plt.subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
     for ax, (name, _, _, rows) in zip(axes.flat, groups):
         labels = pd.to_numeric(rows[x]).map("{:g}".format) if x else point_labels(rows)
-        bottom = np.zeros(len(rows))
-        for key, text, color in KV_PARTS:
-            values = 100 * pd.to_numeric(rows[key], errors="coerce").fillna(0).to_numpy()
-            drawn = ax.bar(range(len(rows)), values, bottom=bottom, label=text, color=color)
-            ax.bar_label(
-                drawn,
-                labels=[f"{v:.0f}" if v >= 8 else "" for v in values],
-                label_type="center",
-                fontsize=7,
-                color="white",
-            )
-            bottom += values
+        shares = rows[[key for key, _, _ in KV_PARTS]].apply(pd.to_numeric, errors="coerce").fillna(0) * 100
+        shares.columns = [text for _, text, _ in KV_PARTS]
+        shares.plot.bar(ax=ax, stacked=True, width=0.8, legend=False, color=[color for *_, color in KV_PARTS])
+        for bars in ax.containers:
+            shown = [f"{v:.0f}" if v >= 8 else "" for v in bars.datavalues]
+            ax.bar_label(bars, labels=shown, label_type="center", fontsize=7, color="white")
         ax.set_xticks(range(len(rows)), list(labels), rotation=0 if x else 20, ha="center" if x else "right")
         ax.set_ylim(0, 100)
         ax.set_title(name, fontsize=10)
@@ -134,14 +116,12 @@ def kv_breakdown(frame: pd.DataFrame):
 def throughput_latency(frame: pd.DataFrame):
     """Throughput, batch size and latency medians: lines against rate in a rate sweep, else
     grouped bars (one group per setting, one bar per system)."""
-    x = _rate_axis(frame)
+    x = rate_axis(frame)
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
     fig, axes = plt.subplots(1, len(panels), figsize=(MAX_WIDTH_IN, 3.9), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
         if x:
-            for name, color, style, rows in _series(frame):
-                ax.plot(pd.to_numeric(rows[x]), rows[metric], style, marker="o", markersize=3, color=color, label=name)
-            ax.set_xlabel("request rate (req/s)")
+            _lines(ax, frame, metric, markersize=3)
         else:
             _draw_bars(ax, frame, metric)
         ax.set_ylabel(text)
@@ -153,18 +133,15 @@ def throughput_latency(frame: pd.DataFrame):
     return fig
 
 
+def _lines(ax, frame: pd.DataFrame, metric: str, **style) -> None:
+    for name, color, line, rows in _series(frame):
+        ax.plot(pd.to_numeric(rows["rate"]), rows[metric], line, marker="o", color=color, label=name, **style)
+    ax.set_xlabel("request rate (req/s)")
+
+
 def latency_vs_rate(frame: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    for name, color, style, rows in _series(frame):
-        ax.plot(
-            pd.to_numeric(rows["rate"]),
-            rows["normalized_latency_s_per_tok"],
-            style,
-            marker="o",
-            color=color,
-            label=name,
-        )
-    ax.set_xlabel("request rate (req/s)")
+    _lines(ax, frame, "normalized_latency_s_per_tok")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")
     ax.set_title(f"Normalized latency against request rate\n{context_title(frame)}", fontsize=11)
@@ -182,7 +159,7 @@ def draw_all(rows, out: Path) -> list[Path]:
         if len(serving):
             written.append(save_figure(kv_breakdown(serving), out / "kv_breakdown.png"))
             written.append(save_figure(throughput_latency(serving), out / "throughput_latency.png"))
-            if _rate_axis(serving):
+            if rate_axis(serving):
                 written.append(save_figure(latency_vs_rate(serving), out / "latency_vs_rate.png"))
     if "latency_us_p50" in frame:
         kernel = frame[frame["latency_us_p50"].notna()]

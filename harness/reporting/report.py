@@ -2,8 +2,9 @@
 
 `bench-report DIR... [--out OUT] [--baseline NAME]` writes into the first directory unless
 `--out` says otherwise; a sweep's end (the SweepSummary callback) writes the same three things
-into the sweep directory. The page opens with its verdict: the winner at each swept setting
-and its margin over the baseline allocator, and why each failed point failed.
+into the sweep directory. The page opens with its verdict: each system's capacity at the latency
+target and its ratio to the baseline allocator's, the winner at each swept setting and its
+margin over the baseline, and why each failed point failed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kvbench.reporting.results import (
     write_atomic,
     write_csv,
 )
-from kvbench.reporting.winners import METRIC, configured_baseline, resolve_baseline, winners
+from kvbench.reporting.winners import DEFAULT_BASELINE, DEFAULT_SLO, METRIC, capacity, verdict_settings, winners
 
 # The columns a reader looks at first, in this order; every column is one click away.
 KEY_METRICS = [
@@ -91,13 +92,13 @@ def load_sweeps(sweep_dirs: list[Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def summarize(sweep_dirs, out_dir: Path | None = None, baseline: str | None = None) -> list[Path]:
+def summarize(sweep_dirs, out_dir: Path | None = None, baseline: str | None = None, slo: float | None = None):
     """Write summary.csv, every plot the rows support and report.html; return the paths.
-    `baseline` (an allocator) defaults to the first sweep's report.baseline."""
+    `baseline` (an allocator) and `slo` (s/token) default to the first sweep's report.baseline
+    and report.slo_s_per_token."""
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
     frame = in_paper_order(load_sweeps(sweep_dirs))
-    name, explicit = (baseline, True) if baseline else configured_baseline(sweep_dirs[0])
-    chosen = resolve_baseline(frame, name, explicit)
+    chosen, asked, slo = verdict_settings(frame, sweep_dirs[0], baseline, slo)
     from kvbench.reporting.plots import draw_all  # matplotlib takes a second to load; bench-compare needs none of it
 
     out_dir = Path(out_dir or sweep_dirs[0])
@@ -106,7 +107,7 @@ def summarize(sweep_dirs, out_dir: Path | None = None, baseline: str | None = No
     write_csv(summary, frame)
     plots = draw_all(frame, out_dir)
     page = out_dir / "report.html"
-    write_atomic(page, render_html(frame, plots, sweep_dirs, chosen, name))
+    write_atomic(page, render_html(frame, plots, sweep_dirs, chosen, asked, slo))
     return [summary, *plots, page]
 
 
@@ -152,8 +153,29 @@ td.failed{background:#fff5f5;color:#c92a2a}td.failed:last-child{white-space:norm
 img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{margin:.2em 0}"""
 
 
-def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str) -> list[str]:
-    parts = ["<h2>Verdict</h2><div class='verdict'>"]
+def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str]:
+    found, unplaced = capacity(frame, slo, baseline)
+    target = f"capacity at {slo:g} s/token (report.slo_s_per_token)"
+    if found.empty and len(unplaced) == 1:
+        return [f"<p>No {target}: {html.escape(unplaced[0])}.</p>"]
+    against = f"; ratios against <b>{html.escape(baseline)}</b>" if "ratio_to_baseline" in found else ""
+    parts = [
+        f"<p>Capacity = the highest request rate a system serves within {slo:g} s/token of normalized "
+        f"latency, interpolated on its rate curve{against}.</p><ul>"
+    ]
+    for row in found.itertuples():
+        ratio = getattr(row, "ratio_to_baseline", float("nan"))
+        of = f", {ratio:.2f}× {html.escape(baseline)}'s" if ratio == ratio else ""
+        parts.append(
+            f"<li><b>{html.escape(', '.join(filter(None, [row.setting, row.allocator])))}</b>: "
+            f"{row.capacity_req_s:.3g} req/s{of}</li>"
+        )
+    parts += [f"<li>no {target}: {html.escape(line)}</li>" for line in unplaced]
+    return parts + ["</ul>"]
+
+
+def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) -> list[str]:
+    parts = ["<h2>Verdict</h2><div class='verdict'>", *_capacity(frame, baseline, slo)]
     found = winners(frame, baseline)
     if found.empty:
         parts.append("<p>No point measured normalized latency, so there is no winner to name.</p>")
@@ -191,7 +213,12 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str) -> list[str]
 
 
 def render_html(
-    frame: pd.DataFrame, plots: list[Path], sources: list[Path], baseline: str | None = None, asked: str = "contiguous"
+    frame: pd.DataFrame,
+    plots: list[Path],
+    sources: list[Path],
+    baseline: str | None = None,
+    asked: str = DEFAULT_BASELINE,
+    slo: float = DEFAULT_SLO,
 ) -> str:
     ok = ok_rows(frame)
     status = frame["status"].fillna("ok") if "status" in frame else pd.Series("ok", index=frame.index)
@@ -211,7 +238,7 @@ def render_html(
         f"<p>{len(frame)} point(s) from {', '.join(html.escape(str(s)) for s in sources)}; "
         f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Data: <a href='summary.csv'>summary.csv</a>; "
         f"column definitions: docs/metrics.md.</p>",
-        *_verdict(frame, baseline, asked),
+        *_verdict(frame, baseline, asked, slo),
         "<h2>Results</h2>",
         _table(named, columns, failed),
         "<h2>Plots</h2>",
@@ -235,11 +262,19 @@ def main(argv: list[str] | None = None) -> None:
         help="the allocator the verdict's ratios are taken against "
         "(default: the first sweep's report.baseline, else contiguous)",
     )
+    parser.add_argument(
+        "--slo",
+        type=float,
+        help="the normalized latency target (s/token) of each system's capacity "
+        "(default: the first sweep's report.slo_s_per_token, else 0.5)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.out is None and args.dirs[0].is_file():
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
-        for path in summarize(args.dirs, args.out, args.baseline):
+        if args.slo is not None and not args.slo > 0:
+            raise UserError(f"--slo {args.slo:g} must be a number > 0 (seconds per output token)")
+        for path in summarize(args.dirs, args.out, args.baseline, args.slo):
             print(f"wrote {path}")
     except Exception as err:  # bad input or an unwritable --out: one line, exit 2
         if not reportable(err):

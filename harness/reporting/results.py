@@ -89,6 +89,13 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
     return [k for k in named + swept if k in frame and frame[k].nunique(dropna=False) > 1]
 
 
+def rate_axis(frame: pd.DataFrame) -> str | None:
+    """`rate` when the points were taken at several finite request rates."""
+    if "rate" not in varying_keys(frame):
+        return None
+    return "rate" if np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all() else None
+
+
 def cell_text(value) -> str:
     """A cell as a reader wants it: integral numbers without `.0`, missing as blank."""
     if value is None or (isinstance(value, float) and np.isnan(value)):

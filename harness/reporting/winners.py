@@ -1,9 +1,11 @@
-"""Which system wins at each swept setting, and by how much against the baseline allocator.
+"""Which system wins at each swept setting, how much load each sustains, and both against the
+baseline allocator.
 
 At one setting (a request rate, say) every system is offered the same load; the winner serves
 it at the lowest normalized latency, the paper's measure (mean over requests of end-to-end
 latency / output tokens). Its margin is the baseline's normalized latency over the winner's,
-beside the ratio of their request throughputs.
+beside the ratio of their request throughputs. Across the rates of a sweep, a system's capacity
+is the highest rate it serves within the latency target (kvbench.reporting.paper.capacities).
 """
 
 from __future__ import annotations
@@ -14,22 +16,34 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from kvbench.errors import UserError
-from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, varying_keys
+from kvbench.reporting.paper import capacities, capacity_rows
+from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, rate_axis, varying_keys
 
 METRIC = "normalized_latency_s_per_tok"
 DEFAULT_BASELINE = "contiguous"
+DEFAULT_SLO = 0.5  # conf/bench.yaml's report.slo_s_per_token
 TIE = 1e-3  # systems within 0.1 % of the best share the win (an unloaded server serves all alike)
 
 
-def configured_baseline(sweep_dir: Path) -> tuple[str, bool]:
-    """The sweep's `report.baseline` and whether its command line set it (from multirun.yaml)."""
+def configured(sweep_dir: Path) -> tuple[str, bool, float]:
+    """The sweep's `report.baseline`, whether its command line set it, and its
+    `report.slo_s_per_token` (from multirun.yaml)."""
     saved = Path(sweep_dir) / "multirun.yaml"
     if not saved.is_file():
-        return DEFAULT_BASELINE, False
+        return DEFAULT_BASELINE, False, DEFAULT_SLO
     cfg = OmegaConf.load(saved)
     overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []
     explicit = any(o.lstrip("+~").startswith("report.baseline=") for o in overrides)
-    return str(OmegaConf.select(cfg, "report.baseline", default=DEFAULT_BASELINE)), explicit
+    baseline = str(OmegaConf.select(cfg, "report.baseline", default=DEFAULT_BASELINE))
+    return baseline, explicit, float(OmegaConf.select(cfg, "report.slo_s_per_token", default=DEFAULT_SLO))
+
+
+def verdict_settings(frame: pd.DataFrame, sweep_dir: Path, baseline: str | None = None, slo: float | None = None):
+    """(the baseline the ratios are taken against, the baseline asked for, the latency target):
+    `baseline` and `slo` as given, else the sweep's report.baseline and report.slo_s_per_token."""
+    name, explicit, configured_slo = configured(sweep_dir)
+    name, explicit = (baseline, True) if baseline else (name, explicit)
+    return resolve_baseline(frame, name, explicit), name, slo or configured_slo
 
 
 def resolve_baseline(frame: pd.DataFrame, name: str, explicit: bool) -> str | None:
@@ -74,3 +88,32 @@ def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
                 entry["throughput_vs_baseline"] = best["request_throughput"] / base["request_throughput"].iloc[0]
         result.append(entry)
     return pd.DataFrame(result)
+
+
+def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.DataFrame, list[str]]:
+    """Each system's capacity at `slo` s/token for every setting of the keys but rate, with its
+    ratio to the baseline's where that is known; and one line for each curve (or the whole sweep)
+    whose crossing of the target the swept rates cannot place."""
+    ok = ok_rows(frame)
+    ok = ok[ok[METRIC].notna()] if METRIC in ok and "allocator" in ok else ok.iloc[0:0]
+    if ok.empty or rate_axis(ok) is None:
+        rates = ", ".join(f"{r:g}" for r in pd.to_numeric(ok.get("rate", pd.Series()), errors="coerce").unique())
+        return pd.DataFrame(), [
+            f"the points were not taken at several finite request rates (rate: {rates or 'none'}); "
+            f"sweep workload.rate (e.g. workload.rate=1,2,4,8) to find where each system crosses {slo:g} s/token"
+        ]
+    keys = [k for k in varying_keys(ok) if k not in ("rate", "allocator")]
+    found, unplaced = [], []
+    for _, rows in ok.groupby(keys, sort=False, dropna=False) if keys else [((), ok)]:
+        setting = point_labels(rows.iloc[:1], keys).iloc[0] if keys else ""
+        curves = {}
+        for _, curve in rows.groupby("allocator", sort=False):
+            try:  # paper.capacities reads the rows as text cells, every one of them an ok point
+                curves |= capacities(curve.assign(status="ok").to_dict("records"), slo)
+            except UserError as err:
+                unplaced.append(str(err).removeprefix("report: "))
+        if any(system == baseline for _, system in curves):
+            found += [{"setting": setting, **row} for row in capacity_rows(curves, baseline)]
+        else:
+            found += [{"setting": setting, "allocator": a, "capacity_req_s": c} for (_, a), c in curves.items()]
+    return pd.DataFrame(found).rename(columns={f"ratio_to_{baseline}": "ratio_to_baseline"}), unplaced
