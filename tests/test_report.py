@@ -14,6 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib.image
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -248,3 +249,27 @@ def test_the_winner_at_each_rate_with_ties_shared_and_a_failed_baseline_said():
     assert found.at["rate=1", "latency_vs_baseline"] == pytest.approx(3.0)
     assert found.at["rate=1", "throughput_vs_baseline"] == pytest.approx(1.8)
     assert found.at["rate=2", "winner"] == "paged" and found["latency_vs_baseline"].isna().tolist() == [False, True]
+
+
+def test_a_single_runs_row_is_written_as_pandas_writes_it(tmp_path):
+    row = {
+        "completed": 30,
+        "kv_token_util": 0.123456789123,
+        "mean_ttft_ms": 1234567.123456789,
+        "p99_itl_ms": float("nan"),
+        "tiny": 1e-10,
+        "huge": 1.2345678901234567e17,
+        "ratio": np.float64(2.5),
+        "steps": np.int64(7),
+        "window_end_s": float("inf"),
+        "reason": "",
+        "note": 'a "quoted", comma',
+        "prefix_hit_rate": None,
+        "ok": True,
+        "device": "cpu",
+        "scenario": "simulate",
+        "allocator": "paged",
+    }
+    write_csv(tmp_path / "one.csv", [row])
+    write_csv(tmp_path / "pandas.csv", pd.DataFrame([row]))
+    assert (tmp_path / "one.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()

@@ -4,10 +4,12 @@ result: throughput, latency medians and tails, where KV memory went, preemptions
 from __future__ import annotations
 
 import math
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kvbench.reporting.results import in_paper_order, ok_rows, point_labels
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WIDTH = 56
 # (section, [(label, column, format)]); a line whose column a run lacks is left out
@@ -107,6 +109,8 @@ def run_table(row: dict) -> str:
 
 def sweep_table(frame: pd.DataFrame) -> str:
     """Every point of a sweep, one line each, systems in the paper's order."""
+    import pandas as pd
+
     frame = in_paper_order(frame)
     table = pd.DataFrame({"point": point_labels(frame)})
     if "status" in frame:

@@ -411,6 +411,7 @@ class Root(Section):
     seed: Int = Field(0, ge=0, le=2**32 - 2)
     batch: str = "32d1k"
     progress: Bool = True
+    plots: Bool | Literal["auto"] = "auto"
     profile: Bool = False
     repeats: Int = Field(1, ge=1, le=10_000)
     engine: Engine = Engine()
