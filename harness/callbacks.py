@@ -41,7 +41,7 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
-            for path in summarize(sweep_dir):
+            for path in summarize(sweep_dir, plots=config.get("plots", "auto") is not False):
                 log.info("wrote %s", path)
             rows = collect(sweep_dir)
         except UserError as err:  # bad input (report.baseline not in the sweep, ...): its own line

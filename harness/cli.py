@@ -122,12 +122,14 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         log.info("wrote %s", out_dir / "metrics.csv")
     if not multirun:  # a sweep prints its table and draws its comparison plots once, at its end
         from kvbench.reporting.console import run_table
-        from kvbench.reporting.plots import draw_all
 
         for row in rows:
             print(run_table(row))
-        for path in draw_all(rows, out_dir):
-            log.info("wrote %s", path)
+        if cfg.plots is True:
+            from kvbench.reporting.plots import draw_all
+
+            for path in draw_all(rows, out_dir):
+                log.info("wrote %s", path)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")

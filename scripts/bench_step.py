@@ -1,6 +1,6 @@
 """The scheduler's bookkeeping, this tree against a reference commit, side by side in one run.
 
-    python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,admit,sim]
+    python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,admit,sim|startup]
 
 The reference is checked out as a git worktree (detached, in the system's temp folder) and
 both trees are imported the same way, each in its own worker process, with this environment's
@@ -11,7 +11,9 @@ Cases:
     decode   Scheduler.schedule() + the engine's token append, per step, N sequences decoding
              with staggered block boundaries (block 16), prefix caching off and on
     admit    admission + free of a 1000-token prompt whose blocks are cached, 4k and 64k blocks
-    sim      the whole `bench` process: 10,000 ShareGPT requests (paged, defaults) and 10 requests
+    sim      the whole `bench` process as a user starts it (SIM_ARGS): 10,000 ShareGPT requests
+             (paged, defaults, 4 req/s), and the start-up of a 10-request run
+    startup  the 10-request run alone
 """
 
 from __future__ import annotations
@@ -117,7 +119,10 @@ def worker(tree: Path, case: str) -> None:
     print(json.dumps(statistics.median(times)))
 
 
-SIM_ARGS = ["+allocator=paged", "progress=false", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+SIM_ARGS = {
+    "10000": "+allocator=paged workload=sharegpt workload.rate=4 workload.num_requests=10000",
+    "10": "workload.num_requests=10",
+}
 RUN_CLI = (
     "import sys; sys.path.insert(0, {here!r}); import bench_step; bench_step.use_tree(__import__('pathlib')"
     ".Path({tree!r})); sys.argv = ['bench'] + {args!r}; from kvbench.cli import main; main()"
@@ -128,7 +133,7 @@ RUN_CLI = (
 def run_case(tree: Path, case: str) -> float:
     if case.startswith("sim:"):
         with tempfile.TemporaryDirectory() as out:
-            args = [f"workload.num_requests={case[4:]}", f"hydra.run.dir={out}", *SIM_ARGS]
+            args = [*SIM_ARGS[case[4:]].split(), "workload.duration_s=null", "progress=false", f"hydra.run.dir={out}"]
             code = RUN_CLI.format(here=str(Path(__file__).parent), tree=str(tree), args=args)
             start = time.perf_counter()
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=out)
@@ -168,6 +173,8 @@ def main() -> None:
         cases += ["admit:4096", "admit:65536"]
     if "sim" in groups:
         cases += ["sim:10000", "sim:10"]
+    elif "startup" in groups:
+        cases += ["sim:10"]
     trees = {"ref": reference_tree(args.ref), "new": ROOT}
     print(f"ref = {args.ref} ({trees['ref']}), new = {ROOT}; {args.repeats} interleaved repeats")
     print(f"{'case':<18} {'ref median':>11} {'(min-max)':>19} {'new median':>11} {'(min-max)':>19} {'new/ref':>8}")

@@ -27,14 +27,14 @@ def bench(tmp_path, *args, env=None):
 
 
 def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_path):
-    result = bench(tmp_path, "+allocator=pow2", "workload.num_requests=30")
+    result = bench(tmp_path, "+allocator=pow2", "workload.num_requests=30", "plots=auto")
     assert result.returncode == 0, result.stderr
     (metrics,) = tmp_path.glob("results/runs/*/metrics.csv")
     (row,) = csv.DictReader(metrics.open())
     identity = (row["scenario"], row["allocator"], row["model"], row["hardware"])
     assert identity == ("simulate", "pow2", "opt-13b", "a100-40gb")
     assert row["completed"] == "30" and row["status"] == "ok"
-    assert (metrics.parent / "kv_breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(metrics.parent.glob("*.png"))  # plots=auto: only a sweep draws
     for column in (
         "kv_token_util",
         "normalized_latency_s_per_tok",
@@ -47,6 +47,14 @@ def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_
         "workload.num_requests",
     ):
         assert column in row
+
+
+def test_a_single_run_draws_its_plots_beside_its_row_by_default(tmp_path):
+    result = bench(tmp_path, "workload.num_requests=10", "workload.duration_s=null")
+    assert result.returncode == 0, result.stderr
+    (metrics,) = tmp_path.glob("results/runs/*/metrics.csv")
+    for name in ("kv_breakdown.png", "throughput_latency.png"):
+        assert (metrics.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_help_lists_the_groups_every_field_with_its_doc_and_the_launchers(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -110,6 +111,17 @@ def test_an_experiment_fixes_the_paper_s_setup_and_its_sweep(overrides, rate, du
     assert cfg.hydra.mode.name == "MULTIRUN"
     assert cfg.hydra.sweeper.params["+allocator"] == "contiguous,pow2,oracle,paged"
     assert cfg.report.paper in FIGURES
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in (Path(__file__).parent.parent / "conf" / "experiment").glob("*.yaml"))
+)
+def test_every_experiment_config_passes_the_schema(name):
+    from kvbench import schema
+
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=[f"+experiment={name}"])
+    schema.validate(cfg)  # a key the schema does not know is a one-line refusal at run time
 
 
 def test_an_unknown_experiment_is_one_line_with_the_known_ones(tmp_path):

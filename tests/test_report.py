@@ -14,6 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib.image
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -292,3 +293,27 @@ def test_without_a_rate_axis_or_a_crossing_the_verdict_says_why_instead_of_a_cap
     short = verdict_of(linear_sweep(range(1, 7)))  # paged stays under the target
     assert "<li><b>contiguous</b>: 5 req/s, 1.00× contiguous's</li>" in short
     assert "paged on sharegpt (rates 1, 2, 3, 4, 5, 6) never exceeds report.slo_s_per_token=0.5" in short
+
+
+def test_a_single_runs_row_is_written_as_pandas_writes_it(tmp_path):
+    row = {
+        "completed": 30,
+        "kv_token_util": 0.123456789123,
+        "mean_ttft_ms": 1234567.123456789,
+        "p99_itl_ms": float("nan"),
+        "tiny": 1e-10,
+        "huge": 1.2345678901234567e17,
+        "ratio": np.float64(2.5),
+        "steps": np.int64(7),
+        "window_end_s": float("inf"),
+        "reason": "",
+        "note": 'a "quoted", comma',
+        "prefix_hit_rate": None,
+        "ok": True,
+        "device": "cpu",
+        "scenario": "simulate",
+        "allocator": "paged",
+    }
+    write_csv(tmp_path / "one.csv", [row])
+    write_csv(tmp_path / "pandas.csv", pd.DataFrame([row]))
+    assert (tmp_path / "one.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()

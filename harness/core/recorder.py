@@ -102,9 +102,9 @@ class Recorder:
                         "num_sequences": r.width,
                         "cached_tokens": root.num_cached,
                         "preemptions": root.num_preemptions,
-                        "itl_s": np.round(itl, 9).tolist(),
-                    }
-                )  # to the ns
+                    },
+                    np.round(itl, 9).tolist(),  # to the ns
+                )
         self._finishing.clear()
 
     def window(self, last_admit_s: float) -> tuple[float, float]:

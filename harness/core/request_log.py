@@ -22,6 +22,14 @@ def _discard(file, tmp: str) -> None:
         os.unlink(tmp)
 
 
+class FloatText(dict):
+    """float -> its repr, made once per distinct value."""
+
+    def __missing__(self, value: float) -> str:
+        text = self[value] = repr(value)
+        return text
+
+
 class RequestLog:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -30,10 +38,18 @@ class RequestLog:
         self._file = os.fdopen(fd, "w", buffering=1 << 16)
         # a run that raises never calls close(): its partial file goes with the log
         self._cleanup = weakref.finalize(self, _discard, self._file, self._tmp)
+        self._float_text = FloatText()
 
-    def write(self, record: dict) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")))
-        self._file.write("\n")
+    def write(self, record: dict, itl_s=()) -> None:
+        """One line: `record`, then `itl_s` (seconds) as its last field, each float written as
+        json writes it (its repr) but looked up: a run's gaps repeat from request to request."""
+        line = json.dumps(record, separators=(",", ":"))
+        self._file.write(line[:-1])
+        self._file.write(',"itl_s":[' if len(line) > 2 else '{"itl_s":[')
+        self._file.write(",".join(map(self._float_text.__getitem__, itl_s)))
+        self._file.write("]}\n")
+        if len(self._float_text) > 1 << 16:  # the gaps of long-past steps are not seen again
+            self._float_text.clear()
 
     def close(self) -> Path:
         self._cleanup.detach()

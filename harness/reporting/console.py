@@ -4,11 +4,12 @@ result: throughput, latency medians and tails, where KV memory went, preemptions
 from __future__ import annotations
 
 import math
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kvbench.reporting.results import in_paper_order, ok_rows, point_labels
-from kvbench.reporting.winners import capacity
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WIDTH = 56
 # (section, [(label, column, format)]); a line whose column a run lacks is left out
@@ -109,6 +110,10 @@ def run_table(row: dict) -> str:
 def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | None = None) -> str:
     """Every point of a sweep, one line each, systems in the paper's order; with `slo`, each
     system's capacity at that latency target below it."""
+    import pandas as pd  # a single run's summary needs neither pandas nor the capacity code
+
+    from kvbench.reporting.winners import capacity
+
     frame = in_paper_order(frame)
     table = pd.DataFrame({"point": point_labels(frame)})
     if "status" in frame:

@@ -92,23 +92,27 @@ def load_sweeps(sweep_dirs: list[Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def summarize(sweep_dirs, out_dir: Path | None = None, baseline: str | None = None, slo: float | None = None):
-    """Write summary.csv, every plot the rows support and report.html; return the paths.
-    `baseline` (an allocator) and `slo` (s/token) default to the first sweep's report.baseline
-    and report.slo_s_per_token."""
+def summarize(
+    sweep_dirs, out_dir: Path | None = None, baseline: str | None = None, slo: float | None = None, plots: bool = True
+) -> list[Path]:
+    """Write summary.csv, every plot the rows support (unless `plots` is False) and report.html;
+    return the paths. `baseline` (an allocator) and `slo` (s/token) default to the first sweep's
+    report.baseline and report.slo_s_per_token."""
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
     frame = in_paper_order(load_sweeps(sweep_dirs))
     chosen, asked, slo = verdict_settings(frame, sweep_dirs[0], baseline, slo)
-    from kvbench.reporting.plots import draw_all  # matplotlib takes a second to load; bench-compare needs none of it
-
     out_dir = Path(out_dir or sweep_dirs[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.csv"
     write_csv(summary, frame)
-    plots = draw_all(frame, out_dir)
+    drawn = []
+    if plots:
+        from kvbench.reporting.plots import draw_all  # matplotlib takes a second; bench-compare needs none
+
+        drawn = draw_all(frame, out_dir)
     page = out_dir / "report.html"
-    write_atomic(page, render_html(frame, plots, sweep_dirs, chosen, asked, slo))
-    return [summary, *plots, page]
+    write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo))
+    return [summary, *drawn, page]
 
 
 def _cell(value) -> str:

@@ -1,22 +1,30 @@
 """Result tables: metrics.csv and summary.csv as pandas DataFrames, written atomically.
 
 Every file is written to a temporary name in the same folder and renamed into place, so an
-interrupted run leaves either the old file or the new one, never half of one.
+interrupted run leaves either the old file or the new one, never half of one. pandas is
+imported by the functions that build tables: a single run's one row is written without it, as
+pandas would write it, because loading pandas takes longer than a short simulated run.
 """
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
+import math
 import os
 import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 import kvbench
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 IDENTITY = ["scenario", "allocator", "backend", "graph", "model", "hardware", "workload", "seed"]
 ENVIRONMENT = ["kvbench_version", "git_sha", "torch", "triton", "device"]
@@ -49,15 +57,39 @@ def write_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode())
 
 
+def column_order(columns) -> list[str]:
+    """Identity columns first, environment columns last, the others as they come."""
+    head = [c for c in IDENTITY if c in columns]
+    tail = [c for c in ENVIRONMENT if c in columns]
+    return head + [c for c in columns if c not in head and c not in tail] + tail
+
+
 def table(rows) -> pd.DataFrame:
     """Rows (a DataFrame or dicts) with identity columns first and environment columns last."""
+    import pandas as pd
+
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-    head = [c for c in IDENTITY if c in frame]
-    tail = [c for c in ENVIRONMENT if c in frame]
-    return frame[head + [c for c in frame if c not in head and c not in tail] + tail]
+    return frame[column_order(list(frame))]
+
+
+def _cell(value):
+    """One cell of a one-row table as pandas writes it: floats rounded to 9 decimals, missing blank."""
+    if value is None:
+        return ""
+    if isinstance(value, (float, np.floating)):
+        return "" if math.isnan(value) else str(np.round(value, 9))
+    return value
 
 
 def write_csv(path: Path, rows) -> None:
+    if isinstance(rows, list) and len(rows) == 1 and isinstance(rows[0], dict):  # a single run's row
+        (row,) = rows
+        columns = column_order(list(row))
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerow([_cell(row[c]) for c in columns])
+        return write_atomic(path, text.getvalue())
     # 9 decimals keep a file stable across platforms' last-bit differences
     frame = table(rows).round(9)
     for column in frame.select_dtypes("float"):
@@ -68,11 +100,15 @@ def write_csv(path: Path, rows) -> None:
 
 
 def read_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.read_csv(path)
 
 
 def collect(sweep_dir: Path) -> pd.DataFrame:
     """Every point's rows under a sweep directory, in directory order, with a `point` column."""
+    import pandas as pd
+
     frames = [read_csv(m).assign(point=m.parent.name) for m in sorted(Path(sweep_dir).glob("*/metrics.csv"))]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -91,6 +127,8 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
 
 def rate_axis(frame: pd.DataFrame) -> str | None:
     """`rate` when the points were taken at several finite request rates."""
+    import pandas as pd
+
     if "rate" not in varying_keys(frame):
         return None
     return "rate" if np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all() else None
@@ -107,6 +145,8 @@ def cell_text(value) -> str:
 
 def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Series:
     """Each row's name from the columns that tell points apart: `paged, rate=4`."""
+    import pandas as pd
+
     keys = varying_keys(frame) if keys is None else keys
     if not keys:
         return frame.get("allocator", pd.Series("point", index=frame.index)).map(cell_text)
@@ -119,6 +159,8 @@ def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Serie
 
 def in_paper_order(frame: pd.DataFrame) -> pd.DataFrame:
     """Sweeps in the order given, then every other varying key, then systems in the paper's order."""
+    import pandas as pd
+
     rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
     keys = [k for k in varying_keys(frame) if k not in ("sweep", "allocator")]
     order = frame.assign(

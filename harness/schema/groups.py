@@ -411,6 +411,7 @@ class Root(Section):
     seed: Int = Field(0, ge=0, le=2**32 - 2)
     batch: str = "32d1k"
     progress: Bool = True
+    plots: Bool | Literal["auto"] = True
     profile: Bool = False
     repeats: Int = Field(1, ge=1, le=10_000)
     engine: Engine = Engine()
@@ -418,7 +419,11 @@ class Root(Section):
     measure: Measure = Measure()
     sweep: Sweep = Sweep()
     report: Report = Report()
+    # an experiment's own table (conf/experiment/NAME.yaml): per-workload rates and arrivals
+    fig12: dict | None = Field(None, description="+experiment=fig12's point on each workload's rate curve")
+    fig13: dict | None = Field(None, description="+experiment=fig13's rate and arrivals per workload")
     fig14_15: dict | None = Field(None, description="+experiment=fig14_15's sharing mode, width and arrivals")
+    fig18: dict | None = Field(None, description="+experiment=fig18's rate and arrivals per workload")
 
     @field_validator("batch", mode="before")
     @classmethod
