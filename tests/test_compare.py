@@ -236,6 +236,19 @@ def test_significant_but_small_change_is_not_a_regression():
     assert judge([1.0], [2.0], rule, policy.test).verdict == "not statistically meaningful"
 
 
+def test_effect_best_measures_the_change_between_each_side_s_least_disturbed_run():
+    rule = Rule("lower", min_effect=0.10, effect="best")
+    test = load_policy().test
+    base = [1.00, 1.01, 1.02, 1.01, 1.00]  # a quiet host
+    loaded = [1.00, 1.25, 1.30, 1.22, 1.28]  # the same code, four of five runs during a burst of load
+    assert judge(base, [v * 1.25 for v in base], Rule("lower", min_effect=0.10), test).verdict == "REGRESSED"
+    assert judge(base, loaded, Rule("lower", min_effect=0.10), test).verdict == "REGRESSED"  # the median cries wolf
+    result = judge(base, loaded, rule, test)
+    assert (result.verdict, result.base_median, result.current_median) == ("no significant change", 1.00, 1.00)
+    assert judge(base, [v * 1.25 for v in base], rule, test).verdict == "REGRESSED"  # 25 % slower everywhere
+    assert judge(base, [v * 1.25 for v in loaded], rule, test).verdict == "REGRESSED"  # ... and under load
+
+
 @pytest.mark.parametrize("method", ["mannwhitneyu", "bootstrap"])
 def test_both_tests_see_a_clear_throughput_drop_and_not_an_overlap(method):
     test = SignificanceTest(method=method)
@@ -296,6 +309,8 @@ def test_sweep_directory_without_results_is_a_user_error(tmp_path):
         ("metrics:\n  median_s: {better: lower, min_effect: 0}\n", "min_effect must be a number between 0 and 10"),
         ("metrics:\n  median_s: {better: lower, min_effect: ten}\n", "min_effect must be a number"),
         ("metrics:\n  median_s: {better: lower, min_effect: 0.1, tolerance: 1}\n", "not both"),
+        ("metrics:\n  min_s: {better: lower, min_effect: 0.1, effect: mean}\n", "effect"),
+        ("metrics:\n  min_s: {better: lower, tolerance: 0.1, effect: best}\n", "effect applies to measured metrics"),
     ],
 )
 def test_policy_with_an_invalid_test_or_effect_size_is_a_user_error(tmp_path, policy, complaint):

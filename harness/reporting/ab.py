@@ -203,7 +203,10 @@ def run_ab(
         )
     started = time.perf_counter()
     try:
-        base_env = {**os.environ, "PYTHONHASHSEED": "0"}
+        # each side is its own pytest session: a parent's pytest-xdist worker variables would make
+        # pytest-benchmark believe it runs under xdist and refuse to measure
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+        base_env = {**clean, "PYTHONHASHSEED": "0"}
         root = import_root(ref_tree, work / "imports")
         base_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
         sides = {
@@ -212,7 +215,7 @@ def run_ab(
             ),
             "current": Side(
                 "this tree",
-                {**os.environ, "PYTHONHASHSEED": "0", **extra},
+                {**clean, "PYTHONHASHSEED": "0", **extra},
                 tree,
                 work / "current",
                 [sys.executable, "-m"],

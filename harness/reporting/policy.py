@@ -19,6 +19,8 @@ from kvbench.schema.policy import check_policy
 
 DEFAULT_POLICY = "compare_policy.yaml"
 TEST_METHODS = ("mannwhitneyu", "bootstrap")
+# how min_effect is measured: between the medians of the samples, or the best sample of each side
+EFFECTS = ("median", "best")
 
 
 @dataclass(frozen=True)
@@ -35,13 +37,16 @@ class Rule:
     """How one metric is judged.
 
     Exact: `tolerance` relative to the baseline (None = report only) plus `abs_tolerance`.
-    Measured: `min_effect` set, the smallest change the worse way that counts (0.1 = 10 %).
+    Measured: `min_effect` set, the smallest change the worse way that counts (0.1 = 10 %),
+    measured between the sides' medians, or with `effect="best"` between each side's best sample
+    (for a time that load can only inflate: a side's fastest run is the least disturbed one).
     """
 
     better: str
     tolerance: float | None = None
     abs_tolerance: float = 0.0
     min_effect: float | None = None
+    effect: str = "median"
 
     @property
     def measured(self) -> bool:
@@ -118,11 +123,17 @@ def _rules(metrics: dict, known: dict) -> dict:
             raise UserError(f"policy {where}: tolerance must be a number >= 0 or null, not {tolerance!r}")
         if min_effect is not None:
             min_effect = _fraction(where, "min_effect", min_effect, 0.0, 10.0)
+        effect = spec.get("effect", "median")
+        if effect not in EFFECTS:
+            raise UserError(f"policy {where}: effect must be one of {', '.join(EFFECTS)}, not {effect!r}")
+        if effect != "median" and min_effect is None:
+            raise UserError(f"policy {where}: effect applies to measured metrics (give min_effect)")
         rules[metric] = Rule(
             spec["better"],
             None if tolerance is None else float(tolerance),
             float(spec.get("abs_tolerance", 0.0)),
             min_effect,
+            effect,
         )
     return rules
 

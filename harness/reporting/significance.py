@@ -3,7 +3,8 @@
 A wall-clock metric moves between identical runs on a shared host, so a fixed tolerance either
 cries wolf (tight) or sleeps (loose). Here a change is a regression only when a one-sided test
 on the repeats says it is real (Mann-Whitney U, or a bootstrap confidence interval of the ratio
-of medians) and the medians differ by at least the metric's minimum relevant change. One sample
+of medians) and the medians (or, with `effect: best`, each side's best sample) differ by at least
+the metric's minimum relevant change. One sample
 on a side cannot support a test: that is said, never judged.
 """
 
@@ -72,7 +73,11 @@ def judge(base: list[float], cur: list[float], rule: Rule, test: SignificanceTes
     cur_arr = np.array([v for v in cur if math.isfinite(v)], dtype=float)
     if len(base_arr) == 0 or len(cur_arr) == 0:
         return Judgement(NOT_MEANINGFUL, math.nan, math.nan, math.nan, "no finite sample on a side")
-    b, c = float(np.median(base_arr)), float(np.median(cur_arr))
+    if rule.effect == "best":  # each side's least disturbed sample
+        pick = np.min if rule.better == "lower" else np.max
+        b, c = float(pick(base_arr)), float(pick(cur_arr))
+    else:
+        b, c = float(np.median(base_arr)), float(np.median(cur_arr))
     ratio = _worse_ratio(b, c, rule.better)
     change = ratio - 1 if ratio >= 1 else -(1 / ratio - 1)
     if len(base_arr) < 2 or len(cur_arr) < 2:

@@ -16,6 +16,7 @@ class Rule(Section):
     tolerance: Float | None = Field(None, ge=0, le=1e6)  # null = report only
     abs_tolerance: Float = Field(0.0, ge=0)
     min_effect: Any = None  # measured metrics; kvbench.reporting.policy checks its range
+    effect: Literal["median", "best"] = "median"  # where min_effect is measured (medians or best samples)
 
 
 class Policy(Section):
