@@ -11,7 +11,6 @@ another kvbench) is run again, and the log says why.
 from __future__ import annotations
 
 import contextlib
-import csv
 import fcntl
 import hashlib
 import json
@@ -53,8 +52,9 @@ def write_fingerprint(point_dir: Path, current: dict) -> None:
 
 
 def _read_rows(metrics: Path) -> list[dict]:
-    with open(metrics, newline="") as f:
-        return list(csv.DictReader(f))
+    import pandas as pd  # only a resumed sweep reads a finished point back
+
+    return pd.read_csv(metrics, dtype=str, keep_default_na=False).to_dict("records")
 
 
 def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
@@ -64,7 +64,7 @@ def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
         return False, ""
     try:
         rows = _read_rows(metrics)
-    except (OSError, csv.Error, UnicodeDecodeError) as err:
+    except (OSError, ValueError) as err:  # pandas' parser and decoding errors are ValueErrors
         return False, f"its metrics.csv is unreadable ({type(err).__name__})"
     if not rows or any(row.get("status") not in ("ok", "failed") for row in rows):
         return False, "its metrics.csv is unreadable (no rows with a status)"

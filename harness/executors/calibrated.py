@@ -10,8 +10,8 @@ backend, graph or device is refused: its step times say nothing about this run.
 
 from __future__ import annotations
 
-import csv
 import hashlib
+import io
 import math
 import platform
 from dataclasses import dataclass
@@ -93,14 +93,21 @@ def load_profile(path: str) -> Profile:
     file = Path(path)
     if not file.is_file():
         raise UserError(f"executor.profile={path!r}: no such file; write one with bench scenario=profile")
+    import pandas as pd
+
     data = file.read_bytes()
-    reader = csv.DictReader(data.decode(errors="replace").splitlines())
-    missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+    try:  # cells as text, each checked below with its row named
+        table = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, encoding_errors="replace")
+    except pd.errors.EmptyDataError:
+        table = pd.DataFrame()
+    except pd.errors.ParserError as err:  # "Expected 19 fields in line 7, saw 20"
+        raise UserError(f"profile {path}: wrong number of fields ({str(err).strip()})") from None
+    missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise UserError(f"profile {path} lacks column(s) {', '.join(missing)}; it is not a scenario=profile file")
     rows, identity = [], None
-    for line, row in enumerate(reader, start=2):  # line 1 is the header
-        if None in row or any(row[c] in (None, "") for c in REQUIRED):
+    for line, row in enumerate(table.to_dict("records"), start=2):  # line 1 is the header
+        if any(row[c] == "" for c in REQUIRED):
             raise UserError(f"profile {path} row {line}: wrong number of fields or an empty required field")
         here = {key: row[key] for key in IDENTITY}
         if identity is None:

@@ -13,7 +13,6 @@ as a ratio to `report.baseline`'s.
 
 from __future__ import annotations
 
-import csv
 import logging
 import sys
 from collections import defaultdict
@@ -338,13 +337,14 @@ def sweep_rows(sweep_dir: Path) -> list[dict]:
     """Every point's rows as text cells (a missing one is ""), in directory order, with a `point` key.
 
     The figures compare cells as the CSV holds them; results.collect's DataFrame turns a column's
-    blanks into NaN and its numbers into floats, so rows are read here as csv gives them."""
+    blanks into NaN and its numbers into floats, so rows are read here as text."""
+    import pandas as pd
+
     rows = []
     for metrics in sorted(Path(sweep_dir).glob("*/metrics.csv")):
-        with open(metrics, newline="") as f:
-            for row in csv.DictReader(f):
-                row.setdefault("point", metrics.parent.name)
-                rows.append(row)
+        for row in pd.read_csv(metrics, dtype=str, keep_default_na=False).to_dict("records"):
+            row.setdefault("point", metrics.parent.name)
+            rows.append(row)
     return rows
 
 
