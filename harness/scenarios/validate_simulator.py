@@ -178,7 +178,7 @@ def run(cfg: DictConfig) -> list[dict]:
     rate = float(base.workload.rate)
     head = (
         f"Calibrated simulator vs serve: model {model.name}, allocator {plugin_cfg(cfg, 'allocator')['name']}, "
-        f"{len(engines[0].recorder.finished)} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
+        f"{simulated[0]['completed']} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
         f"serve clock {measured[0]['clock']}; profile {profile} "
         f"(sha256 {simulated[0]['executor_profile_sha256'][:12]}); "
         f"median per-step error on run 1's batches {100 * step_err:.1f}%"
