@@ -175,6 +175,16 @@ def test_the_calibrated_executor_drives_the_same_scheduler_and_allocators(tiny_p
     assert row["duration_s"] != pytest.approx(roofline["duration_s"])
 
 
+def test_time_scale_stretches_every_step_and_changes_no_decision(tiny_profile):
+    row, _ = calibrated(tiny_profile)
+    slower, _ = calibrated(tiny_profile, "executor.time_scale=2")
+    # all requests arrive at t=0: the same batches, each step twice as long
+    for key in ("completed", "steps", "preemptions", "max_batch_size"):
+        assert slower[key] == row[key]
+    assert slower["duration_s"] == pytest.approx(2 * row["duration_s"])
+    assert (row["executor_time_scale"], slower["executor_time_scale"]) == (1.0, 2.0)
+
+
 def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
     result = subprocess.run(
         [
@@ -283,3 +293,8 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     served = by_metric["throughput (tok/s)"]
     assert served["rel_error"] == pytest.approx(served["simulated_1"] / served["measured_1"] - 1)
     assert rows[0]["clock"] == "cpu"
+    # the host's speed was probed while profiling and around the serve run, and the simulation
+    # rerun at that speed: its error is a column of its own
+    assert len(rows[0]["host_probe_ms"].split()) == 4 and rows[0]["host_drift"] >= 0
+    assert all("rel_error_at_host_speed" in r for r in rows)
+    assert "error at the host's measured speed" in (tmp_path / "validation.md").read_text()

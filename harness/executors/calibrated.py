@@ -140,9 +140,10 @@ def check_profile(profile: Profile, expected: dict) -> None:
 class CalibratedExecutor:
     simulated = True
 
-    def __init__(self, profile: Profile, model: ModelSpec, hardware: Hardware):
+    def __init__(self, profile: Profile, model: ModelSpec, hardware: Hardware, time_scale: float = 1.0):
         self.profile = profile
-        self.predict = profile.report.model.predict
+        predict = profile.report.model.predict
+        self.predict = predict if time_scale == 1.0 else lambda *features: time_scale * predict(*features)
         # swaps are host <-> device copies the profile did not time: the hardware's copy model
         self.hardware = hardware
         self.swap_copies_per_block = copies_per_block(model)

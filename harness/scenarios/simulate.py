@@ -61,8 +61,10 @@ def make_executor(cfg: DictConfig, model, hardware) -> tuple:
         expected["device"] = local_device_name() if device == "local" else device
     check_profile(profile, expected)
     report = profile.report
-    return CalibratedExecutor(profile, model, hardware), {
+    time_scale = float(chosen.get("time_scale", 1.0))
+    return CalibratedExecutor(profile, model, hardware, time_scale), {
         "executor": "calibrated",
+        "executor_time_scale": time_scale,
         "executor_profile": profile.path,
         "executor_profile_sha256": profile.sha256,
         "executor_fit_form": report.model.form,

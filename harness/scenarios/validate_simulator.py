@@ -22,7 +22,7 @@ from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios.build import load_specs, plugin_cfg
 from kvbench.scenarios.profile import out_dir
 from kvbench.scenarios.profile import run as run_profile
-from kvbench.scenarios.serve import serve
+from kvbench.scenarios.serve import CLOCKS, serve
 from kvbench.scenarios.simulate import simulate
 
 # The serving metrics compared: label -> result column. Renaming a result column is one edit here.
@@ -76,11 +76,35 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / mean if mean else 0.0
 
 
-def table(measured: list[dict], simulated: list[dict]) -> list[dict]:
+def host_probe_s(clock, threads: int | None = None, repeats: int = 15) -> float:
+    """The median time, on `clock`, of a fixed piece of work shaped like a small model's step
+    (300 small matmuls: operator dispatch and cache-resident arithmetic). Taken while profiling
+    and around every serve run, its range is how much the host itself sped up or slowed down,
+    which no step-time model fitted at one moment can follow."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(int(threads))  # as the serve runs set it
+    x, w = torch.full((8, 64), 0.5), torch.full((64, 64), 0.01)
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        y = x
+        for _ in range(300):
+            y = torch.tanh(y @ w)
+        times.append(clock() - start)
+    return float(np.median(times))
+
+
+def table(measured: list[dict], simulated: list[dict], scaled: list[dict] | None = None) -> list[dict]:
     rows = []
     for label, column in METRICS.items():
         real = [float(r[column]) for r in measured]
         sim = [float(r[column]) for r in simulated]
+        at_speed = {}
+        if scaled:
+            value = float(np.mean([float(r[column]) for r in scaled]))
+            at_speed = {"rel_error_at_host_speed": relative_error(value, float(np.mean(real)))}
         rows.append(
             {
                 "metric": label,
@@ -90,23 +114,27 @@ def table(measured: list[dict], simulated: list[dict]) -> list[dict]:
                 "measured_spread": spread(real),
                 "simulated_spread": spread(sim),
                 "rel_error": relative_error(float(np.mean(sim)), float(np.mean(real))),
+                **at_speed,
             }
         )
     return rows
 
 
 def markdown(rows: list[dict], head: str) -> str:
+    at_speed = "rel_error_at_host_speed" in rows[0]
     lines = [
         head,
         "",
-        "| metric | measured (runs) | simulated | measured run-to-run spread | simulator error |",
-        "|---|---|---|---|---|",
+        "| metric | measured (runs) | simulated | measured run-to-run spread | simulator error |"
+        + (" error at the host's measured speed |" if at_speed else ""),
+        "|---|---|---|---|---|" + ("---|" if at_speed else ""),
     ]
     for row in rows:
         real = " / ".join(f"{row[k]:.4g}" for k in row if k.startswith("measured_") and k[9:].isdigit())
         lines.append(
             f"| {row['metric']} | {real} | {row['simulated_1']:.4g} | {100 * row['measured_spread']:.1f}% "
             f"| {100 * row['rel_error']:+.1f}% |"
+            + (f" {100 * row['rel_error_at_host_speed']:+.1f}% |" if at_speed else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -148,11 +176,17 @@ def run(cfg: DictConfig) -> list[dict]:
     runs, load = check(scenario)
     folder = out_dir(scenario)
     model, _ = load_specs(cfg)
+    serve_knobs = scenario_cfg(cfg, "serve", scenario.serve).scenario
+    clock, threads = CLOCKS[str(serve_knobs.get("clock", "wall"))], serve_knobs.get("cpu_threads")
+    probe = lambda: host_probe_s(clock, threads)
+    probes: dict[str, float] = {}  # the host's speed, on the serve runs' clock, when each phase ran
     profile = scenario.get("profile")
     if not profile:
         changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
         profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
+        probes["profile start"] = probe()
         profile = run_profile(profile_cfg)[0]["profile"]
+        probes["profile end"] = probe()
     kv_bytes = int(scenario.kv_cache_tokens) * model.kv_bytes_per_token
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     base.engine.kv_cache_bytes = kv_bytes
@@ -164,14 +198,20 @@ def run(cfg: DictConfig) -> list[dict]:
         base = OmegaConf.merge(base, {"workload": {"rate": rate}})
         sim_cfg = OmegaConf.merge(sim_cfg, {"workload": {"rate": rate}})
     serve_cfg = scenario_cfg(base, "serve", scenario.serve)
-    measured, simulated, logs, engines = [], [], [], []
-    for _ in range(runs):
+    measured, simulated, scaled, logs, engines = [], [], [], [], []
+    profiled_at = np.mean([v for k, v in probes.items() if k.startswith("profile")]) if probes else None
+    for i in range(runs):
+        before = probe()
         row, _ = serve(serve_cfg, prepare=lambda engine: logs.append(wrap(engine)))
+        probes[f"serve {i + 1} start"], probes[f"serve {i + 1} end"] = before, probe()
         measured.append(row)
         sim_row, sim_engine = simulate(sim_cfg)
         simulated.append(sim_row)
         engines.append(sim_engine)
-    rows = table(measured, simulated)
+        if profiled_at:  # the same simulation with every step scaled by how fast the host ran this serve run
+            speed = np.mean([before, probes[f"serve {i + 1} end"]]) / profiled_at
+            scaled.append(simulate(OmegaConf.merge(sim_cfg, {"executor": {"time_scale": float(speed)}}))[0])
+    rows = table(measured, simulated, scaled)
     predict = engines[0].executor.predict
     predicted = np.array([predict(*f) for f in logs[0].features])
     step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
@@ -181,7 +221,10 @@ def run(cfg: DictConfig) -> list[dict]:
         f"{simulated[0]['completed']} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
         f"serve clock {measured[0]['clock']}; profile {profile} "
         f"(sha256 {simulated[0]['executor_profile_sha256'][:12]}); "
-        f"median per-step error on run 1's batches {100 * step_err:.1f}%"
+        f"median per-step error on run 1's batches {100 * step_err:.1f}%. Host speed probe "
+        f"(fixed work, ms on that clock): "
+        + ", ".join(f"{name} {1e3 * value:.2f}" for name, value in probes.items())
+        + f"; the host's drift (max - min) / mean: {100 * spread(list(probes.values())):.1f}%"
     )
     write_csv(folder / "validation.csv", rows)
     write_atomic(folder / "validation.md", markdown(rows, head))
@@ -191,6 +234,8 @@ def run(cfg: DictConfig) -> list[dict]:
         "executor_profile_sha256": simulated[0]["executor_profile_sha256"],
         "step_err_median": step_err,
         "clock": measured[0]["clock"],
+        "host_drift": spread(list(probes.values())),
+        "host_probe_ms": " ".join(f"{1e3 * v:.3f}" for v in probes.values()),
     }
     return [{**common, **row} for row in rows]
 

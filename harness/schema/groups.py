@@ -338,6 +338,7 @@ class CalibratedExecutor(Section):
     name: Literal["calibrated"]
     profile: str | None = None
     device: str = "local"
+    time_scale: Float = Field(1.0, gt=0, le=100)
 
 
 EXECUTORS = {"roofline": RooflineExecutor, "calibrated": CalibratedExecutor}
