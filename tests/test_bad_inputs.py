@@ -106,6 +106,7 @@ def bad_values(field) -> list[str]:
 def schema_cases():
     seen = set()
     for group, base, model in OPTIONS:
+        keys = [key for key, _ in fields(group, model)]
         for key, field in fields(group, model):
             if key in CHOICE_KEYS or key == "workload.path":
                 continue
@@ -114,6 +115,8 @@ def schema_cases():
                     seen.add((key, value, tuple(base)))
                     yield pytest.param(base, f"{key}={value}", key, id=f"{'+'.join(base) or 'default'}:{key}={value}")
             typo = key[:-1] if len(key.rsplit(".", 1)[-1]) > 3 else key + "x"
+            if sum(other.startswith(typo) for other in keys) > 1:  # fig1 is as near fig12 as fig13
+                typo = key + "x"
             yield pytest.param(base, f"+{typo}=1", key, id=f"{'+'.join(base) or 'default'}:+{typo}")
 
 

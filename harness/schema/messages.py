@@ -87,9 +87,17 @@ def allowed(error: dict) -> str:
 
 def validation_line(err: ValidationError, group: str, model) -> str:
     """The first error of a group's validation as `group.key=value must be ...`."""
-    error = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    error = errors[0]
     loc = [str(part) for part in error["loc"] if not isinstance(part, int)]
+    members = []
+    if loc and _union_member(loc[-1]):  # a field of several types: one error per type, named by it
+        members = [e for e in errors if [str(p) for p in e["loc"] if not isinstance(p, int)][:-1] == loc[:-1]]
+        loc = loc[:-1]
     key = ".".join([group, *loc]) if group else ".".join(loc)
+    if members:
+        texts = dict.fromkeys(allowed(e).removeprefix("must be ") for e in members)
+        return f"{key}={show(error.get('input'))} must be {', or '.join(texts)}"
     if error["type"] == "extra_forbidden":
         where = ".".join(part for part in [group, *loc[:-1]] if part) or "the config"
         return unknown_key(key, _fields_at(model, loc), where)
@@ -100,6 +108,11 @@ def validation_line(err: ValidationError, group: str, model) -> str:
         blamed = message.split("=", 1)[0]
         return f"{group}.{message}" if group and blamed in model.model_fields else f"{group or 'config'}: {message}"
     return rule(f"{key}={show(error.get('input'))}", allowed(error))
+
+
+def _union_member(part: str) -> bool:
+    """pydantic names each type of a union field in the error's location: bool, literal['auto'], ..."""
+    return part in ("bool", "int", "float", "str", "none") or "[" in part
 
 
 def rule(setting: str, text: str) -> str:
