@@ -29,6 +29,16 @@ OPS = st.lists(
 )
 
 
+def grow_some(allocator, seq, pick: int, size: int) -> bool:
+    """Grow `seq` by one token (most picks) or `size`, within its final length; True if it grew."""
+    n = min(1 if pick % 3 else size, seq.final_len - seq.num_computed)
+    if n <= 0 or not allocator.grow(seq, n):
+        return False
+    seq.num_computed += n
+    seq.num_tokens = max(seq.num_tokens, seq.num_computed)
+    return True
+
+
 def occupancy(allocator) -> Counter:
     """How many owners each slot has: holes / free blocks count as one owner ('free')."""
     owners = Counter()
@@ -100,10 +110,7 @@ def test_random_operations_keep_every_invariant(cls, options, ops, block_size):
         else:
             seq = live[pick % len(live)]
             if op == "grow":
-                n = min(1 if pick % 3 else size, seq.final_len - seq.num_computed)
-                if n > 0 and allocator.grow(seq, n):
-                    seq.num_computed += n
-                    seq.num_tokens = max(seq.num_tokens, seq.num_computed)
+                grow_some(allocator, seq, pick, size)
             elif op == "fork":
                 child = make_seq(seq.request.prompt_len, seq.request.output_len)
                 child.num_tokens = seq.num_tokens
@@ -274,10 +281,7 @@ def test_the_running_count_of_named_blocks_equals_a_recount(ops, block_size, pre
             group = running[pick % len(running)]
             seq = group[pick % len(group)]
             if op == "append":
-                n = min(1 if pick % 3 else size, seq.final_len - seq.num_computed)
-                if n > 0 and allocator.grow(seq, n):
-                    seq.num_computed += n
-                    seq.num_tokens = max(seq.num_tokens, seq.num_computed)
+                if grow_some(allocator, seq, pick, size):
                     seq.token_ids.extend([pick % 2] * (seq.num_tokens - len(seq.token_ids)))
             elif op == "fork":
                 child = Sequence(next(ids), seq.request, seq.num_tokens, token_ids=list(seq.token_ids), parent=seq)
