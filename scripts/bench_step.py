@@ -1,15 +1,18 @@
 """The scheduler's bookkeeping, this tree against a reference commit, side by side in one run.
 
-    python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,admit,sim|startup]
+    python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,simdecode,admit,sim|startup]
 
 The reference is checked out as a git worktree (detached, in the system's temp folder) and
 both trees are imported the same way, each in its own worker process, with this environment's
 packages. Repeats are interleaved (reference, this tree, reference, ...), so both see the same
 machine load; each line prints the medians, the min-max over repeats and the ratio new / ref.
 
-Cases:
+Cases (--cases, comma-separated):
     decode   Scheduler.schedule() + the engine's token append, per step, N sequences decoding
-             with staggered block boundaries (block 16), prefix caching off and on
+             with staggered block boundaries (block 16), prefix caching off and on; each
+             sampled token is appended to its sequence (serve's path)
+    simdecode  the same steps as the simulator takes them: no token ids, and where the tree has
+             it, lazy decode (the scheduler advances steady decodes in bulk)
     admit    admission + free of a 1000-token prompt whose blocks are cached, 4k and 64k blocks
     sim      the whole `bench` process as a user starts it (SIM_ARGS): 10,000 ShareGPT requests
              (paged, defaults, 4 req/s), and the start-up of a 10-request run
@@ -60,7 +63,7 @@ def find(*names):
 
 
 # --- the worker: runs one case in one tree ----------------------------------------------
-def decode_case(num_seqs: int, prefix_caching: bool) -> list[float]:
+def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False) -> list[float]:
     scheduler_mod = find("kvbench.core.scheduler", "kvbench.scheduler")
     engine_mod = find("kvbench.core.engine", "kvbench.engine")
     seq_mod = find("kvbench.core.sequence", "kvbench.sequence")
@@ -72,21 +75,25 @@ def decode_case(num_seqs: int, prefix_caching: bool) -> list[float]:
         allocator, max_num_seqs=num_seqs, max_num_batched_tokens=max(8192, num_seqs * (PROMPT + 16))
     )
     engine = engine_mod.Engine(scheduler, executor=None, progress=False)
+    scheduler.lazy = simulated  # a tree without lazy decode ignores it
+    clocks = getattr(scheduler, "step_clocks", [])  # the engine's step clock, one per schedule()
     for i in range(num_seqs):  # prompts of 100..115 tokens: sequences cross block boundaries on different steps
         prompt = PROMPT + i % 16
         request = seq_mod.Request(i, 0.0, prompt, output_len=10 * steps)
         tokens = [(i * 7919 + t) % 50_000 for t in range(prompt)]
         scheduler.add(seq_mod.Sequence(i, request, prompt, token_ids=tokens))
     batch = scheduler.schedule(0.0)
-    engine._advance(batch, [1] * len(batch.seqs), 0.0)
+    clocks.append(0.0)
+    engine._advance(batch, None if simulated else [1] * len(batch.seqs), 0.0)
     assert len(scheduler.running) == num_seqs
     times = []
     for step in range(steps):
         start = time.perf_counter()
         batch = scheduler.schedule(float(step))
-        engine._advance(batch, [step % 50_000] * len(batch.seqs), float(step))
+        clocks.append(float(step))
+        engine._advance(batch, None if simulated else [step % 50_000] * len(batch.seqs), float(step))
         times.append(time.perf_counter() - start)
-        assert len(batch.seqs) == num_seqs and not batch.preempted
+        assert len(batch) == num_seqs and batch.num_tokens == num_seqs and not batch.preempted
     return times
 
 
@@ -112,8 +119,8 @@ def admit_case(num_blocks: int) -> list[float]:
 def worker(tree: Path, case: str) -> None:
     use_tree(tree)
     kind, *args = case.split(":")
-    if kind == "decode":
-        times = decode_case(int(args[0]), args[1] == "on")
+    if kind in ("decode", "simdecode"):
+        times = decode_case(int(args[0]), args[1] == "on", simulated=kind == "simdecode")
     else:
         times = admit_case(int(args[0]))
     print(json.dumps(statistics.median(times)))
@@ -160,15 +167,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", default="45506d6")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cases", default="decode,admit,sim")
+    parser.add_argument("--cases", default="decode,simdecode,admit,sim")
     parser.add_argument("--worker", nargs=2, metavar=("TREE", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(Path(args.worker[0]), args.worker[1])
     groups = args.cases.split(",")
     cases = []
-    if "decode" in groups:
-        cases += [f"decode:{n}:{p}" for p in ("off", "on") for n in (64, 256, 1024)]
+    for kind in ("decode", "simdecode"):
+        if kind in groups:
+            cases += [f"{kind}:{n}:{p}" for p in ("off", "on") for n in (64, 256, 1024)]
     if "admit" in groups:
         cases += ["admit:4096", "admit:65536"]
     if "sim" in groups:
@@ -183,7 +191,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for side, tree in trees.items():
                 seen[side].append(run_case(tree, case))
-        unit, scale = ("s", 1.0) if case.startswith("sim") else ("us", 1e6)
+        unit, scale = ("s", 1.0) if case.startswith("sim:") else ("us", 1e6)
         cells = []
         for side in ("ref", "new"):
             values = [v * scale for v in seen[side]]

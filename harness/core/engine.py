@@ -86,13 +86,17 @@ class Engine:
 
             bar = tqdm(total=total, unit="req", desc=f"{self.allocator.name}", mininterval=1.0, leave=False)
         allocator, executor, simulated = self.allocator, self.executor, self.executor.simulated
+        # an executor that reads only a batch's totals lets the scheduler advance steady decodes in bulk
+        scheduler.lazy = simulated and not getattr(executor, "needs_sequences", True)
+        step_clocks = scheduler.step_clocks
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
                 scheduler.add(self.new_sequence(pending.popleft()))
             wall, started = time.perf_counter(), self.step_clock()
             batch = scheduler.schedule(clock)
             schedule_s = time.perf_counter() - wall
-            if not batch.seqs:
+            if not batch.num_seqs:
+                step_clocks.append(clock)  # one entry per schedule() call
                 if pending and not scheduler.running:
                     clock = max(clock, pending[0].arrival_s)
                     continue
@@ -103,12 +107,14 @@ class Engine:
             result = executor.execute(batch)
             dt = result.duration_s if simulated else self.step_clock() - started
             clock += dt
-            recorder.on_step(clock, dt, len(batch.seqs), allocator.accounting(), schedule_s)
+            step_clocks.append(clock)
+            recorder.on_step(clock, dt, batch.num_seqs, allocator.accounting(), schedule_s)
             done = self._advance(batch, result.tokens, clock)
             if done and bar is not None:
                 bar.update(done)
         if bar is not None:
             bar.close()
+        scheduler.settle()
         first = requests[0].arrival_s if requests else 0.0
         row = recorder.summary(total, scheduler.last_admit_s, first)
         row.update(

@@ -69,6 +69,10 @@ class Sequence:
     # Single-token steps the allocator has already made room for (KVAllocator.grant_room): the
     # scheduler takes them without asking it, one a step, and reports how many it took.
     room: int = 0
+    # Lazy decode (Scheduler.lazy): the step from which the scheduler advances this sequence in
+    # bulk (its counters and token_times are as of that step's start), -1 when it does not.
+    steady_since: int = -1
+    run_order: int = 0  # when it joined the running list: the running list is in this order
     # the request's final_len, max_tokens and width, read on every step
     final_len: int = field(init=False)
     max_tokens: int = field(init=False)

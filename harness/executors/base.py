@@ -24,5 +24,10 @@ class StepResult:
 
 class Executor(Protocol):
     simulated: bool
+    # False: execute() reads only the batch's totals (num_tokens, num_seqs, context_tokens,
+    # attention_pairs, swapped_*), never batch.seqs, and returns no tokens. The scheduler then
+    # leaves steadily decoding sequences out of `batch.seqs` (core/scheduler.py, lazy decode).
+    # An executor without the attribute gets every scheduled sequence.
+    needs_sequences: bool
 
     def execute(self, batch: Batch) -> StepResult: ...

@@ -139,6 +139,7 @@ def check_profile(profile: Profile, expected: dict) -> None:
 
 class CalibratedExecutor:
     simulated = True
+    needs_sequences = False  # reads only the batch's totals (executors/base.py)
 
     def __init__(self, profile: Profile, model: ModelSpec, hardware: Hardware, time_scale: float = 1.0):
         self.profile = profile
@@ -150,7 +151,7 @@ class CalibratedExecutor:
         self.swap_bytes_per_slot = model.kv_bytes_per_token
 
     def execute(self, batch: Batch) -> StepResult:
-        step_s = self.predict(batch.num_tokens, len(batch.seqs), batch.context_tokens, batch.attention_pairs)
+        step_s = self.predict(batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs)
         if batch.swapped_blocks:
             step_s += swap_time_s(
                 self.hardware,

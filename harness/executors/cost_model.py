@@ -78,6 +78,7 @@ class CostModelExecutor:
         self.state_bytes_per_seq = 2 * linear * model.linear_state_bytes_per_layer
         self.state_flops_per_token = 6.0 * state_values
         self.hybrid = bool(window or linear)
+        self.needs_sequences = self.hybrid  # window layers read each sequence's context (executors/base.py)
         self.step_overhead_s = hardware.step_overhead_s
 
     def step_time(
@@ -112,7 +113,7 @@ class CostModelExecutor:
                 window_context += seen
                 window_pairs += n * seen
         step_s = self.step_time(
-            batch.num_tokens, batch.context_tokens, batch.attention_pairs, window_context, window_pairs, len(batch.seqs)
+            batch.num_tokens, batch.context_tokens, batch.attention_pairs, window_context, window_pairs, batch.num_seqs
         )
         if batch.swapped_blocks:
             step_s += swap_time_s(

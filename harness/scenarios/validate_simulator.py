@@ -60,7 +60,7 @@ class FeatureLog:
         return getattr(self.inner, name)
 
     def execute(self, batch):
-        self.features.append((batch.num_tokens, len(batch.seqs), batch.context_tokens, batch.attention_pairs))
+        self.features.append((batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs))
         return self.inner.execute(batch)
 
 

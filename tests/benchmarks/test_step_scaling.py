@@ -2,7 +2,9 @@
 append for N sequences decoding with staggered block boundaries, prefix caching on.
 
 Per sequence the step should cost the same at every N; each benchmark checks the work it timed
-(every sequence got its token, nobody was preempted).
+(every sequence got its token, nobody was preempted). The simulator's variant takes the same
+steps without token ids and with lazy decode (core/scheduler.py): the scheduler touches only
+the sequences whose room ends and counts the steady ones in bulk.
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ from kvbench.plugins.allocators.paged import PagedAllocator
 PROMPT = 100
 
 
-def decoding_engine(num_seqs: int) -> Engine:
+def decoding_engine(num_seqs: int, lazy: bool = False) -> Engine:
     """`num_seqs` sequences past their prompts of 100..115 tokens, so they cross block
     boundaries on different steps."""
     allocator = PagedAllocator(num_seqs * 2048, 4096, block_size=16, prefix_caching=True)
     scheduler = Scheduler(allocator, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * (PROMPT + 16))
+    scheduler.lazy = lazy
     engine = Engine(scheduler, executor=None, progress=False)
     for i in range(num_seqs):
         prompt = PROMPT + i % 16
         tokens = [(i * 7919 + t) % 50_000 for t in range(prompt)]
         scheduler.add(Sequence(i, Request(i, 0.0, prompt, output_len=1500), prompt, token_ids=tokens))
-    engine._advance(scheduler.schedule(), [0] * num_seqs, 0.0)
+    batch = scheduler.schedule()
+    scheduler.step_clocks.append(0.0)
+    engine._advance(batch, None if lazy else [0] * num_seqs, 0.0)
     return engine
 
 
@@ -42,6 +47,21 @@ def test_decode_step_with_prefix_caching(benchmark, num_seqs):
     engine = decoding_engine(num_seqs)
     batch = benchmark.pedantic(decode_step, args=(engine,), rounds=200, warmup_rounds=5)
     assert len(batch) == batch.num_tokens == num_seqs and not batch.preempted
+
+
+def simulated_decode_step(engine: Engine):
+    batch = engine.scheduler.schedule()
+    engine.scheduler.step_clocks.append(0.0)
+    engine._advance(batch, None, 0.0)
+    return batch
+
+
+@pytest.mark.parametrize("num_seqs", [64, 256, 1024])
+def test_simulated_decode_step_with_prefix_caching(benchmark, num_seqs):
+    engine = decoding_engine(num_seqs, lazy=True)
+    batch = benchmark.pedantic(simulated_decode_step, args=(engine,), rounds=200, warmup_rounds=5)
+    assert len(batch) == batch.num_tokens == num_seqs and not batch.preempted
+    assert batch.num_steady >= num_seqs * 3 // 4  # the steady ones are counted, not touched
 
 
 @pytest.mark.parametrize("num_blocks", [4096, 65536])

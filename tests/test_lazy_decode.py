@@ -1,0 +1,135 @@
+"""Lazy decode (core/scheduler.py) decides exactly what the eager loop decides.
+
+Two engines run the same random requests: one with an executor that asks for every scheduled
+sequence (the eager loop), one with an executor that reads only a batch's totals (the scheduler
+then advances steady decodes in bulk). Every step's totals, preemptions and accounting, every
+request's token times, first-token and finish times, preemptions and finishing order must be
+equal, and so must the result rows. The workloads mix parallel samples, beams, shared prefixes,
+chunked prefill, swap and recompute, and pools small enough to preempt.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from kvbench.core.engine import Engine
+from kvbench.core.recorder import Recorder
+from kvbench.core.scheduler import Scheduler
+from kvbench.core.sequence import Request
+from kvbench.errors import UserError
+from kvbench.executors.base import StepResult
+from kvbench.plugins.allocators.paged import PagedAllocator
+
+
+class Totals:
+    """A simulated executor whose step time depends on the batch's totals; it logs them."""
+
+    simulated = True
+
+    def __init__(self, needs_sequences: bool):
+        self.needs_sequences = needs_sequences
+        self.steps: list[tuple] = []
+
+    def execute(self, batch) -> StepResult:
+        preempted = [seq.seq_id for seq in batch.preempted]
+        totals = (batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs, batch.swapped_blocks)
+        self.steps.append((*totals, preempted))
+        return StepResult(1e-3 + 1e-5 * batch.num_tokens + 1e-7 * batch.context_tokens + 1e-4 * batch.num_seqs)
+
+
+REQUESTS = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.05),  # arrival
+        st.integers(1, 40),  # prompt
+        st.integers(1, 70),  # output
+        st.integers(-1, 2),  # shared prefix group, -1 = none
+        st.sampled_from([(1, 1), (1, 1), (1, 1), (2, 1), (1, 2), (3, 1)]),  # (n, beam_width)
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+def run(requests, lazy, block_size, num_slots, prefix_caching, chunked_prefill, preemption, max_num_seqs, budget):
+    allocator = PagedAllocator(num_slots, 256, block_size=block_size, watermark=0.02, prefix_caching=prefix_caching)
+    allocator.enable_swap(num_slots)
+    scheduler = Scheduler(
+        allocator,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        chunked_prefill=chunked_prefill,
+        preemption=preemption,
+    )
+    executor = Totals(needs_sequences=not lazy)
+    recorder = Recorder(keep_sequences=True)
+    engine = Engine(scheduler, executor, recorder=recorder, progress=False, seed=3)
+    try:
+        row = engine.run(requests)
+    except UserError as error:  # a pool too small for one request: both sides refuse it
+        return str(error)
+    assert scheduler.lazy is lazy
+    row.pop("schedule_us_per_step", None)  # measured, not decided
+    finished = [
+        (s.seq_id, s.num_tokens, s.first_token_s, s.finish_s, s.num_preemptions, tuple(s.token_times))
+        for s in recorder.finished
+    ]
+    steps = (recorder.step_end, recorder.batch_size, recorder.kv)
+    return executor.steps, steps, finished, row
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=REQUESTS,
+    block_size=st.sampled_from([1, 4, 16]),
+    num_slots=st.integers(112, 400),
+    prefix_caching=st.booleans(),
+    chunked_prefill=st.booleans(),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    max_num_seqs=st.integers(3, 16),
+    budget=st.sampled_from([16, 64, 128, 512]),
+)
+def test_lazy_decode_decides_every_step_as_the_eager_loop(
+    requests, block_size, num_slots, prefix_caching, chunked_prefill, preemption, max_num_seqs, budget
+):
+    if not chunked_prefill:  # a recomputed request re-prefills prompt + output in one step
+        budget = max(budget, 128)
+    made = []
+    for i, (arrival, prompt, output, prefix, (n, beam)) in enumerate(sorted(requests)):
+        tokens = np.array([(prefix * 13 + p) % 11 if prefix >= 0 else (i * 31 + p) % 97 for p in range(prompt)])
+        made.append(Request(i, arrival, prompt, output, tokens, n=n, beam_width=beam, prefix_id=prefix))
+    if not made:
+        return
+    options = (block_size, num_slots, prefix_caching, chunked_prefill, preemption, max_num_seqs, budget)
+    eager = run(made, False, *options)
+    lazy = run(made, True, *options)
+    if isinstance(eager, str):
+        assert lazy == eager
+        event("refused: a request larger than the pool")
+        return
+    event(f"preempted: {bool(eager[3]['preemptions'])}")
+    assert lazy[0] == eager[0]  # every step's totals and preemptions
+    assert lazy[1] == eager[1]  # the recorder's clock, batch sizes and accounting
+    assert lazy[2] == eager[2]  # each sequence's tokens, times and preemptions, in finishing order
+    assert lazy[3] == eager[3]
+
+
+def test_steady_decodes_are_left_out_of_the_batch_but_counted():
+    """64 requests decoding with room: most steps touch a few sequences and count the rest."""
+    requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
+    sizes = []
+
+    class Watch(Totals):
+        def execute(self, batch):
+            sizes.append((len(batch.seqs), batch.num_steady, batch.num_seqs))
+            return super().execute(batch)
+
+    allocator = PagedAllocator(64 * 240, 256, block_size=16)
+    scheduler = Scheduler(allocator, max_num_seqs=64, max_num_batched_tokens=4096)
+    executor = Watch(needs_sequences=False)
+    Engine(scheduler, executor, progress=False).run(requests)
+    middle = sizes[20:150]  # every request decodes
+    assert all(num_seqs == 64 and touched + steady == 64 for touched, steady, num_seqs in middle)
+    assert max(touched for touched, _, _ in middle) <= 16  # one block boundary each per 16 steps
+    assert sum(steady for _, steady, _ in middle) > 0.8 * 64 * len(middle)
