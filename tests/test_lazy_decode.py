@@ -133,3 +133,18 @@ def test_steady_decodes_are_left_out_of_the_batch_but_counted():
     assert all(num_seqs == 64 and touched + steady == 64 for touched, steady, num_seqs in middle)
     assert max(touched for touched, _, _ in middle) <= 16  # one block boundary each per 16 steps
     assert sum(steady for _, steady, _ in middle) > 0.8 * 64 * len(middle)
+
+
+def test_a_group_larger_than_the_budget_waits_while_steady_sequences_run():
+    """A preempted group whose re-prefill exceeds the token budget runs alone, and only alone:
+    steady sequences, though left out of `batch.seqs`, make the batch non-empty."""
+    shapes = [(21, 10, 4), (31, 58, 3), (36, 12, 3), (13, 58, 1), (22, 61, 1), (9, 55, 3), (34, 30, 1)]
+    arrivals = [0.00017, 0.00745, 0.01157, 0.0124, 0.01781, 0.01921, 0.02898]
+    made = [
+        Request(i, arrival, prompt, output, np.arange(prompt) + 100 * i, n=n)
+        for i, (arrival, (prompt, output, n)) in enumerate(zip(arrivals, shapes))
+    ]
+    options = (4, 400, False, False, "recompute", 11, 128)
+    eager, lazy = run(made, False, *options), run(made, True, *options)
+    assert eager[3]["preemptions"] > 0
+    assert lazy == eager

@@ -453,7 +453,7 @@ class Scheduler:
                 break
         else:
             tokens = sum(m.num_tokens - m.num_computed for m in group)
-            if tokens <= budget or not batch.seqs:
+            if tokens <= budget or not len(batch):  # steady sequences count too
                 for member in group:
                     member.status = SeqStatus.RUNNING
                     self._add_to_batch(batch, member, member.num_tokens - member.num_computed)
