@@ -148,3 +148,17 @@ def test_a_group_larger_than_the_budget_waits_while_steady_sequences_run():
     eager, lazy = run(made, False, *options), run(made, True, *options)
     assert eager[3]["preemptions"] > 0
     assert lazy == eager
+
+
+def test_a_prefill_chunk_that_leaves_one_token_keeps_its_first_token_time():
+    """Chunked prefill can leave a prompt's last token for a step of room: the sequence is
+    steady before its first token, which must still be timed at that step (found by search)."""
+    shapes = [(25, 32, 1, 0), (8, 51, 2, 0), (30, 12, 2, 0), (29, 10, 1, 1), (38, 13, 1, 1), (9, 39, 2, 1)]
+    arrivals = [0.0039009504, 0.0039719545, 0.0091001497, 0.0179417794, 0.0192798631, 0.0222479908]
+    made = [
+        Request(i, arrival, prompt, output, np.arange(prompt) % 7 + 50 * prefix, n=n, prefix_id=prefix)
+        for i, (arrival, (prompt, output, n, prefix)) in enumerate(zip(arrivals, shapes))
+    ]
+    options = (16, 409, False, True, "recompute", 4, 16)
+    eager, lazy = run(made, False, *options), run(made, True, *options)
+    assert lazy == eager

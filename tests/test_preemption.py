@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import subprocess
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
 from kvbench.arith import cdiv
+from kvbench.core.sequence import Request
 from kvbench.core.spec import Hardware
 from kvbench.errors import UserError
 from kvbench.executors.cost_model import copies_per_block, swap_time_s
@@ -113,3 +115,29 @@ def _venv_bin() -> str:
     import sys
 
     return os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"])
+
+
+def test_a_recomputed_request_longer_than_the_token_budget_runs_alone():
+    """Without chunked prefill, a request preempted with prompt + output past the token budget
+    comes back in a step of its own (its 80 tokens in a budget of 64), rather than never."""
+    from kvbench.core.engine import Engine
+    from kvbench.core.scheduler import Scheduler
+    from kvbench.executors.base import StepResult
+    from kvbench.plugins.allocators.paged import PagedAllocator
+
+    steps = []
+
+    class Totals:
+        simulated, needs_sequences = True, False
+
+        def execute(self, batch):
+            steps.append((batch.num_tokens, len(batch)))
+            return StepResult(1e-3)
+
+    allocator = PagedAllocator(160, 256, block_size=16, watermark=0.0)  # 10 blocks: 2 x 80 tokens
+    scheduler = Scheduler(allocator, max_num_seqs=4, max_num_batched_tokens=64, preemption="recompute")
+    requests = [Request(i, 0.0, 50, 60, np.arange(50) + 50 * i) for i in range(2)]
+    row = Engine(scheduler, Totals(), progress=False).run(requests)
+    assert row["completed"] == 2 and row["preemptions"] == 1
+    assert (80, 1) in steps  # the recompute: prompt 50 + 30 generated, alone
+    assert all(tokens <= 64 for tokens, size in steps if size > 1)

@@ -49,6 +49,11 @@ class Engine:
                 f"or a smaller model"
             )
         allocator, widest = self.allocator, max(r.width for r in requests)
+        if widest > self.scheduler.max_num_seqs:
+            raise UserError(
+                f"a request of {widest} sequences (workload.n / workload.beam_width) can never run with "
+                f"scheduler.max_num_seqs={self.scheduler.max_num_seqs}; raise it to at least {widest}"
+            )
         if allocator.footprint(longest) * widest > allocator.num_slots:
             raise UserError(
                 f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "

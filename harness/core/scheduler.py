@@ -7,7 +7,8 @@ first, until it can (FCFS order protected): `recompute` drops their KV and re-pr
 generated tokens later, `swap` copies their blocks to the allocator's CPU pool and back (falling
 back to recompute when the pool is full). Swapped requests come back before new ones are
 admitted; then waiting sequences are admitted in arrival order while the allocator admits them
-and the budgets (`max_num_seqs`, `max_num_batched_tokens`) allow.
+and the budgets (`max_num_seqs`, `max_num_batched_tokens`) allow. Without chunked prefill, a
+recomputed request longer than the token budget (prompt + output so far) runs alone in a step.
 
 The allocator's admission watermark (a fraction of blocks kept free) applies to every admission
 by default. With `watermark_when_idle=False` an admission made while no request is running
@@ -191,6 +192,8 @@ class Scheduler:
             seq.num_tokens += steps
             seq.room -= steps
             seq.token_times += self.step_clocks[since:now]
+            if seq.first_token_s is None:  # a prefill chunk that left one token became steady
+                seq.first_token_s = self.step_clocks[since]
         seq.steady_since = -1
         self._active.add(seq)
 
@@ -408,9 +411,12 @@ class Scheduler:
                 continue
             n = seq.num_tokens - seq.num_computed
             if n > budget:
-                if not self.chunked_prefill:
+                if self.chunked_prefill:
+                    n = budget
+                elif len(batch) or n <= self.max_num_batched_tokens:
                     break
-                n = budget
+                # else a recomputed request (prompt + its output so far) longer than the budget
+                # runs alone in a step, rather than never: add() refuses longer prompts
             if not allocator.admit(seq):
                 break
             n = min(n, seq.num_tokens - seq.num_computed)  # a prefix-cache hit may cover some
