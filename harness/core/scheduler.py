@@ -172,15 +172,6 @@ class Scheduler:
         self._active.add(seq)
 
     # --- lazy decode (module docstring) ---------------------------------------------------
-    def _steady(self, seq: Sequence, step: int) -> None:
-        """From `step` on, advance `seq` in bulk until its room or its output runs out."""
-        self._active.discard(seq)
-        seq.steady_since = step
-        self._num_steady += 1
-        self._steady_base += seq.num_computed - step
-        last = step + min(seq.room, seq.max_tokens - seq.num_tokens) - 1  # the step it is touched again
-        self._expiry.setdefault(last, []).append((step, seq))
-
     def _unsteady(self, seq: Sequence) -> None:
         """Bring steady `seq` up to the start of the current step and touch it one by one again."""
         since, now = seq.steady_since, len(self.step_clocks)
@@ -206,10 +197,23 @@ class Scheduler:
 
     def _schedule_running_lazy(self, batch: Batch, budget: int) -> int:
         """`_schedule_running`'s decisions, touching only the running sequences that change."""
-        step, active = len(self.step_clocks), self._active
-        for seq in [s for s in active if s.room and s.group is None and s.num_computed + 1 == s.num_tokens]:
-            if seq.width == 1:
-                self._steady(seq, step)
+        step, active, expiry = len(self.step_clocks), self._active, self._expiry
+        # _steady, inlined: the sequences that take a step of room from now on
+        steady = [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
+        if steady:
+            base = 0
+            for seq in steady:
+                seq.steady_since = step
+                base += seq.num_computed
+                last = step + min(seq.room, seq.max_tokens - seq.num_tokens) - 1
+                bucket = expiry.get(last)
+                if bucket is None:
+                    expiry[last] = [(step, seq)]
+                else:
+                    bucket.append((step, seq))
+            active.difference_update(steady)
+            self._num_steady += len(steady)
+            self._steady_base += base - step * len(steady)
         if self.chunked_prefill or self.num_running_seqs > budget:
             # Without chunked prefill every running sequence decodes one token: its request's
             # width bounds what they need. Otherwise count; where the budget may run out part-way,
@@ -220,7 +224,7 @@ class Scheduler:
             if need > budget:
                 self.settle()
                 return self._schedule_running(batch, budget)
-        touched = [seq for since, seq in self._expiry.pop(step, ()) if seq.steady_since == since]
+        touched = [seq for since, seq in expiry.pop(step, ()) if seq.steady_since == since]
         touched += active
         touched.sort(key=_run_order)
         allocator, running = self.allocator, self.running
@@ -228,13 +232,25 @@ class Scheduler:
         append = seqs.append
         num_tokens = context_tokens = attention_pairs = decode_context = 0
         others = []
-        took = 0
-        running_status = SeqStatus.RUNNING
+        took = left = left_base = 0
+        running_status, clocks = SeqStatus.RUNNING, self.step_clocks
         for seq in touched:
             if seq.status is not running_status:
                 continue  # preempted earlier in this step, by a sequence ahead of it
-            if seq.steady_since >= 0:  # its room or its output ends this step
-                self._unsteady(seq)
+            since = seq.steady_since
+            if since >= 0:  # its room or its output ends this step: _unsteady, inlined
+                left += 1
+                left_base += seq.num_computed - since
+                steps = step - since
+                if steps:
+                    seq.num_computed += steps
+                    seq.num_tokens += steps
+                    seq.room -= steps
+                    seq.token_times += clocks[since:step]
+                    if seq.first_token_s is None:
+                        seq.first_token_s = clocks[since]
+                seq.steady_since = -1
+                active.add(seq)
                 room = seq.room
                 seq.room = room - 1
                 seq.num_computed = context = seq.num_computed + 1
@@ -279,6 +295,8 @@ class Scheduler:
                 num_tokens += n
                 context_tokens += context
                 attention_pairs += n * context
+        self._num_steady -= left
+        self._steady_base -= left_base
         steady = self._num_steady  # the steady sequences still running: one token each
         took += steady
         decode_context += self._steady_base + steady * (step + 1)

@@ -45,9 +45,9 @@ from kvbench.core.sequence import Sequence
 from kvbench.errors import UserError
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one is made every step, and a frozen one costs 3x as much
 class KVAccounting:
-    """A snapshot of where the pool's slots are, in token slots."""
+    """A snapshot of where the pool's slots are, in token slots (read it; do not change it)."""
 
     num_slots: int
     token: int

@@ -34,7 +34,7 @@ from kvbench.plugins.allocators.hybrid_pages import LinearStateManager, unify_pa
 POLICIES = ("shared", "static", "as_full")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class HybridAccounting(KVAccounting):
     """The pool's accounting in bytes, with each layer kind's view of it."""
 
