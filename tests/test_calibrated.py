@@ -298,3 +298,24 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     assert len(rows[0]["host_probe_ms"].split()) == 4 and rows[0]["host_drift"] >= 0
     assert all("rel_error_at_host_speed" in r for r in rows)
     assert "error at the host's measured speed" in (tmp_path / "validation.md").read_text()
+
+
+def test_a_burst_keeps_one_slow_step_out_of_a_round():
+    """Every third step is a pause (10x): with bursts of 3 each round keeps a normal step, so
+    every timed row reads 1 ms; timed one step a round, some rounds read the pause."""
+    from kvbench.scenarios.profile import measure
+    from kvbench.scenarios.synthetic_steps import TimedStep
+
+    class Timer:
+        calls = 0
+
+        def time(self, shape):
+            Timer.calls += 1
+            seconds = 0.010 if Timer.calls % 3 == 0 else 0.001
+            return TimedStep(seconds, shape.decode_seqs, shape.decode_seqs, shape.decode_context, shape.decode_context)
+
+    shapes = [Shape(decode_seqs=n, decode_context=16) for n in (1, 2)]
+    bursts = measure(Timer(), shapes, warmup=1, repeats=4, progress=False, burst=3)
+    assert all(len(steps) == 4 and {s.seconds for s in steps} == {0.001} for steps in bursts.values())
+    singles = measure(Timer(), shapes, warmup=1, repeats=4, progress=False, burst=1)
+    assert any(s.seconds == 0.010 for steps in singles.values() for s in steps)

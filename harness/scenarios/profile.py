@@ -80,18 +80,28 @@ def grid(scenario: DictConfig, max_model_len: int, max_num_seqs: int, max_num_to
     return shapes, len(wanted) - len(shapes)
 
 
-def measure(timer: StepTimer, shapes: list[Shape], warmup: int, repeats: int, progress: bool) -> dict:
-    """Shape -> its timed steps, over `warmup` untimed and `repeats` timed interleaved rounds."""
+def measure(timer: StepTimer, shapes: list[Shape], warmup: int, repeats: int, progress: bool, burst: int = 1) -> dict:
+    """Shape -> its timed steps, over `warmup` untimed and `repeats` timed interleaved rounds.
+
+    In each round a shape runs `burst` times back to back and the round keeps the median: a
+    served step follows steps much like it, and a pause of the garbage collector or the host
+    lands on one step of a burst rather than on the round's only one."""
     timed: dict = {shape: [] for shape in shapes}
     rounds = [(r, shape) for r in range(warmup + repeats) for shape in shapes]
-    for r, shape in tqdm(rounds, desc="profile", unit="step", disable=not progress, mininterval=1.0, leave=False):
+    for r, shape in tqdm(rounds, desc="profile", unit="shape", disable=not progress, mininterval=1.0, leave=False):
         if timed[shape] is None:
             continue
-        step = timer.time(shape)
-        if step is None:  # the pool cannot hold it: dropped from every later round
+        steps = []
+        for _ in range(burst):
+            step = timer.time(shape)
+            if step is None:  # the pool cannot hold it: dropped from every later round
+                break
+            steps.append(step)
+        if not steps:
             timed[shape] = None
         elif r >= warmup:
-            timed[shape].append(step)
+            steps.sort(key=lambda s: s.seconds)
+            timed[shape].append(steps[(len(steps) - 1) // 2])
     return {shape: steps for shape, steps in timed.items() if steps}
 
 
@@ -125,7 +135,7 @@ def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
         int(cfg.seed),
         step_clock(scenario, real.device),
     )
-    measured = measure(timer, shapes, warmup, repeats, progress)
+    measured = measure(timer, shapes, warmup, repeats, progress, burst=int(scenario.get("burst", 1)))
     if len(measured) < len(FEATURES) + 1:
         raise UserError(
             f"only {len(measured)} of the grid's shapes fit scheduler.* and scenario.kv_cache_tokens="

@@ -294,6 +294,7 @@ class Profile(Section):
     cpu_affinity: list[Annotated[Int, Field(ge=0, le=65535)]] | None = None
     warmup: Int = Field(2, ge=0, le=10_000)
     repeats: Int = Field(5, ge=1, le=10_000)
+    burst: Int = Field(3, ge=1, le=1_000)
     prefill_len: list[Length] = [16, 64, 256, "max"]
     prefill_seqs: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4]
     decode_batch: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4, 16, 64, 256]
