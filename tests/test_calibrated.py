@@ -11,6 +11,7 @@ import csv
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
@@ -297,7 +298,8 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     # rerun at that speed: its error is a column of its own
     assert len(rows[0]["host_probe_ms"].split()) == 4 and rows[0]["host_drift"] >= 0
     assert all("rel_error_at_host_speed" in r for r in rows)
-    assert "error at the host's measured speed" in (tmp_path / "validation.md").read_text()
+    text = (tmp_path / "validation.md").read_text()
+    assert "error at the host's measured speed" in text and "signed all (" in text
 
 
 def test_a_burst_keeps_one_slow_step_out_of_a_round():
@@ -319,3 +321,13 @@ def test_a_burst_keeps_one_slow_step_out_of_a_round():
     assert all(len(steps) == 4 and {s.seconds for s in steps} == {0.001} for steps in bursts.values())
     singles = measure(Timer(), shapes, warmup=1, repeats=4, progress=False, burst=1)
     assert any(s.seconds == 0.010 for steps in singles.values() for s in steps)
+
+
+def test_step_bias_is_the_median_signed_error_of_each_phase():
+    from kvbench.scenarios.validate_simulator import step_bias
+
+    features = [(1, 1, 10, 10), (2, 2, 20, 20), (40, 2, 50, 900), (3, 3, 30, 30)]  # the third carries a prompt
+    measured = [1.0, 2.0, 4.0, 1.0]
+    predicted = np.array([1.1, 1.8, 5.0, 1.0])  # +10%, -10%, +25%, 0%
+    bias = step_bias(features, measured, predicted)
+    assert bias == pytest.approx({"all (4 steps)": 0.05, "decode-only (3 steps)": 0.0, "with a prompt (1 steps)": 0.25})
