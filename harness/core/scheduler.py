@@ -106,7 +106,7 @@ class Scheduler:
         self.recomputed_pairs = 0  # sum over recomputed sequences of L(L+1)/2: their attention work
         self.last_admit_s = 0.0
         # lazy decode (module docstring): off unless the engine's executor reads only totals
-        self.lazy = False
+        self._schedule_running_step = self._schedule_running
         self.step_clocks: list[float] = []  # the engine's clock after each schedule() call
         self._active: set[Sequence] = set()  # running entries that are not steady
         self._runs = 0  # Sequence.run_order's counter
@@ -154,15 +154,21 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> Batch:
         batch = Batch()
         swapped_before = self.allocator.swapped_blocks
-        if self.lazy:
-            budget = self._schedule_running_lazy(batch, self.max_num_batched_tokens)
-        else:
-            budget = self._schedule_running(batch, self.max_num_batched_tokens)
+        budget = self._schedule_running_step(batch, self.max_num_batched_tokens)
         budget = self._schedule_swapped(batch, budget)
         batch.swapped_blocks = self.allocator.swapped_blocks - swapped_before
         batch.swapped_slots = batch.swapped_blocks * self.allocator.block_size
         self._schedule_waiting(batch, budget, now)
         return batch
+
+    @property
+    def lazy(self) -> bool:
+        """Lazy decode on (module docstring); set before the first step."""
+        return self._schedule_running_step == self._schedule_running_lazy
+
+    @lazy.setter
+    def lazy(self, on: bool) -> None:
+        self._schedule_running_step = self._schedule_running_lazy if on else self._schedule_running
 
     def _run(self, seq: Sequence) -> None:
         """`seq` joins the running list (at its end: the list stays in run_order)."""
