@@ -80,15 +80,27 @@ def grid(scenario: DictConfig, max_model_len: int, max_num_seqs: int, max_num_to
     return shapes, len(wanted) - len(shapes)
 
 
-def measure(timer: StepTimer, shapes: list[Shape], warmup: int, repeats: int, progress: bool, burst: int = 1) -> dict:
+def measure(
+    timer: StepTimer,
+    shapes: list[Shape],
+    warmup: int,
+    repeats: int,
+    progress: bool,
+    burst: int = 1,
+    between=None,
+) -> dict:
     """Shape -> its timed steps, over `warmup` untimed and `repeats` timed interleaved rounds.
 
     In each round a shape runs `burst` times back to back and the round keeps the median: a
     served step follows steps much like it, and a pause of the garbage collector or the host
-    lands on one step of a burst rather than on the round's only one."""
+    lands on one step of a burst rather than on the round's only one. `between(i)`, if given,
+    is called before the i-th shape of the run (the validation probes the host's speed there)."""
     timed: dict = {shape: [] for shape in shapes}
     rounds = [(r, shape) for r in range(warmup + repeats) for shape in shapes]
-    for r, shape in tqdm(rounds, desc="profile", unit="shape", disable=not progress, mininterval=1.0, leave=False):
+    bar = tqdm(rounds, desc="profile", unit="shape", disable=not progress, mininterval=1.0, leave=False)
+    for i, (r, shape) in enumerate(bar):
+        if between is not None:
+            between(i)
         if timed[shape] is None:
             continue
         steps = []
@@ -116,7 +128,7 @@ def validate(scenario: DictConfig) -> tuple[int, int, float]:
     return warmup, repeats, heldout
 
 
-def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
+def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[dict], int]:
     """Measure the grid on the configured model and device; one row per shape it could hold."""
     scenario = cfg.scenario
     warmup, repeats, _ = validate(scenario)
@@ -135,7 +147,8 @@ def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
         int(cfg.seed),
         step_clock(scenario, real.device),
     )
-    measured = measure(timer, shapes, warmup, repeats, progress, burst=int(scenario.get("burst", 1)))
+    burst = int(scenario.get("burst", 1))
+    measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between)
     if len(measured) < len(FEATURES) + 1:
         raise UserError(
             f"only {len(measured)} of the grid's shapes fit scheduler.* and scenario.kv_cache_tokens="
@@ -176,11 +189,11 @@ def profile_rows(cfg: DictConfig, progress: bool) -> tuple[list[dict], int]:
     return rows, ruled_out + len(shapes) - len(measured)
 
 
-def run(cfg: DictConfig) -> list[dict]:
+def run(cfg: DictConfig, between=None) -> list[dict]:
     scenario = cfg.scenario
     _, _, heldout_frac = validate(scenario)
     started, cpu_started = time.perf_counter(), time.process_time()
-    rows, skipped = profile_rows(cfg, bool(cfg.progress))
+    rows, skipped = profile_rows(cfg, bool(cfg.progress), between)
     profile_s, profile_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     times = np.array([r["time_s_median"] for r in rows])
     held = heldout_split(rows, heldout_frac, int(cfg.seed))

@@ -76,6 +76,9 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / mean if mean else 0.0
 
 
+PROFILE_PROBE_EVERY = 10  # profile shapes between two host-speed readings
+
+
 def host_probe_s(clock, threads: int | None = None, repeats: int = 15) -> float:
     """The median time, on `clock`, of a fixed piece of work shaped like a small model's step
     (300 small matmuls: operator dispatch and cache-resident arithmetic). Taken while profiling
@@ -191,14 +194,17 @@ def run(cfg: DictConfig) -> list[dict]:
     serve_knobs = scenario_cfg(cfg, "serve", scenario.serve).scenario
     clock, threads = CLOCKS[str(serve_knobs.get("clock", "wall"))], serve_knobs.get("cpu_threads")
     probe = lambda: host_probe_s(clock, threads)
-    probes: dict[str, float] = {}  # the host's speed, on the serve runs' clock, when each phase ran
+    quick = lambda: host_probe_s(clock, threads, repeats=3)  # taken between steps, often
+    every = int(scenario.get("probe_every", 200))
+    probes: dict[str, list[float]] = {}  # phase -> the host's speed, on the serve runs' clock, while it ran
     profile = scenario.get("profile")
     if not profile:
         changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
         profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
-        probes["profile start"] = probe()
-        profile = run_profile(profile_cfg)[0]["profile"]
-        probes["profile end"] = probe()
+        readings = probes["profile"] = [probe()]
+        between = lambda i: readings.append(quick()) if i and i % PROFILE_PROBE_EVERY == 0 else None
+        profile = run_profile(profile_cfg, between=between)[0]["profile"]
+        readings.append(probe())
     kv_bytes = int(scenario.kv_cache_tokens) * model.kv_bytes_per_token
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     base.engine.kv_cache_bytes = kv_bytes
@@ -211,17 +217,19 @@ def run(cfg: DictConfig) -> list[dict]:
         sim_cfg = OmegaConf.merge(sim_cfg, {"workload": {"rate": rate}})
     serve_cfg = scenario_cfg(base, "serve", scenario.serve)
     measured, simulated, scaled, logs, engines = [], [], [], [], []
-    profiled_at = np.mean([v for k, v in probes.items() if k.startswith("profile")]) if probes else None
+    profiled_at = float(np.mean(probes["profile"])) if "profile" in probes else None
     for i in range(runs):
-        before = probe()
-        row, _ = serve(serve_cfg, prepare=lambda engine: logs.append(wrap(engine)))
-        probes[f"serve {i + 1} start"], probes[f"serve {i + 1} end"] = before, probe()
+        readings = probes[f"serve {i + 1}"] = [probe()]
+        on_probe = lambda readings=readings: readings.append(quick())
+        prepare = lambda engine, on_probe=on_probe: logs.append(wrap(engine, every, on_probe))
+        row, _ = serve(serve_cfg, prepare=prepare)
+        readings.append(probe())
         measured.append(row)
         sim_row, sim_engine = simulate(sim_cfg)
         simulated.append(sim_row)
         engines.append(sim_engine)
         if profiled_at:  # the same simulation with every step scaled by how fast the host ran this serve run
-            speed = np.mean([before, probes[f"serve {i + 1} end"]]) / profiled_at
+            speed = np.mean(readings) / profiled_at
             scaled.append(simulate(OmegaConf.merge(sim_cfg, {"executor": {"time_scale": float(speed)}}))[0])
     rows = table(measured, simulated, scaled)
     predict = engines[0].executor.predict
@@ -229,6 +237,7 @@ def run(cfg: DictConfig) -> list[dict]:
     step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
     bias = step_bias(logs[0].features, logs[0].recorder.step_dt, predicted)
     rate = float(base.workload.rate)
+    every_reading = [v for readings in probes.values() for v in readings]
     head = (
         f"Calibrated simulator vs serve: model {model.name}, allocator {plugin_cfg(cfg, 'allocator')['name']}, "
         f"{simulated[0]['completed']} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
@@ -236,10 +245,13 @@ def run(cfg: DictConfig) -> list[dict]:
         f"(sha256 {simulated[0]['executor_profile_sha256'][:12]}); "
         f"median per-step error on run 1's batches {100 * step_err:.1f}%, signed "
         + ", ".join(f"{name} {100 * value:+.1f}%" for name, value in bias.items())
-        + ". Host speed probe "
-        "(fixed work, ms on that clock): "
-        + ", ".join(f"{name} {1e3 * value:.2f}" for name, value in probes.items())
-        + f"; the host's drift (max - min) / mean: {100 * spread(list(probes.values())):.1f}%"
+        + ". Host speed probe (fixed work, ms on that clock; median [min-max] of the readings "
+        "taken while each phase ran): "
+        + ", ".join(
+            f"{name} {1e3 * np.median(v):.2f} [{1e3 * min(v):.2f}-{1e3 * max(v):.2f}] ({len(v)})"
+            for name, v in probes.items()
+        )
+        + f"; the host's drift (max - min) / mean over all readings: {100 * spread(every_reading):.1f}%"
     )
     write_csv(folder / "validation.csv", rows)
     write_atomic(folder / "validation.md", markdown(rows, head))
@@ -250,15 +262,25 @@ def run(cfg: DictConfig) -> list[dict]:
         "step_err_median": step_err,
         **{f"step_bias_{name.split(' (')[0].replace(' ', '_').replace('-', '_')}": v for name, v in bias.items()},
         "clock": measured[0]["clock"],
-        "host_drift": spread(list(probes.values())),
-        "host_probe_ms": " ".join(f"{1e3 * v:.3f}" for v in probes.values()),
+        "host_drift": spread(every_reading),
+        "host_probe_ms": " ".join(f"{1e3 * np.median(v):.3f}" for v in probes.values()),  # each phase's median
     }
     return [{**common, **row} for row in rows]
 
 
-def wrap(engine) -> FeatureLog:
-    """Put a FeatureLog around the engine's executor, and read the measured steps from its recorder."""
+def wrap(engine, probe_every: int | None = None, on_probe=None) -> FeatureLog:
+    """Put a FeatureLog around the engine's executor, and read the measured steps from its
+    recorder; call `on_probe()` after every `probe_every` steps, once the step has been timed."""
     log = FeatureLog(engine.executor)
+    if on_probe is not None:
+        recorder, on_step = engine.recorder, engine.recorder.on_step
+
+        def on_step_then_probe(*args):
+            on_step(*args)
+            if len(recorder.step_dt) % probe_every == 0:
+                on_probe()
+
+        recorder.on_step = on_step_then_probe
     engine.executor = log
     log.recorder = engine.recorder
     return log
