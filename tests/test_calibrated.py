@@ -331,3 +331,36 @@ def test_step_bias_is_the_median_signed_error_of_each_phase():
     predicted = np.array([1.1, 1.8, 5.0, 1.0])  # +10%, -10%, +25%, 0%
     bias = step_bias(features, measured, predicted)
     assert bias == pytest.approx({"all (4 steps)": 0.05, "decode-only (3 steps)": 0.0, "with a prompt (1 steps)": 0.25})
+
+
+def test_fit_to_mean_keeps_the_pauses_a_queue_of_steps_adds_up():
+    """With statistic=mean a round keeps its burst's mean: the pause is in every row, 1/3 of it."""
+    from kvbench.scenarios.profile import measure
+    from kvbench.scenarios.synthetic_steps import TimedStep
+
+    class Timer:
+        calls = 0
+
+        def time(self, shape):
+            Timer.calls += 1
+            seconds = 0.010 if Timer.calls % 3 == 0 else 0.001
+            return TimedStep(seconds, shape.decode_seqs, shape.decode_seqs, shape.decode_context, shape.decode_context)
+
+    shapes = [Shape(decode_seqs=1, decode_context=16)]
+    means = measure(Timer(), shapes, warmup=0, repeats=4, progress=False, burst=3, statistic="mean")
+    assert [s.seconds for s in means[shapes[0]]] == pytest.approx([0.004] * 4)
+
+
+def test_a_profile_fitted_to_means_is_reloaded_from_its_means(tmp_path):
+    """fit_to=mean: the loader fits time_s_mean (here the formula) and ignores the medians."""
+    path = tmp_path / "profile.csv"
+    synthetic_profile(path, fit_to="mean")
+    rows = read_rows(path)
+    for row in rows:
+        row["time_s_mean"], row["time_s_median"] = row["time_s_median"], "0.5"
+    write_csv(path, rows)
+    report = load_profile(str(path)).report
+    assert report.heldout_max < 0.01
+    shape = Shape(decode_seqs=37, decode_context=300)
+    features = (shape.num_tokens, 37, context(shape), pairs(shape))
+    assert report.model.predict(*features) == pytest.approx(formula(shape), rel=0.01)

@@ -118,12 +118,14 @@ def load_profile(path: str) -> Profile:
                 f"profile {path} row {line}: {changed}={here[changed]!r} differs from the first "
                 f"row's {identity[changed]!r}; one profile holds one model on one device"
             )
-        rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + (TIME_COLUMN,)}})
+        timed = (TIME_COLUMN, "time_s_mean") if row.get("fit_to") == "mean" else (TIME_COLUMN,)
+        rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + timed}})
     if len(rows) < len(FEATURES) + 1:
         raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least {len(FEATURES) + 1}")
     # the split scenario=profile scored the fit on, so the reload reproduces its choice and error
     held = [i for i, r in enumerate(rows) if r["heldout"] == "True"]
-    report = fit(rows, [r[TIME_COLUMN] for r in rows], held)
+    column = "time_s_mean" if rows[0].get("fit_to") == "mean" else TIME_COLUMN  # scenario=profile's fit_to
+    report = fit(rows, [r[column] for r in rows], held)
     return Profile(str(file), hashlib.sha256(data).hexdigest(), identity, rows, report)
 
 

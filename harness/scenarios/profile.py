@@ -10,6 +10,7 @@ and its error on held-out shapes. executor=calibrated simulates with profile.csv
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -88,6 +89,7 @@ def measure(
     progress: bool,
     burst: int = 1,
     between=None,
+    statistic: str = "median",
 ) -> dict:
     """Shape -> its timed steps, over `warmup` untimed and `repeats` timed interleaved rounds.
 
@@ -111,10 +113,18 @@ def measure(
             steps.append(step)
         if not steps:
             timed[shape] = None
+        elif r >= warmup and statistic == "mean":
+            timed[shape].append(dataclasses.replace(steps[0], seconds=sum(s.seconds for s in steps) / len(steps)))
         elif r >= warmup:
             steps.sort(key=lambda s: s.seconds)
             timed[shape].append(steps[(len(steps) - 1) // 2])
     return {shape: steps for shape, steps in timed.items() if steps}
+
+
+def fit_column(rows: list[dict]) -> str:
+    """The time the step model is fitted to: each shape's median (a typical step), or with
+    `fit_to: mean` its mean (what a queue of steps adds up to: pauses included)."""
+    return "time_s_mean" if rows and rows[0].get("fit_to") == "mean" else "time_s_median"
 
 
 def validate(scenario: DictConfig) -> tuple[int, int, float]:
@@ -148,7 +158,8 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
         step_clock(scenario, real.device),
     )
     burst = int(scenario.get("burst", 1))
-    measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between)
+    statistic = str(scenario.get("fit_to", "mean"))
+    measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between, statistic=statistic)
     if len(measured) < len(FEATURES) + 1:
         raise UserError(
             f"only {len(measured)} of the grid's shapes fit scheduler.* and scenario.kv_cache_tokens="
@@ -165,6 +176,7 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
         "block_size": allocator.block_size,
         "cpu_threads": scenario.get("cpu_threads"),
         "clock": str(scenario.get("clock", "wall")),
+        "fit_to": statistic,
     }
     rows = []
     for shape, steps in measured.items():
@@ -195,7 +207,7 @@ def run(cfg: DictConfig, between=None) -> list[dict]:
     started, cpu_started = time.perf_counter(), time.process_time()
     rows, skipped = profile_rows(cfg, bool(cfg.progress), between)
     profile_s, profile_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-    times = np.array([r["time_s_median"] for r in rows])
+    times = np.array([r[fit_column(rows)] for r in rows])
     held = heldout_split(rows, heldout_frac, int(cfg.seed))
     report = fit(rows, times, held)
     for i, (row, predicted) in enumerate(zip(rows, report.model.predict_rows(rows))):

@@ -295,6 +295,7 @@ class Profile(Section):
     warmup: Int = Field(2, ge=0, le=10_000)
     repeats: Int = Field(5, ge=1, le=10_000)
     burst: Int = Field(3, ge=1, le=1_000)
+    fit_to: Literal["median", "mean"] = "mean"
     prefill_len: list[Length] = [16, 64, 256, "max"]
     prefill_seqs: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4]
     decode_batch: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4, 16, 64, 256]
