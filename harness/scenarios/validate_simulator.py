@@ -168,13 +168,16 @@ def step_plot(measured_s: list, predicted_s: np.ndarray, sim_engine, path) -> fl
 def step_bias(features: list[tuple], measured_s: list, predicted_s: np.ndarray) -> dict:
     """Median signed relative error (predicted - measured) / measured of the same steps, over all
     steps and apart for decode-only steps and steps that carry a prompt: which way the model
-    leans, and where. Below saturation a lean of a few percent moves the queue by several times
-    that (docs/simulator.md)."""
+    leans, and where; and the error of the steps' total time, which a queue follows. Below
+    saturation a lean of a few percent moves the queue by several times that (docs/simulator.md)."""
     measured = np.asarray(measured_s)
     signed = (predicted_s - measured) / measured
     decode = np.array([tokens == seqs for tokens, seqs, *_ in features], dtype=bool)
     parts = {"all": signed, "decode-only": signed[decode], "with a prompt": signed[~decode]}
-    return {f"{name} ({len(values)} steps)": float(np.median(values)) for name, values in parts.items() if len(values)}
+    bias = {f"{name} ({len(values)} steps)": float(np.median(values)) for name, values in parts.items() if len(values)}
+    # what a queue adds up: the steps' total, slow steps weighed by their length
+    bias["total time (sum predicted / sum measured - 1)"] = float(predicted_s.sum() / measured.sum() - 1)
+    return bias
 
 
 def check(scenario: DictConfig) -> tuple[int, float | None]:
