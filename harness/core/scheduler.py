@@ -70,7 +70,7 @@ class Batch:
         return len(self.seqs) + self.num_steady
 
     def __len__(self) -> int:
-        return len(self.seqs) + self.num_steady
+        return self.num_seqs
 
 
 class Scheduler:
@@ -204,7 +204,7 @@ class Scheduler:
     def _schedule_running_lazy(self, batch: Batch, budget: int) -> int:
         """`_schedule_running`'s decisions, touching only the running sequences that change."""
         step, active, expiry = len(self.step_clocks), self._active, self._expiry
-        # _steady, inlined: the sequences that take a step of room from now on
+        # the sequences that take a step of room from now on become steady
         steady = [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
         if steady:
             base = 0
@@ -238,36 +238,16 @@ class Scheduler:
         append = seqs.append
         num_tokens = context_tokens = attention_pairs = decode_context = 0
         others = []
-        took = left = left_base = 0
-        running_status, clocks = SeqStatus.RUNNING, self.step_clocks
+        took = 0
+        running_status = SeqStatus.RUNNING
         for seq in touched:
             if seq.status is not running_status:
                 continue  # preempted earlier in this step, by a sequence ahead of it
-            since = seq.steady_since
-            if since >= 0:  # its room or its output ends this step: _unsteady, inlined
-                left += 1
-                left_base += seq.num_computed - since
-                steps = step - since
-                if steps:
-                    seq.num_computed += steps
-                    seq.num_tokens += steps
-                    seq.room -= steps
-                    seq.token_times += clocks[since:step]
-                    if seq.first_token_s is None:
-                        seq.first_token_s = clocks[since]
-                seq.steady_since = -1
-                active.add(seq)
-                room = seq.room
-                seq.room = room - 1
-                seq.num_computed = context = seq.num_computed + 1
-                if room == 1:
-                    allocator.room_ran_out(seq)
-                append(seq)
-                decode_context += context
-                took += 1
-                continue
+            if seq.steady_since >= 0:  # its room or its output ends this step: one by one again
+                self._unsteady(seq)
             room = seq.room
-            if room and seq.num_computed + 1 == seq.num_tokens:  # room, but not made steady (width > 1)
+            # room: a steady sequence whose room ends now, or one not made steady (width > 1)
+            if room and seq.num_computed + 1 == seq.num_tokens:
                 seq.room = room - 1
                 seq.num_computed = context = seq.num_computed + 1
                 if room == 1:
@@ -301,8 +281,6 @@ class Scheduler:
                 num_tokens += n
                 context_tokens += context
                 attention_pairs += n * context
-        self._num_steady -= left
-        self._steady_base -= left_base
         steady = self._num_steady  # the steady sequences still running: one token each
         took += steady
         decode_context += self._steady_base + steady * (step + 1)
