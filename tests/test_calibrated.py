@@ -302,24 +302,29 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     assert "error at the host's measured speed" in text and "signed all (" in text
 
 
+class PausingTimer:
+    """A profile timer whose every third step is a pause: 10 ms against 1 ms."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def time(self, shape):
+        from kvbench.scenarios.synthetic_steps import TimedStep
+
+        self.calls += 1
+        seconds = 0.010 if self.calls % 3 == 0 else 0.001
+        return TimedStep(seconds, shape.decode_seqs, shape.decode_seqs, shape.decode_context, shape.decode_context)
+
+
 def test_a_burst_keeps_one_slow_step_out_of_a_round():
     """Every third step is a pause (10x): with bursts of 3 each round keeps a normal step, so
     every timed row reads 1 ms; timed one step a round, some rounds read the pause."""
     from kvbench.scenarios.profile import measure
-    from kvbench.scenarios.synthetic_steps import TimedStep
-
-    class Timer:
-        calls = 0
-
-        def time(self, shape):
-            Timer.calls += 1
-            seconds = 0.010 if Timer.calls % 3 == 0 else 0.001
-            return TimedStep(seconds, shape.decode_seqs, shape.decode_seqs, shape.decode_context, shape.decode_context)
 
     shapes = [Shape(decode_seqs=n, decode_context=16) for n in (1, 2)]
-    bursts = measure(Timer(), shapes, warmup=1, repeats=4, progress=False, burst=3)
+    bursts = measure(PausingTimer(), shapes, warmup=1, repeats=4, progress=False, burst=3)
     assert all(len(steps) == 4 and {s.seconds for s in steps} == {0.001} for steps in bursts.values())
-    singles = measure(Timer(), shapes, warmup=1, repeats=4, progress=False, burst=1)
+    singles = measure(PausingTimer(), shapes, warmup=1, repeats=4, progress=False, burst=1)
     assert any(s.seconds == 0.010 for steps in singles.values() for s in steps)
 
 
@@ -343,18 +348,9 @@ def test_step_bias_is_the_median_signed_error_of_each_phase():
 def test_fit_to_mean_keeps_the_pauses_a_queue_of_steps_adds_up():
     """With statistic=mean a round keeps its burst's mean: the pause is in every row, 1/3 of it."""
     from kvbench.scenarios.profile import measure
-    from kvbench.scenarios.synthetic_steps import TimedStep
-
-    class Timer:
-        calls = 0
-
-        def time(self, shape):
-            Timer.calls += 1
-            seconds = 0.010 if Timer.calls % 3 == 0 else 0.001
-            return TimedStep(seconds, shape.decode_seqs, shape.decode_seqs, shape.decode_context, shape.decode_context)
 
     shapes = [Shape(decode_seqs=1, decode_context=16)]
-    means = measure(Timer(), shapes, warmup=0, repeats=4, progress=False, burst=3, statistic="mean")
+    means = measure(PausingTimer(), shapes, warmup=0, repeats=4, progress=False, burst=3, statistic="mean")
     assert [s.seconds for s in means[shapes[0]]] == pytest.approx([0.004] * 4)
 
 

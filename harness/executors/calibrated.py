@@ -75,6 +75,12 @@ class Profile:
     report: FitReport
 
 
+def fit_column(row: dict) -> str:
+    """The step time a profile's model is fitted to: each shape's mean (`fit_to: mean`, pauses
+    included: what a queue of served steps adds up to) or its median (a typical step)."""
+    return "time_s_mean" if row.get("fit_to") == "mean" else TIME_COLUMN
+
+
 def _number(path: str, line: int, row: dict, column: str) -> float:
     try:
         value = float(row[column])
@@ -118,14 +124,14 @@ def load_profile(path: str) -> Profile:
                 f"profile {path} row {line}: {changed}={here[changed]!r} differs from the first "
                 f"row's {identity[changed]!r}; one profile holds one model on one device"
             )
-        timed = (TIME_COLUMN, "time_s_mean") if row.get("fit_to") == "mean" else (TIME_COLUMN,)
-        rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + timed}})
+        if fit_column(row) not in row:
+            raise UserError(f"profile {path} row {line}: fit_to=mean but no {fit_column(row)} column")
+        rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + (TIME_COLUMN, fit_column(row))}})
     if len(rows) < len(FEATURES) + 1:
         raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least {len(FEATURES) + 1}")
     # the split scenario=profile scored the fit on, so the reload reproduces its choice and error
     held = [i for i, r in enumerate(rows) if r["heldout"] == "True"]
-    column = "time_s_mean" if rows[0].get("fit_to") == "mean" else TIME_COLUMN  # scenario=profile's fit_to
-    report = fit(rows, [r[column] for r in rows], held)
+    report = fit(rows, [r[fit_column(r)] for r in rows], held)
     return Profile(str(file), hashlib.sha256(data).hexdigest(), identity, rows, report)
 
 

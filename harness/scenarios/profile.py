@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from kvbench.errors import UserError
-from kvbench.executors.calibrated import device_name, model_shape
+from kvbench.executors.calibrated import device_name, fit_column, model_shape
 from kvbench.executors.step_fit import FEATURES, fit, heldout_split
 from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios.build import build_allocator, plugin_cfg
@@ -121,12 +121,6 @@ def measure(
     return {shape: steps for shape, steps in timed.items() if steps}
 
 
-def fit_column(rows: list[dict]) -> str:
-    """The time the step model is fitted to: each shape's median (a typical step), or with
-    `fit_to: mean` its mean (what a queue of steps adds up to: pauses included)."""
-    return "time_s_mean" if rows and rows[0].get("fit_to") == "mean" else "time_s_median"
-
-
 def validate(scenario: DictConfig) -> tuple[int, int, float]:
     warmup, repeats, heldout = int(scenario.warmup), int(scenario.repeats), float(scenario.heldout_frac)
     if repeats < 1:
@@ -207,7 +201,7 @@ def run(cfg: DictConfig, between=None) -> list[dict]:
     started, cpu_started = time.perf_counter(), time.process_time()
     rows, skipped = profile_rows(cfg, bool(cfg.progress), between)
     profile_s, profile_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-    times = np.array([r[fit_column(rows)] for r in rows])
+    times = np.array([r[fit_column(r)] for r in rows])
     held = heldout_split(rows, heldout_frac, int(cfg.seed))
     report = fit(rows, times, held)
     for i, (row, predicted) in enumerate(zip(rows, report.model.predict_rows(rows))):

@@ -86,8 +86,8 @@ def host_probe_s(clock, threads: int | None = None, repeats: int = 15) -> float:
     which no step-time model fitted at one moment can follow."""
     import torch
 
-    if threads:
-        torch.set_num_threads(int(threads))  # as the serve runs set it
+    if threads and torch.get_num_threads() != int(threads):
+        torch.set_num_threads(int(threads))  # as the serve runs set it (read between steps: set once)
     x, w = torch.full((8, 64), 0.5), torch.full((64, 64), 0.01)
     times = []
     for _ in range(repeats):
