@@ -105,16 +105,10 @@ class CostModelExecutor:
         return max(memory_s, compute_s) + self.step_overhead_s
 
     def execute(self, batch: Batch) -> StepResult:
-        window_context = window_pairs = 0
         if self.hybrid:  # O(scheduled sequences), only for models with window or linear layers
-            w = self.window
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                seen = min(seq.num_computed, w)
-                window_context += seen
-                window_pairs += n * seen
-        step_s = self.step_time(
-            batch.num_tokens, batch.context_tokens, batch.attention_pairs, window_context, window_pairs, batch.num_seqs
-        )
+            step_s = self._hybrid_step_time(batch)
+        else:  # O(1): the batch's totals
+            step_s = self.step_time(batch.num_tokens, batch.context_tokens, batch.attention_pairs)
         if batch.swapped_blocks:
             step_s += swap_time_s(
                 self.hardware,
@@ -122,3 +116,14 @@ class CostModelExecutor:
                 batch.swapped_slots * self.swap_bytes_per_slot,
             )
         return StepResult(step_s)
+
+    def _hybrid_step_time(self, batch: Batch) -> float:
+        w = self.window
+        window_context = window_pairs = 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seen = min(seq.num_computed, w)
+            window_context += seen
+            window_pairs += n * seen
+        return self.step_time(
+            batch.num_tokens, batch.context_tokens, batch.attention_pairs, window_context, window_pairs, batch.num_seqs
+        )

@@ -12,6 +12,7 @@ is missing, 2 on bad input.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -181,6 +182,14 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
             if rule.measured:
                 result = judge(base_samples.get(metric, [bv]), cur_samples.get(metric, [cv]), rule, policy.test)
                 verdict, detail = result.verdict, f" ({result.detail})"
+                if math.isfinite(result.base) and math.isfinite(result.current):  # the values judged
+                    bv, cv = result.base, result.current
+                    ratio = cv / bv if bv else ratio
+                    detail = (
+                        f" (best runs, {result.detail})"
+                        if rule.effect == "best" and verdict != NOT_MEANINGFUL
+                        else detail
+                    )
                 tally[verdict] = tally.get(verdict, 0) + 1
                 tally["tested"] += verdict != NOT_MEANINGFUL
                 if verdict == "REGRESSED":

@@ -26,9 +26,9 @@ SMALL = "below min_effect"  # significant, but smaller than the change that matt
 @dataclass(frozen=True)
 class Judgement:
     verdict: str  # REGRESSED | better | no significant change | below min_effect | not statistically meaningful
-    base_median: float
-    current_median: float
-    change: float  # the worse way, from the medians: 0.25 = 25 % worse, -0.2 = 1.25x better
+    base: float  # each side's value the change is measured between: the median, or the best run
+    current: float  # (the rule's `effect`)
+    change: float  # the worse way: 0.25 = 25 % worse, -0.2 = 1.25x better
     detail: str
 
 
