@@ -8,6 +8,7 @@ executor must drive the very scheduler and allocators every other executor does.
 from __future__ import annotations
 
 import csv
+import math
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ from kvbench.scenarios.build import load_specs
 from kvbench.scenarios.run import run_point
 from kvbench.scenarios.simulate import simulate
 from kvbench.scenarios.synthetic_steps import Shape
+from kvbench.scenarios.validate_simulator import HostReplay
 
 # decode: 1.5 ms + 0.4 ms per sequence + 0.3 us per context token; a prompt's step adds 2 us
 # per token and 0.09 us per attention pair (what the tiny model measures on a CPU, roughly)
@@ -186,6 +188,39 @@ def test_time_scale_stretches_every_step_and_changes_no_decision(tiny_profile):
     assert (row["executor_time_scale"], slower["executor_time_scale"]) == (1.0, 2.0)
 
 
+def replayed(profile: str, starts, ratios, *overrides: str) -> dict:
+    cfg = compose_cfg(
+        "executor=calibrated",
+        f"executor.profile={profile}",
+        "model=tiny",
+        "engine.kv_cache_bytes=2097152",
+        "workload.num_requests=40",
+        "workload.rate=50",
+        *overrides,
+    )
+    replay = lambda engine: HostReplay(engine, np.asarray(starts, dtype=float), np.asarray(ratios, dtype=float))
+    return simulate(cfg, prepare=replay)[0]
+
+
+def test_a_constant_replayed_slowdown_is_the_time_scale(tiny_profile):
+    """Requests arrive over time, so the clock matters: a host twice as slow all along is
+    executor.time_scale=2, step for step (the same products, so the same floats)."""
+    scaled, _ = calibrated(tiny_profile, "workload.rate=50", "executor.time_scale=2")
+    row = replayed(tiny_profile, [0.0], [2.0])
+    for key in ("completed", "steps", "duration_s", "mean_batch_size", "median_tpot_ms", "p99_ttft_ms"):
+        assert row[key] == scaled[key]
+
+
+def test_a_replayed_slow_period_slows_only_the_steps_inside_it(tiny_profile):
+    plain, engine = calibrated(tiny_profile, "workload.rate=50")
+    starts = np.asarray(engine.recorder.step_end) - np.asarray(engine.recorder.step_dt)
+    middle = float(np.median(starts))
+    row = replayed(tiny_profile, [0.0, middle], [1.0, 3.0])
+    assert row["duration_s"] > plain["duration_s"]
+    before = replayed(tiny_profile, [0.0, 1e9], [1.0, 3.0])  # a slow period after the run
+    assert before["duration_s"] == plain["duration_s"] and before["steps"] == plain["steps"]
+
+
 def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
     result = subprocess.run(
         [
@@ -298,8 +333,11 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     # rerun at that speed: its error is a column of its own
     assert len(rows[0]["host_probe_ms"].split()) == 2 and rows[0]["host_drift"] >= 0  # profile, serve 1
     assert all("rel_error_at_host_speed" in r for r in rows)
+    # the serve run's own slowdowns, replayed into a simulation: a column of its own
+    assert all(math.isfinite(r["rel_error_host_replayed"]) for r in rows)
     text = (tmp_path / "validation.md").read_text()
     assert "error at the host's measured speed" in text and "signed all (" in text
+    assert "error with the host's slowdowns replayed" in text
 
 
 class PausingTimer:

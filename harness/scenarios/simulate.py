@@ -74,8 +74,9 @@ def make_executor(cfg: DictConfig, model, hardware) -> tuple:
     }
 
 
-def simulate(cfg: DictConfig) -> tuple[dict, Engine]:
-    """One simulated run: its result row and the engine (whose recorder holds the steps)."""
+def simulate(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
+    """One simulated run: its result row and the engine (whose recorder holds the steps);
+    `prepare(engine)` is called before the run starts."""
     model, hardware = load_specs(cfg)
     requests = workload.generate(
         OmegaConf.to_container(cfg.workload, resolve=True),
@@ -85,6 +86,8 @@ def simulate(cfg: DictConfig) -> tuple[dict, Engine]:
     )
     executor, columns = make_executor(cfg, model, hardware)
     engine = build_engine(cfg, model, kv_slots(cfg, model, hardware), lambda allocator: executor)
+    if prepare is not None:
+        prepare(engine)
     row = engine.run(requests)
     row.update(preemption_report(engine, model, hardware, row), device="simulated", dropped_requests=requests.dropped)
     row.update(columns)

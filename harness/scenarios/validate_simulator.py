@@ -11,6 +11,7 @@ measured step against the calibrated model's prediction for the very same batch)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from importlib import resources
 
@@ -64,6 +65,38 @@ class FeatureLog:
         return self.inner.execute(batch)
 
 
+class HostReplay:
+    """Wraps a simulated engine's executor: each step's predicted time is scaled by measured /
+    predicted time of the serve run's step that started last at or before the same clock time.
+    The simulation then meets the host's slow and fast periods when the measured run met them:
+    a diagnostic of how much of the error is the host's varying speed, not a prediction."""
+
+    simulated = True
+    needs_sequences = False
+
+    def __init__(self, engine, starts: np.ndarray, ratios: np.ndarray):
+        self.inner, self.starts, self.ratios, self.now = engine.executor, starts, ratios, 0.0
+        schedule = engine.scheduler.schedule
+
+        def schedule_at(now: float = 0.0):
+            self.now = now
+            return schedule(now)
+
+        engine.scheduler.schedule, engine.executor = schedule_at, self
+
+    def execute(self, batch):
+        step = self.inner.execute(batch)
+        at = max(int(np.searchsorted(self.starts, self.now, side="right")) - 1, 0)
+        return dataclasses.replace(step, duration_s=step.duration_s * float(self.ratios[at]))
+
+
+def replay_series(log, predict) -> tuple[np.ndarray, np.ndarray]:
+    """(start time, measured / predicted) of every step a serve run timed."""
+    measured = np.asarray(log.recorder.step_dt)
+    predicted = np.array([predict(*f) for f in log.features])
+    return np.asarray(log.recorder.step_end) - measured, measured / predicted
+
+
 def relative_error(simulated: float, measured: float) -> float:
     if measured == 0:
         return 0.0 if simulated == 0 else math.inf
@@ -99,15 +132,20 @@ def host_probe_s(clock, threads: int | None = None, repeats: int = 15) -> float:
     return float(np.median(times))
 
 
-def table(measured: list[dict], simulated: list[dict], scaled: list[dict] | None = None) -> list[dict]:
+# Simulations beside the plain one, each a diagnostic: result column -> its header in validation.md
+VARIANTS = {
+    "rel_error_at_host_speed": "error at the host's measured speed",
+    "rel_error_host_replayed": "error with the host's slowdowns replayed",
+}
+
+
+def table(measured: list[dict], simulated: list[dict], variants: dict[str, list[dict]] | None = None) -> list[dict]:
+    """One row per metric: every run, the measured spread, the simulator's error against the
+    measured mean, and each variant's (VARIANTS) the same way."""
     rows = []
     for label, column in METRICS.items():
         real = [float(r[column]) for r in measured]
         sim = [float(r[column]) for r in simulated]
-        at_speed = {}
-        if scaled:
-            value = float(np.mean([float(r[column]) for r in scaled]))
-            at_speed = {"rel_error_at_host_speed": relative_error(value, float(np.mean(real)))}
         rows.append(
             {
                 "metric": label,
@@ -117,27 +155,29 @@ def table(measured: list[dict], simulated: list[dict], scaled: list[dict] | None
                 "measured_spread": spread(real),
                 "simulated_spread": spread(sim),
                 "rel_error": relative_error(float(np.mean(sim)), float(np.mean(real))),
-                **at_speed,
+                **{
+                    name: relative_error(float(np.mean([float(r[column]) for r in runs])), float(np.mean(real)))
+                    for name, runs in (variants or {}).items()
+                },
             }
         )
     return rows
 
 
 def markdown(rows: list[dict], head: str) -> str:
-    at_speed = "rel_error_at_host_speed" in rows[0]
+    variants = [name for name in VARIANTS if name in rows[0]]
     lines = [
         head,
         "",
         "| metric | measured (runs) | simulated | measured run-to-run spread | simulator error |"
-        + (" error at the host's measured speed |" if at_speed else ""),
-        "|---|---|---|---|---|" + ("---|" if at_speed else ""),
+        + "".join(f" {VARIANTS[name]} |" for name in variants),
+        "|---|---|---|---|---|" + "---|" * len(variants),
     ]
     for row in rows:
         real = " / ".join(f"{row[k]:.4g}" for k in row if k.startswith("measured_") and k[9:].isdigit())
         lines.append(
             f"| {row['metric']} | {real} | {row['simulated_1']:.4g} | {100 * row['measured_spread']:.1f}% "
-            f"| {100 * row['rel_error']:+.1f}% |"
-            + (f" {100 * row['rel_error_at_host_speed']:+.1f}% |" if at_speed else "")
+            f"| {100 * row['rel_error']:+.1f}% |" + "".join(f" {100 * row[name]:+.1f}% |" for name in variants)
         )
     return "\n".join(lines) + "\n"
 
@@ -234,8 +274,16 @@ def run(cfg: DictConfig) -> list[dict]:
         if profiled_at:  # the same simulation with every step scaled by how fast the host ran this serve run
             speed = np.mean(readings) / profiled_at
             scaled.append(simulate(OmegaConf.merge(sim_cfg, {"executor": {"time_scale": float(speed)}}))[0])
-    rows = table(measured, simulated, scaled)
     predict = engines[0].executor.predict
+    replayed = []  # each serve run's own slowdowns, replayed into a simulation of it
+    for log in logs:
+        starts, ratios = replay_series(log, predict)
+        replay = lambda engine, starts=starts, ratios=ratios: HostReplay(engine, starts, ratios)
+        replayed.append(simulate(sim_cfg, prepare=replay)[0])
+    variants = {"rel_error_host_replayed": replayed}
+    if scaled:
+        variants = {"rel_error_at_host_speed": scaled, **variants}
+    rows = table(measured, simulated, variants)
     predicted = np.array([predict(*f) for f in logs[0].features])
     step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
     bias = step_bias(logs[0].features, logs[0].recorder.step_dt, predicted)
