@@ -337,7 +337,7 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     assert all(math.isfinite(r["rel_error_host_replayed"]) for r in rows)
     text = (tmp_path / "validation.md").read_text()
     assert "error at the host's measured speed" in text and "signed all (" in text
-    assert "error with the host's slowdowns replayed" in text
+    assert "error with the host's speed over time replayed" in text
 
 
 class PausingTimer:

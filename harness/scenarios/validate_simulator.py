@@ -66,8 +66,8 @@ class FeatureLog:
 
 
 class HostReplay:
-    """Wraps a simulated engine's executor: each step's predicted time is scaled by measured /
-    predicted time of the serve run's step that started last at or before the same clock time.
+    """Wraps a simulated engine's executor: each step's predicted time is scaled by `ratios` at
+    the serve run's step that started last at or before the same clock time (`starts`).
     The simulation then meets the host's slow and fast periods when the measured run met them:
     a diagnostic of how much of the error is the host's varying speed, not a prediction."""
 
@@ -90,11 +90,17 @@ class HostReplay:
         return dataclasses.replace(step, duration_s=step.duration_s * float(self.ratios[at]))
 
 
-def replay_series(log, predict) -> tuple[np.ndarray, np.ndarray]:
-    """(start time, measured / predicted) of every step a serve run timed."""
+def replay_series(log, predict, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start time, measured / predicted) of every step a serve run timed, the ratio a rolling
+    median over `window` steps: the host's speed over time, not each step's own time (replayed
+    step for step, the simulation would retrace the measured run exactly, its decisions being
+    the same)."""
+    from scipy.ndimage import median_filter
+
     measured = np.asarray(log.recorder.step_dt)
     predicted = np.array([predict(*f) for f in log.features])
-    return np.asarray(log.recorder.step_end) - measured, measured / predicted
+    speed = median_filter(measured / predicted, size=window, mode="nearest")
+    return np.asarray(log.recorder.step_end) - measured, speed
 
 
 def relative_error(simulated: float, measured: float) -> float:
@@ -135,7 +141,7 @@ def host_probe_s(clock, threads: int | None = None, repeats: int = 15) -> float:
 # Simulations beside the plain one, each a diagnostic: result column -> its header in validation.md
 VARIANTS = {
     "rel_error_at_host_speed": "error at the host's measured speed",
-    "rel_error_host_replayed": "error with the host's slowdowns replayed",
+    "rel_error_host_replayed": "error with the host's speed over time replayed",
 }
 
 
@@ -239,6 +245,7 @@ def run(cfg: DictConfig) -> list[dict]:
     probe = lambda: host_probe_s(clock, threads)
     quick = lambda: host_probe_s(clock, threads, repeats=3)  # taken between steps, often
     every = int(scenario.get("probe_every", 200))
+    window = int(scenario.get("replay_window", 101))
     probes: dict[str, list[float]] = {}  # phase -> the host's speed, on the serve runs' clock, while it ran
     profile = scenario.get("profile")
     if not profile:
@@ -277,7 +284,7 @@ def run(cfg: DictConfig) -> list[dict]:
     predict = engines[0].executor.predict
     replayed = []  # each serve run's own slowdowns, replayed into a simulation of it
     for log in logs:
-        starts, ratios = replay_series(log, predict)
+        starts, ratios = replay_series(log, predict, window)
         replay = lambda engine, starts=starts, ratios=ratios: HostReplay(engine, starts, ratios)
         replayed.append(simulate(sim_cfg, prepare=replay)[0])
     variants = {"rel_error_host_replayed": replayed}

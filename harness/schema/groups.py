@@ -314,6 +314,7 @@ class Validate(Section):
     load: Float | None = Field(0.8, gt=0, le=100)
     kv_cache_tokens: Int = Field(8192, ge=1, le=10**10)
     probe_every: Int = Field(200, ge=1, le=10**9)
+    replay_window: Int = Field(101, ge=1, le=10**6)
     out_dir: str | None = None
     serve: dict = {}
     profiling: dict = {}
