@@ -333,6 +333,7 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     # rerun at that speed: its error is a column of its own
     assert len(rows[0]["host_probe_ms"].split()) == 2 and rows[0]["host_drift"] >= 0  # profile, serve 1
     assert all("rel_error_at_host_speed" in r for r in rows)
+    assert all(r["rel_error_host_probed"] == r["rel_error_host_probed"] for r in rows)  # and over time
     # the serve run's host speed replayed into a simulation, here step for step: the simulator
     # then makes the serve run's decisions at its times, so every metric comes out the same
     assert all(abs(r["rel_error_host_replayed"]) < 1e-6 for r in rows), [r["rel_error_host_replayed"] for r in rows]

@@ -141,6 +141,7 @@ def host_probe_s(clock, threads: int | None = None, repeats: int = 15) -> float:
 # Simulations beside the plain one, each a diagnostic: result column -> its header in validation.md
 VARIANTS = {
     "rel_error_at_host_speed": "error at the host's measured speed",
+    "rel_error_host_probed": "error at the host's probed speed over time",
     "rel_error_host_replayed": "error with the host's speed over time replayed",
 }
 
@@ -266,11 +267,12 @@ def run(cfg: DictConfig) -> list[dict]:
         base = OmegaConf.merge(base, {"workload": {"rate": rate}})
         sim_cfg = OmegaConf.merge(sim_cfg, {"workload": {"rate": rate}})
     serve_cfg = scenario_cfg(base, "serve", scenario.serve)
-    measured, simulated, scaled, logs, engines = [], [], [], [], []
+    measured, simulated, scaled, probed, logs, engines = [], [], [], [], [], []
     profiled_at = float(np.mean(probes["profile"])) if "profile" in probes else None
     for i in range(runs):
         readings = probes[f"serve {i + 1}"] = [probe()]
-        on_probe = lambda readings=readings: readings.append(quick())
+        read_at = [0.0]  # the serve clock of each reading: the run starts at 0
+        on_probe = lambda at, readings=readings, read_at=read_at: (readings.append(quick()), read_at.append(at))
         prepare = lambda engine, on_probe=on_probe: logs.append(wrap(engine, every, on_probe))
         row, _ = serve(serve_cfg, prepare=prepare)
         readings.append(probe())
@@ -281,6 +283,10 @@ def run(cfg: DictConfig) -> list[dict]:
         if profiled_at:  # the same simulation with every step scaled by how fast the host ran this serve run
             speed = np.mean(readings) / profiled_at
             scaled.append(simulate(OmegaConf.merge(sim_cfg, {"executor": {"time_scale": float(speed)}}))[0])
+            # and by the probe's reading of the moment (each holds until the next): no model in it
+            starts, ratios = np.asarray(read_at), np.asarray(readings[: len(read_at)]) / profiled_at
+            replay = lambda engine, starts=starts, ratios=ratios: HostReplay(engine, starts, ratios)
+            probed.append(simulate(sim_cfg, prepare=replay)[0])
     predict = engines[0].executor.predict
     replayed = []  # each serve run's own slowdowns, replayed into a simulation of it
     for log in logs:
@@ -289,7 +295,7 @@ def run(cfg: DictConfig) -> list[dict]:
         replayed.append(simulate(sim_cfg, prepare=replay)[0])
     variants = {"rel_error_host_replayed": replayed}
     if scaled:
-        variants = {"rel_error_at_host_speed": scaled, **variants}
+        variants = {"rel_error_at_host_speed": scaled, "rel_error_host_probed": probed, **variants}
     rows = table(measured, simulated, variants)
     predicted = np.array([predict(*f) for f in logs[0].features])
     step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
@@ -328,7 +334,7 @@ def run(cfg: DictConfig) -> list[dict]:
 
 def wrap(engine, probe_every: int | None = None, on_probe=None) -> FeatureLog:
     """Put a FeatureLog around the engine's executor, and read the measured steps from its
-    recorder; call `on_probe()` after every `probe_every` steps, once the step has been timed."""
+    recorder; call `on_probe(clock)` after every `probe_every` steps, once the step has been timed."""
     log = FeatureLog(engine.executor)
     if on_probe is not None:
         recorder, on_step = engine.recorder, engine.recorder.on_step
@@ -336,7 +342,7 @@ def wrap(engine, probe_every: int | None = None, on_probe=None) -> FeatureLog:
         def on_step_then_probe(*args):
             on_step(*args)
             if len(recorder.step_dt) % probe_every == 0:
-                on_probe()
+                on_probe(recorder.step_end[-1])
 
         recorder.on_step = on_step_then_probe
     engine.executor = log
