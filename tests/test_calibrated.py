@@ -323,7 +323,7 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
         )
     )
     assert [r["metric"] for r in rows][:3] == ["throughput (req/s)", "throughput (tok/s)", "mean batch"]
-    for name in ("profile.csv", "validation.csv", "validation.md", "step_time.png"):
+    for name in ("profile.csv", "validation.csv", "validation.md", "step_time.png", "steps.csv"):
         assert (tmp_path / name).is_file()
     by_metric = {r["metric"]: r for r in rows}
     served = by_metric["throughput (tok/s)"]

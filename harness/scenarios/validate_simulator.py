@@ -5,8 +5,9 @@ seed `runs` times through scenario=serve (measured) and `runs` times through sce
 with executor=calibrated, in one process, serve and simulate alternating. The arrival rate is
 `load` times the request rate the calibrated simulator saturates at, so both sides see the same
 steady state below saturation. Writes validation.csv and validation.md (per metric: every run,
-the measured run-to-run spread and the simulator's relative error) and step_time.png (each
-measured step against the calibrated model's prediction for the very same batch).
+the measured run-to-run spread and the simulator's relative error), step_time.png (each
+measured step against the calibrated model's prediction for the very same batch) and steps.csv
+(those steps: batch features, measured and predicted time).
 """
 
 from __future__ import annotations
@@ -212,6 +213,16 @@ def step_plot(measured_s: list, predicted_s: np.ndarray, sim_engine, path) -> fl
     return float(np.median(np.abs(predicted_s - measured) / measured))
 
 
+def write_steps(path, log, predicted_s: np.ndarray) -> None:
+    """steps.csv: every step of the first serve run, its batch features, measured and predicted time."""
+    import pandas as pd
+
+    measured = np.asarray(log.recorder.step_dt)
+    frame = pd.DataFrame(log.features, columns=["num_tokens", "num_seqs", "context_tokens", "attention_pairs"])
+    frame.insert(0, "start_s", np.asarray(log.recorder.step_end) - measured)
+    write_csv(path, frame.assign(measured_s=measured, predicted_s=predicted_s))
+
+
 def step_bias(features: list[tuple], measured_s: list, predicted_s: np.ndarray) -> dict:
     """Median signed relative error (predicted - measured) / measured of the same steps, over all
     steps and apart for decode-only steps and steps that carry a prompt: which way the model
@@ -299,6 +310,7 @@ def run(cfg: DictConfig) -> list[dict]:
     rows = table(measured, simulated, variants)
     predicted = np.array([predict(*f) for f in logs[0].features])
     step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
+    write_steps(folder / "steps.csv", logs[0], predicted)
     bias = step_bias(logs[0].features, logs[0].recorder.step_dt, predicted)
     rate = float(base.workload.rate)
     every_reading = [v for readings in probes.values() for v in readings]
