@@ -25,7 +25,7 @@ from kvbench.executors.calibrated import device_name, fit_column, model_shape
 from kvbench.executors.step_fit import FEATURES, fit, heldout_split
 from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios.build import build_allocator, plugin_cfg
-from kvbench.scenarios.serve import real_model, step_clock
+from kvbench.scenarios.serve import RealModel, real_model, step_clock
 from kvbench.scenarios.synthetic_steps import Shape, StepTimer
 
 
@@ -132,6 +132,25 @@ def validate(scenario: DictConfig) -> tuple[int, int, float]:
     return warmup, repeats, heldout
 
 
+def step_timer(cfg: DictConfig, kv_cache_tokens: int | None = None) -> tuple[StepTimer, RealModel]:
+    """A StepTimer, and the real model it runs: cfg.model built on scenario.device (threads
+    pinned), a KV pool of `kv_cache_tokens` slots (default scenario.kv_cache_tokens), the
+    scenario's clock."""
+    scenario, sched = cfg.scenario, cfg.scheduler
+    real = real_model(cfg)
+    allocator = build_allocator(cfg, real.spec, int(kv_cache_tokens or scenario.kv_cache_tokens))
+    timer = StepTimer(
+        allocator,
+        real.executor(allocator),
+        int(sched.max_num_seqs),
+        int(sched.max_num_batched_tokens),
+        real.spec.vocab_size,
+        int(cfg.seed),
+        step_clock(scenario, real.device),
+    )
+    return timer, real
+
+
 def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[dict], int]:
     """Measure the grid on the configured model and device; one row per shape it could hold."""
     scenario = cfg.scenario
@@ -139,18 +158,8 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     sched = cfg.scheduler
     max_model_len = int(cfg.model.max_model_len)
     shapes, ruled_out = grid(scenario, max_model_len, int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
-    real = real_model(cfg)
-    spec = real.spec
-    allocator = build_allocator(cfg, spec, int(scenario.kv_cache_tokens))
-    timer = StepTimer(
-        allocator,
-        real.executor(allocator),
-        int(sched.max_num_seqs),
-        int(sched.max_num_batched_tokens),
-        spec.vocab_size,
-        int(cfg.seed),
-        step_clock(scenario, real.device),
-    )
+    timer, real = step_timer(cfg)
+    spec, allocator = real.spec, timer.allocator
     burst = int(scenario.get("burst", 1))
     statistic = str(scenario.get("fit_to", "mean"))
     measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between, statistic=statistic)

@@ -22,10 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.errors import UserError
 from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios.build import load_specs, plugin_cfg
-from kvbench.scenarios.profile import out_dir
+from kvbench.scenarios.profile import out_dir, step_timer
 from kvbench.scenarios.profile import run as run_profile
-from kvbench.scenarios.serve import CLOCKS, serve
+from kvbench.scenarios.serve import serve
 from kvbench.scenarios.simulate import simulate
+from kvbench.scenarios.synthetic_steps import Shape
 
 # The serving metrics compared: label -> result column. Renaming a result column is one edit here.
 METRICS = {
@@ -101,7 +102,9 @@ def replay_series(log, predict, window: int) -> tuple[np.ndarray, np.ndarray]:
     measured = np.asarray(log.recorder.step_dt)
     predicted = np.array([predict(*f) for f in log.features])
     speed = median_filter(measured / predicted, size=window, mode="nearest")
-    return np.asarray(log.recorder.step_end) - measured, speed
+    # end - duration can round an ulp above the clock the step started at: 1 ns earlier is still
+    # after the step before it ended (steps are microseconds at the least)
+    return np.asarray(log.recorder.step_end) - measured - 1e-9, speed
 
 
 def relative_error(simulated: float, measured: float) -> float:
@@ -119,24 +122,24 @@ def spread(values: list[float]) -> float:
 PROFILE_PROBE_EVERY = 10  # profile shapes between two host-speed readings
 
 
-def host_probe_s(clock, threads: int | None = None, repeats: int = 15) -> float:
-    """The median time, on `clock`, of a fixed piece of work shaped like a small model's step
-    (300 small matmuls: operator dispatch and cache-resident arithmetic). Taken while profiling
-    and around every serve run, its range is how much the host itself sped up or slowed down,
-    which no step-time model fitted at one moment can follow."""
-    import torch
+class ModelProbe:
+    """The host's speed as the model meets it: one decode step of 4 sequences at context 256
+    (or max_model_len), timed like a profile shape on a model and KV pool of its own, so the
+    served engine's pool is never touched. Read while profiling and between serve steps, its
+    range is how much the host itself sped up or slowed down, which no step-time model fitted
+    at one moment can follow. A fixed piece of arithmetic was not enough: this host's slow
+    periods slow the model's many small per-sequence operations more than a matrix product."""
 
-    if threads and torch.get_num_threads() != int(threads):
-        torch.set_num_threads(int(threads))  # as the serve runs set it (read between steps: set once)
-    x, w = torch.full((8, 64), 0.5), torch.full((64, 64), 0.01)
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        y = x
-        for _ in range(300):
-            y = torch.tanh(y @ w)
-        times.append(clock() - start)
-    return float(np.median(times))
+    def __init__(self, profile_cfg: DictConfig, max_model_len: int):
+        context = min(256, max_model_len)
+        self.shape = Shape(decode_seqs=4, decode_context=context)
+        self.timer, _ = step_timer(profile_cfg, kv_cache_tokens=8 * context)
+        for _ in range(3):  # warm-up: the first steps of a fresh model are slower
+            self.read(1)
+
+    def read(self, repeats: int = 15) -> float:
+        """The median time of `repeats` steps, on the profile's clock."""
+        return float(np.median([self.timer.time(self.shape).seconds for _ in range(repeats)]))
 
 
 # Simulations beside the plain one, each a diagnostic: result column -> its header in validation.md
@@ -252,17 +255,16 @@ def run(cfg: DictConfig) -> list[dict]:
     runs, load = check(scenario)
     folder = out_dir(scenario)
     model, _ = load_specs(cfg)
-    serve_knobs = scenario_cfg(cfg, "serve", scenario.serve).scenario
-    clock, threads = CLOCKS[str(serve_knobs.get("clock", "wall"))], serve_knobs.get("cpu_threads")
-    probe = lambda: host_probe_s(clock, threads)
-    quick = lambda: host_probe_s(clock, threads, repeats=3)  # taken between steps, often
+    changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
+    profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
+    host = ModelProbe(profile_cfg, model.max_model_len)
+    probe = host.read
+    quick = lambda: host.read(3)  # taken between steps, often
     every = int(scenario.get("probe_every", 200))
     window = int(scenario.get("replay_window", 101))
     probes: dict[str, list[float]] = {}  # phase -> the host's speed, on the serve runs' clock, while it ran
     profile = scenario.get("profile")
     if not profile:
-        changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
-        profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
         readings = probes["profile"] = [probe()]
         between = lambda i: readings.append(quick()) if i and i % PROFILE_PROBE_EVERY == 0 else None
         profile = run_profile(profile_cfg, between=between)[0]["profile"]
@@ -321,7 +323,8 @@ def run(cfg: DictConfig) -> list[dict]:
         f"(sha256 {simulated[0]['executor_profile_sha256'][:12]}); "
         f"median per-step error on run 1's batches {100 * step_err:.1f}%, signed "
         + ", ".join(f"{name} {100 * value:+.1f}%" for name, value in bias.items())
-        + ". Host speed probe (fixed work, ms on that clock; median [min-max] of the readings "
+        + ". Host speed probe (a decode step of 4 sequences on a model of its own, ms on that clock; "
+        "median [min-max] of the readings "
         "taken while each phase ran): "
         + ", ".join(
             f"{name} {1e3 * np.median(v):.2f} [{1e3 * min(v):.2f}-{1e3 * max(v):.2f}] ({len(v)})"
