@@ -25,7 +25,7 @@ from kvbench.scenarios.build import load_specs
 from kvbench.scenarios.run import run_point
 from kvbench.scenarios.simulate import simulate
 from kvbench.scenarios.synthetic_steps import Shape
-from kvbench.scenarios.validate_simulator import HostReplay
+from kvbench.scenarios.validate_simulator import HostReplay, ModelProbe, scenario_cfg
 
 # decode: 1.5 ms + 0.4 ms per sequence + 0.3 us per context token; a prompt's step adds 2 us
 # per token and 0.09 us per attention pair (what the tiny model measures on a CPU, roughly)
@@ -218,6 +218,14 @@ def test_a_replayed_slow_period_slows_only_the_steps_inside_it(tiny_profile):
     assert row["duration_s"] > plain["duration_s"]
     before = replayed(tiny_profile, [0.0, 1e9], [1.0, 3.0])  # a slow period after the run
     assert before["duration_s"] == plain["duration_s"] and before["steps"] == plain["steps"]
+
+
+@pytest.mark.parametrize("allocator", ["paged", "contiguous", "pow2"])
+def test_the_host_probe_times_the_model_s_own_step_whatever_the_allocator_reserves(allocator):
+    """Its pool holds 4 sequences even where each reserves max_model_len (contiguous)."""
+    cfg = compose_cfg("+experiment=validate_simulator", "model=small", f"+allocator={allocator}")
+    probe = ModelProbe(scenario_cfg(cfg, "profile", cfg.scenario.profiling), int(cfg.model.max_model_len))
+    assert 0 < probe.read(2) < 1.0  # one small-model decode step: milliseconds
 
 
 def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):

@@ -131,15 +131,25 @@ class ModelProbe:
     periods slow the model's many small per-sequence operations more than a matrix product."""
 
     def __init__(self, profile_cfg: DictConfig, max_model_len: int):
-        context = min(256, max_model_len)
-        self.shape = Shape(decode_seqs=4, decode_context=context)
-        self.timer, _ = step_timer(profile_cfg, kv_cache_tokens=8 * context)
+        self.shape = Shape(decode_seqs=4, decode_context=min(256, max_model_len))
+        # room for 4 sequences whatever the allocator reserves (contiguous: max_model_len each)
+        self.timer, _ = step_timer(profile_cfg, kv_cache_tokens=4 * max_model_len + 64)
         for _ in range(3):  # warm-up: the first steps of a fresh model are slower
             self.read(1)
 
     def read(self, repeats: int = 15) -> float:
         """The median time of `repeats` steps, on the profile's clock."""
-        return float(np.median([self.timer.time(self.shape).seconds for _ in range(repeats)]))
+        times = []
+        for _ in range(repeats):
+            step = self.timer.time(self.shape)
+            if step is None:
+                raise UserError(
+                    f"the host-speed probe's step ({self.shape.decode_seqs} sequences at context "
+                    f"{self.shape.decode_context}) does not fit scheduler.max_num_seqs / "
+                    f"max_num_batched_tokens; raise them to at least {self.shape.decode_seqs}"
+                )
+            times.append(step.seconds)
+        return float(np.median(times))
 
 
 # Simulations beside the plain one, each a diagnostic: result column -> its header in validation.md
