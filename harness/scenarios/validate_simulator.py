@@ -92,7 +92,7 @@ class HostReplay:
         return dataclasses.replace(step, duration_s=step.duration_s * float(self.ratios[at]))
 
 
-def replay_series(log, predict, window: int) -> tuple[np.ndarray, np.ndarray]:
+def replay_series(log, predicted: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     """(start time, measured / predicted) of every step a serve run timed, the ratio a rolling
     median over `window` steps: the host's speed over time, not each step's own time (replayed
     step for step, the simulation would retrace the measured run exactly, its decisions being
@@ -100,11 +100,15 @@ def replay_series(log, predict, window: int) -> tuple[np.ndarray, np.ndarray]:
     from scipy.ndimage import median_filter
 
     measured = np.asarray(log.recorder.step_dt)
-    predicted = np.array([predict(*f) for f in log.features])
     speed = median_filter(measured / predicted, size=window, mode="nearest")
     # end - duration can round an ulp above the clock the step started at: 1 ns earlier is still
     # after the step before it ended (steps are microseconds at the least)
-    return np.asarray(log.recorder.step_end) - measured - 1e-9, speed
+    return step_starts(log) - 1e-9, speed
+
+
+def step_starts(log) -> np.ndarray:
+    """The serve clock at which each step a serve run timed started."""
+    return np.asarray(log.recorder.step_end) - np.asarray(log.recorder.step_dt)
 
 
 def relative_error(simulated: float, measured: float) -> float:
@@ -230,10 +234,9 @@ def write_steps(path, log, predicted_s: np.ndarray) -> None:
     """steps.csv: every step of the first serve run, its batch features, measured and predicted time."""
     import pandas as pd
 
-    measured = np.asarray(log.recorder.step_dt)
     frame = pd.DataFrame(log.features, columns=["num_tokens", "num_seqs", "context_tokens", "attention_pairs"])
-    frame.insert(0, "start_s", np.asarray(log.recorder.step_end) - measured)
-    write_csv(path, frame.assign(measured_s=measured, predicted_s=predicted_s))
+    frame.insert(0, "start_s", step_starts(log))
+    write_csv(path, frame.assign(measured_s=log.recorder.step_dt, predicted_s=predicted_s))
 
 
 def step_bias(features: list[tuple], measured_s: list, predicted_s: np.ndarray) -> dict:
@@ -311,16 +314,19 @@ def run(cfg: DictConfig) -> list[dict]:
             replay = lambda engine, starts=starts, ratios=ratios: HostReplay(engine, starts, ratios)
             probed.append(simulate(sim_cfg, prepare=replay)[0])
     predict = engines[0].executor.predict
+    # the calibrated model's time for every step each serve run timed: computed once, read by
+    # the replay, the step plot, steps.csv and the bias
+    predicted_by_run = [np.array([predict(*f) for f in log.features]) for log in logs]
     replayed = []  # each serve run's own slowdowns, replayed into a simulation of it
-    for log in logs:
-        starts, ratios = replay_series(log, predict, window)
+    for log, predicted in zip(logs, predicted_by_run):
+        starts, ratios = replay_series(log, predicted, window)
         replay = lambda engine, starts=starts, ratios=ratios: HostReplay(engine, starts, ratios)
         replayed.append(simulate(sim_cfg, prepare=replay)[0])
     variants = {"rel_error_host_replayed": replayed}
     if scaled:
         variants = {"rel_error_at_host_speed": scaled, "rel_error_host_probed": probed, **variants}
     rows = table(measured, simulated, variants)
-    predicted = np.array([predict(*f) for f in logs[0].features])
+    predicted = predicted_by_run[0]
     step_err = step_plot(logs[0].recorder.step_dt, predicted, engines[0], folder / "step_time.png")
     write_steps(folder / "steps.csv", logs[0], predicted)
     bias = step_bias(logs[0].features, logs[0].recorder.step_dt, predicted)
