@@ -433,3 +433,64 @@ def test_ab_against_head_runs_both_sides_interleaved_and_finds_no_change(tmp_pat
     merged = json.loads((tmp_path / "current.json").read_text())
     assert len(merged["benchmarks"][0]["runs"]) == 2 and merged["benchmarks"][0]["runs"][0]["data"]
     assert "A/B against HEAD" in result.stdout
+
+
+def benchmark_rows(min_s: list[float], calls: int = 100) -> pd.DataFrame:
+    """One benchmark's runs, as `measure` merges them."""
+    samples = {"min_s": min_s, "median_s": [2 * t for t in min_s]}
+    row = {"benchmark": "tests/benchmarks/test_x.py::test_step", "runs": len(min_s), "calls_per_step": calls}
+    return pd.DataFrame(
+        [{**row, **{m: pd.Series(v).median() for m, v in samples.items()}, "status": "ok", "samples": samples}]
+    )
+
+
+@pytest.mark.parametrize(
+    "rounds, code, said",
+    [
+        # a slow spell on the first round's current runs only: measured again, not confirmed
+        ([(1.0, 1.5), (1.0, 1.0)], 0, "not confirmed"),
+        ([(1.0, 1.5), (1.0, 1.5)], 1, "the regression was confirmed"),
+        ([(1.0, 1.0)], 0, None),  # nothing flagged: no second round
+    ],
+)
+def test_ab_measures_a_flagged_benchmark_again_and_fails_only_if_it_regresses_twice(
+    tmp_path, monkeypatch, rounds, code, said
+):
+    import kvbench.reporting.ab as ab
+
+    calls = []
+
+    def fake_measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out):
+        base, cur = rounds[len(calls)]
+        calls.append(list(targets))
+        noise = [1.0, 1.01, 1.02, 1.03, 1.04]
+        return {
+            "baseline": benchmark_rows([base * n for n in noise]),
+            "current": benchmark_rows([cur * n for n in noise]),
+        }
+
+    monkeypatch.setattr(ab, "measure", fake_measure)
+    monkeypatch.setattr(ab, "_save", lambda *args: None)
+    out = io.StringIO()
+    assert ab.run_ab("HEAD", 5, [], load_policy(None), out=out) == code
+    assert len(calls) == len(rounds)
+    if len(rounds) == 2:  # the second round runs the flagged benchmark alone
+        assert calls[1] == ["tests/benchmarks/test_x.py::test_step"]
+        assert said in out.getvalue()
+
+
+def test_ab_does_not_rerun_a_work_count_that_changed(monkeypatch):
+    """A changed work count is exact: no fresh sample can change it, so it fails at once."""
+    import kvbench.reporting.ab as ab
+
+    calls = []
+
+    def fake_measure(*args):
+        calls.append(1)
+        noise = [1.0, 1.01, 1.02, 1.03, 1.04]
+        return {"baseline": benchmark_rows(noise), "current": benchmark_rows([1.5 * n for n in noise], calls=200)}
+
+    monkeypatch.setattr(ab, "measure", fake_measure)
+    monkeypatch.setattr(ab, "_save", lambda *args: None)
+    assert ab.run_ab("HEAD", 5, [], load_policy(None), out=io.StringIO()) == 1
+    assert calls == [1]

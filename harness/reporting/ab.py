@@ -5,7 +5,8 @@ of a wall-clock comparison is measured here, now: REF is checked out in a tempor
 worktree and run with this environment's packages (its kvbench put first on PYTHONPATH through
 a folder of links laid out as its pyproject's package-dir says). Both sides run the same
 benchmarks (this tree's; REF's own when REF's code cannot run them) `repeats` times each in
-ABBA order, so drift in the machine's load falls on both; each run is one sample.
+ABBA order, so drift in the machine's load falls on both; each run is one sample. What the
+significance test flags is measured again in fresh runs (`confirm`) and fails only if seen twice.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ class Side:
 
     def __init__(self, name: str, env: dict, cwd: Path, folder: Path, launcher: list[str]):
         self.name, self.env, self.cwd, self.folder, self.launcher = name, env, cwd, folder, launcher
-        self.outputs: list[Path] = []
+        self.outputs: list[Path] = []  # this round's runs
         self.seconds: list[float] = []
+        self.runs_done = 0  # in earlier rounds
         folder.mkdir(parents=True)
 
     def run(self, command: list[str]) -> subprocess.CompletedProcess:
@@ -167,6 +169,85 @@ def merge_bench_runs(sweeps: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measure(sides: dict, bench_overrides: list[str], targets: list[str], repeats: int, ref, ref_tree, out):
+    """`repeats` runs a side, interleaved: each side's runs merged into one frame (None: a side failed)."""
+    for side in sides.values():
+        side.outputs = []
+    for index, name in interleaved_order(list(sides), repeats):
+        side = sides[name]
+        index += side.runs_done
+        try:
+            if bench_overrides:
+                _bench_run(side, bench_overrides, index)
+            else:
+                _benchmark_run(side, targets, index)
+        except RuntimeError as err:
+            if name == "current" or side.cwd == ref_tree or bench_overrides:
+                print(f"error: the {name} side failed in run {index + 1}: {err}", file=out)
+                return None
+            print(f"note: {ref} cannot run this tree's benchmarks ({err}); using its own", file=out)
+            side.cwd = ref_tree
+            _benchmark_run(side, targets, index)
+        print(f"  run {len(side.outputs)}/{repeats} {name}: {side.seconds[-1]:.1f} s", file=out)
+    for side in sides.values():
+        side.runs_done += len(side.outputs)
+    if bench_overrides:
+        return {name: merge_bench_runs(side.outputs) for name, side in sides.items()}
+    return {
+        name: benchmark_frame(merge_benchmark_runs(side.outputs, side.folder / f"merged{side.runs_done}.json"))
+        for name, side in sides.items()
+    }
+
+
+def _save(frame: pd.DataFrame, side: Side, stem: Path, bench_overrides: list[str]) -> None:
+    if bench_overrides:
+        frame.to_csv(stem.with_suffix(".csv"), index=False)
+    else:
+        shutil.copyfile(side.folder / f"merged{side.runs_done}.json", stem.with_suffix(".json"))
+
+
+def _select(frame: pd.DataFrame, points: list[dict]) -> pd.DataFrame:
+    """The rows of `frame` that are one of `points` (identity values as compare matched them)."""
+    keep = pd.Series(False, index=frame.index)
+    for point in points:
+        hit = pd.Series(True, index=frame.index)
+        for column, value in point.items():
+            values = frame[column].astype(object).fillna("").astype(str) if column in frame else ""
+            hit &= values == value
+        keep |= hit
+    return frame[keep]
+
+
+def confirm(sides, bench_overrides, suspects, repeats, ref, ref_tree, policy, keep, out) -> int:
+    """Measure the points a significance test flagged again, in fresh interleaved runs, and judge
+    those alone: a regression stands only if it is seen twice.
+
+    A shared host's slow spells last about as long as one A/B; one that falls on one side's runs
+    can look significant (identical code was once flagged +40 % at p = 0.03). A fresh sample
+    minutes later rarely repeats that, while a real slowdown shows up every time. Only measured
+    metrics are confirmed: an exact metric, a failed point or a changed work count fails at once."""
+    names = sorted({str(point.get("benchmark") or point) for point in suspects})
+    print(
+        f"\nconfirming {len(suspects)} flagged point(s) with {repeats} fresh runs a side"
+        f"{'' if bench_overrides else ' of those benchmarks alone'}: {', '.join(names)}",
+        file=out,
+    )
+    targets = [] if bench_overrides else [str(point["benchmark"]) for point in suspects]
+    frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out)
+    if frames is None:
+        return 1
+    for name, frame in frames.items():
+        _save(frame, sides[name], keep / f"{name}-confirm", bench_overrides)
+    code = compare(*(_select(frames[n], suspects) for n in ("baseline", "current")), policy, out=out)
+    print(
+        "the regression was confirmed by the fresh runs"
+        if code
+        else "not confirmed: the fresh runs found no significant regression, so the first round's was noise",
+        file=out,
+    )
+    return code
+
+
 def run_ab(
     ref: str,
     repeats: int,
@@ -226,34 +307,21 @@ def run_ab(
             f"A/B: {sides['baseline'].name} vs {tree} ({what}), {repeats} runs a side, interleaved",
             file=out,
         )
-        for index, name in interleaved_order(list(sides), repeats):
-            side = sides[name]
-            try:
-                if bench_overrides:
-                    _bench_run(side, bench_overrides, index)
-                else:
-                    _benchmark_run(side, targets, index)
-            except RuntimeError as err:
-                if name == "current" or side.cwd == ref_tree or bench_overrides:
-                    print(f"error: the {name} side failed in run {index + 1}: {err}", file=out)
-                    return 1
-                print(f"note: {ref} cannot run this tree's benchmarks ({err}); using its own", file=out)
-                side.cwd = ref_tree
-                _benchmark_run(side, targets, index)
-            print(f"  run {index + 1}/{repeats} {name}: {side.seconds[-1]:.1f} s", file=out)
+        frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out)
+        if frames is None:
+            return 1
         keep = Path(out_dir) if out_dir else work
         keep.mkdir(parents=True, exist_ok=True)
-        frames = {}
-        for name, side in sides.items():
-            if bench_overrides:
-                frames[name] = merge_bench_runs(side.outputs)
-                frames[name].to_csv(keep / f"{name}.csv", index=False)
-            else:
-                frames[name] = benchmark_frame(merge_benchmark_runs(side.outputs, keep / f"{name}.json"))
-        code = compare(frames["baseline"], frames["current"], policy, allow_missing, out=out)
+        for name, frame in frames.items():
+            _save(frame, sides[name], keep / name, bench_overrides)
+        flagged: list = []
+        code = compare(frames["baseline"], frames["current"], policy, allow_missing, out=out, flagged=flagged)
+        suspects = list({str(point): point for point, measured in flagged if measured}.values())
+        if code and suspects and all(measured for _, measured in flagged):
+            code = confirm(sides, bench_overrides, suspects, repeats, ref, ref_tree, policy, keep, out)
         total = time.perf_counter() - started
         print(
-            f"A/B against {ref} ({sha[:12]}): {total:.0f} s for {repeats} runs a side "
+            f"A/B against {ref} ({sha[:12]}): {total:.0f} s for {sides['current'].runs_done} runs a side "
             f"(baseline {sum(sides['baseline'].seconds):.0f} s, current {sum(sides['current'].seconds):.0f} s)"
             + (f"; results in {keep}" if out_dir else ""),
             file=out,

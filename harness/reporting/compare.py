@@ -135,8 +135,20 @@ def environment_changes(baseline: pd.DataFrame, current: pd.DataFrame, policy: P
     return changes
 
 
-def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=sys.stdout) -> int:
-    """Print the comparison; return the exit code (0 fine, 1 regressed)."""
+def _flag(flagged: list | None, point: pd.Series, columns: list[str], measured: bool) -> None:
+    if flagged is not None:
+        flagged.append(({c: point[c] for c in columns}, measured))
+
+
+def compare(
+    baseline, current, policy: Policy, allow_missing: bool = False, out=sys.stdout, flagged: list | None = None
+) -> int:
+    """Print the comparison; return the exit code (0 fine, 1 regressed).
+
+    `flagged`, when given, receives one entry per problem: the point's identity (a dict of the
+    identity columns) and whether the problem is a measured metric's regression (a significance
+    test's verdict, which `bench-compare --against` confirms with fresh runs) or anything else
+    (an exact metric, a failed or missing point), which no rerun can change."""
     baseline, current = pd.DataFrame(baseline), pd.DataFrame(current)
     merged, columns, varying = match(baseline, current, policy)
     judged = {m for s in [None, *policy.scenario_rules] for m in policy.rules_for(s)}
@@ -159,6 +171,7 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
         print(f"missing in current: {_label(point, shown)}", file=out)
         if not allow_missing:
             problems.append(f"missing point {_label(point, shown)}")
+            _flag(flagged, point, columns, measured=False)
     for _, point in merged[merged["_merge"] == "right_only"].iterrows():
         print(f"new in current (no baseline): {_label(point, shown)}", file=out)
     matched = merged[merged["_merge"] == "both"]
@@ -170,6 +183,7 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
         if cur_status not in ("ok", "nan") and base_status in ("ok", "nan"):
             print(f"  status: {cur_status} ({point.get(f'reason{CUR}', '')})  REGRESSED", file=out)
             problems.append(f"{label}: point {cur_status}")
+            _flag(flagged, point, columns, measured=False)
             continue
         print(header, file=out)
         base_samples, cur_samples = (samples_of(point.get(f"{SAMPLES}{s}")) for s in (BASE, CUR))
@@ -197,12 +211,14 @@ def compare(baseline, current, policy: Policy, allow_missing: bool = False, out=
                         f"{label}: {metric} {bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
                         f"(min_effect {rule.min_effect:.0%}; {result.detail})"
                     )
+                    _flag(flagged, point, columns, measured=True)
             else:
                 verdict, detail = rule.verdict(bv, cv), ""
                 if verdict == "REGRESSED":
                     problems.append(
                         f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, tolerance {rule.tolerance:g})"
                     )
+                    _flag(flagged, point, columns, measured=False)
             print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {ratio:>8.4f}  {verdict}{detail}", file=out)
     print(file=out)
     if tally["tested"] or tally[NOT_MEANINGFUL]:
@@ -236,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="bench-compare",
         description="Compare a run against a baseline; exit 1 on a regression.",
         epilog="With --against REF the inputs are what to run on both trees: nothing (the hot-path "
-        "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...).",
+        "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...). A measured "
+        "metric flagged there is measured again, in --repeats fresh runs a side, and fails only if "
+        "the fresh runs show the regression too.",
     )
     parser.add_argument(
         "inputs",
