@@ -415,3 +415,12 @@ def test_a_profile_fitted_to_means_is_reloaded_from_its_means(tmp_path):
     shape = Shape(decode_seqs=37, decode_context=300)
     features = (shape.num_tokens, 37, context(shape), pairs(shape))
     assert report.model.predict(*features) == pytest.approx(formula(shape), rel=0.01)
+
+
+def test_a_machine_without_a_gpu_device_node_is_named_without_importing_torch(monkeypatch):
+    """A calibrated simulation on a CPU host checks its profile's device without torch (2 s)."""
+    import kvbench.executors.calibrated as calibrated
+
+    monkeypatch.setattr(calibrated.os.path, "exists", lambda path: False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # importing it now raises
+    assert calibrated.local_device_name() == f"cpu:{calibrated._processor()}"
