@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -424,3 +425,11 @@ def test_a_machine_without_a_gpu_device_node_is_named_without_importing_torch(mo
     monkeypatch.setattr(calibrated.os.path, "exists", lambda path: False)
     monkeypatch.setitem(sys.modules, "torch", None)  # importing it now raises
     assert calibrated.local_device_name() == f"cpu:{calibrated._processor()}"
+
+
+def test_a_profile_row_with_a_missing_field_is_named(tiny_profile):
+    lines = Path(tiny_profile).read_text().splitlines()
+    lines[3] = lines[3].rsplit(",", 1)[0]  # line 4 loses its last cell
+    Path(tiny_profile).write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"row 4: \d+ fields, the header has \d+"):
+        load_profile(tiny_profile)
