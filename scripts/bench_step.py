@@ -1,6 +1,7 @@
 """The scheduler's bookkeeping, this tree against a reference commit, side by side in one run.
 
     python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,simdecode,admit,sim|startup]
+    python scripts/bench_step.py --ref REF --cases calsim --profile PROFILE.csv
 
 The reference is checked out as a git worktree (detached, in the system's temp folder) and
 both trees are imported the same way, each in its own worker process, with this environment's
@@ -17,6 +18,9 @@ Cases (--cases, comma-separated):
     sim      the whole `bench` process as a user starts it (SIM_ARGS): 10,000 ShareGPT requests
              (paged, defaults, 4 req/s), and the start-up of a 10-request run
     startup  the 10-request run alone
+    calsim   the whole process of a calibrated simulation (CALIBRATED_ARGS, --profile: a
+             profile.csv of model=small from bench scenario=profile): 10,000 ShareGPT-like
+             requests at 4 req/s, and 10 requests (its start-up)
 """
 
 from __future__ import annotations
@@ -130,6 +134,10 @@ SIM_ARGS = {
     "10000": "+allocator=paged workload=sharegpt workload.rate=4 workload.num_requests=10000",
     "10": "workload.num_requests=10",
 }
+CALIBRATED_ARGS = (
+    "executor=calibrated executor.profile={profile} model=small engine.kv_cache_bytes=16777216 plots=false "
+    "workload.num_requests={n}"
+)
 RUN_CLI = (
     "import sys; sys.path.insert(0, {here!r}); import bench_step; bench_step.use_tree(__import__('pathlib')"
     ".Path({tree!r})); sys.argv = ['bench'] + {args!r}; from kvbench.cli import main; main()"
@@ -168,6 +176,7 @@ def main() -> None:
     parser.add_argument("--ref", default="45506d6")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default="decode,simdecode,admit,sim")
+    parser.add_argument("--profile", type=Path, help="calsim: the profile.csv of model=small to simulate with")
     parser.add_argument("--worker", nargs=2, metavar=("TREE", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -183,6 +192,12 @@ def main() -> None:
         cases += ["sim:10000", "sim:10"]
     elif "startup" in groups:
         cases += ["sim:10"]
+    if "calsim" in groups:
+        if args.profile is None or not args.profile.is_file():
+            parser.error("--cases calsim needs --profile PROFILE.csv (bench scenario=profile model=small)")
+        for n in ("10000", "10"):
+            SIM_ARGS[f"cal{n}"] = CALIBRATED_ARGS.format(profile=args.profile.resolve(), n=n)
+            cases.append(f"sim:cal{n}")
     trees = {"ref": reference_tree(args.ref), "new": ROOT}
     print(f"ref = {args.ref} ({trees['ref']}), new = {ROOT}; {args.repeats} interleaved repeats")
     print(f"{'case':<18} {'ref median':>11} {'(min-max)':>19} {'new median':>11} {'(min-max)':>19} {'new/ref':>8}")
