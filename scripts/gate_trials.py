@@ -47,6 +47,8 @@ def trial(ref: str, repeats: int, serve: bool, slowdown: float) -> dict:
         "slowdown": slowdown,
         "exit": result.returncode,
         "regressions": len(regressed),
+        # flagged by the first round's test and measured again (bench-compare's confirmation)
+        "remeasured": "confirming" in text,
         "regressed": "; ".join(f"{point} {metric}" for point, metric in regressed),
         "seconds": round(seconds, 1),
     }
@@ -66,11 +68,17 @@ def main() -> None:
         row = trial(args.ref, args.repeats, args.serve, args.slowdown)
         rows.append(row)
         verdict = "REGRESSION" if row["exit"] else "no regression"
-        print(f"trial {index + 1}/{args.trials}: {verdict} ({row['regressed'] or '-'}), {row['seconds']} s", flush=True)
+        again = ", flagged first and measured again" if row["remeasured"] else ""
+        print(
+            f"trial {index + 1}/{args.trials}: {verdict} ({row['regressed'] or '-'}{again}), {row['seconds']} s",
+            flush=True,
+        )
     flagged = sum(r["exit"] == 1 for r in rows)
+    remeasured = sum(r["remeasured"] for r in rows)
     seconds = pd.Series([r["seconds"] for r in rows])
     print(
-        f"{rows[0]['kind']}, slowdown {args.slowdown:g}: {flagged}/{len(rows)} trials reported a regression; "
+        f"{rows[0]['kind']}, slowdown {args.slowdown:g}: {flagged}/{len(rows)} trials reported a regression "
+        f"({remeasured} flagged by the first round and measured again); "
         f"an A/B took {seconds.median():.0f} s median ({seconds.min():.0f}-{seconds.max():.0f} s)"
     )
     if args.out:
