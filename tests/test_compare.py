@@ -462,7 +462,7 @@ def test_ab_measures_a_flagged_benchmark_again_and_fails_only_if_it_regresses_tw
 
     def fake_measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out):
         base, cur = rounds[len(calls)]
-        calls.append(list(targets))
+        calls.append((list(targets), repeats))
         noise = [1.0, 1.01, 1.02, 1.03, 1.04]
         return {
             "baseline": benchmark_rows([base * n for n in noise]),
@@ -475,7 +475,7 @@ def test_ab_measures_a_flagged_benchmark_again_and_fails_only_if_it_regresses_tw
     assert ab.run_ab("HEAD", 5, [], load_policy(None), out=out) == code
     assert len(calls) == len(rounds)
     if len(rounds) == 2:  # the second round runs the flagged benchmark alone
-        assert calls[1] == ["tests/benchmarks/test_x.py::test_step"]
+        assert calls[1] == (["tests/benchmarks/test_x.py::test_step"], 10)  # twice the runs
         assert said in out.getvalue()
 
 

@@ -38,6 +38,8 @@ BOOTSTRAP = (
     "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; "
     "module = sys.argv.pop(1); runpy.run_module(module, run_name='__main__', alter_sys=True)"
 )
+# A flagged regression's second round (confirm) takes this many times the first's runs a side.
+CONFIRM_FACTOR = 2
 # Rounds within one run are not independent samples; runs are. A short run leaves time for more.
 BENCHMARK_MAX_TIME_S = "0.1"
 
@@ -224,8 +226,11 @@ def confirm(sides, bench_overrides, suspects, repeats, ref, ref_tree, policy, ke
 
     A shared host's slow spells last about as long as one A/B; one that falls on one side's runs
     can look significant (identical code was once flagged +40 % at p = 0.03). A fresh sample
-    minutes later rarely repeats that, while a real slowdown shows up every time. Only measured
-    metrics are confirmed: an exact metric, a failed point or a changed work count fails at once."""
+    minutes later rarely repeats that, while a real slowdown shows up again. Only measured
+    metrics are confirmed: an exact metric, a failed point or a changed work count fails at once.
+    The second round takes twice the runs (CONFIRM_FACTOR): asking for two significant rounds
+    instead of one costs power, and the flagged benchmarks alone are quick to run again."""
+    repeats *= CONFIRM_FACTOR
     names = sorted({str(point.get("benchmark") or point) for point in suspects})
     print(
         f"\nconfirming {len(suspects)} flagged point(s) with {repeats} fresh runs a side"

@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         description="Compare a run against a baseline; exit 1 on a regression.",
         epilog="With --against REF the inputs are what to run on both trees: nothing (the hot-path "
         "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...). A measured "
-        "metric flagged there is measured again, in --repeats fresh runs a side, and fails only if "
+        "metric flagged there is measured again, in twice --repeats fresh runs a side, and fails only if "
         "the fresh runs show the regression too.",
     )
     parser.add_argument(
