@@ -39,7 +39,9 @@ def trial(ref: str, repeats: int, serve: bool, slowdown: float) -> dict:
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     text = result.stdout + result.stderr
-    regressed = re.findall(r"^  (\S.*?): (\S+) .* the worse way", text, re.M)
+    # what the verdict rests on: the confirmation round's regressions when there was one
+    final = text.rsplit("\nconfirming ", 1)[-1]
+    regressed = re.findall(r"^  (\S.*?): (\S+) .* the worse way", final, re.M)
     if result.returncode not in (0, 1):
         raise SystemExit(f"bench-compare failed (exit {result.returncode}): {text.strip().splitlines()[-1:]}")
     return {

@@ -422,7 +422,7 @@ def test_a_machine_without_a_gpu_device_node_is_named_without_importing_torch(mo
     """A calibrated simulation on a CPU host checks its profile's device without torch (2 s)."""
     import kvbench.executors.calibrated as calibrated
 
-    monkeypatch.setattr(calibrated.os.path, "exists", lambda path: False)
+    monkeypatch.setattr(calibrated, "GPU_DEVICE_NODES", ("/nonexistent/nvidiactl",))
     monkeypatch.setitem(sys.modules, "torch", None)  # importing it now raises
     assert calibrated.local_device_name() == f"cpu:{calibrated._processor()}"
 

@@ -460,7 +460,7 @@ def test_ab_measures_a_flagged_benchmark_again_and_fails_only_if_it_regresses_tw
 
     calls = []
 
-    def fake_measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out):
+    def fake_measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out, keep, round_name=""):
         base, cur = rounds[len(calls)]
         calls.append((list(targets), repeats))
         noise = [1.0, 1.01, 1.02, 1.03, 1.04]
@@ -470,7 +470,6 @@ def test_ab_measures_a_flagged_benchmark_again_and_fails_only_if_it_regresses_tw
         }
 
     monkeypatch.setattr(ab, "measure", fake_measure)
-    monkeypatch.setattr(ab, "_save", lambda *args: None)
     out = io.StringIO()
     assert ab.run_ab("HEAD", 5, [], load_policy(None), out=out) == code
     assert len(calls) == len(rounds)
@@ -491,6 +490,5 @@ def test_ab_does_not_rerun_a_work_count_that_changed(monkeypatch):
         return {"baseline": benchmark_rows(noise), "current": benchmark_rows([1.5 * n for n in noise], calls=200)}
 
     monkeypatch.setattr(ab, "measure", fake_measure)
-    monkeypatch.setattr(ab, "_save", lambda *args: None)
     assert ab.run_ab("HEAD", 5, [], load_policy(None), out=io.StringIO()) == 1
     assert calls == [1]

@@ -34,7 +34,9 @@ REQUIRED = IDENTITY + ("phase",) + FEATURES + (TIME_COLUMN, "heldout")
 
 def device_name(device) -> str:
     """How a profile names the device it was measured on: cpu:<processor> or cuda:<GPU name>."""
-    import torch  # here, not at the top: a simulation with a cpu profile never needs it
+    if str(device).split(":")[0] == "cpu":  # torch is not needed to name a CPU (2 s to import)
+        return f"cpu:{_processor()}"
+    import torch
 
     device = torch.device(device)
     if device.type == "cuda":
@@ -50,7 +52,7 @@ GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
 def local_device_name() -> str:
     """The device scenario=profile would measure here with scenario.device=auto."""
     if not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
-        return f"cpu:{_processor()}"
+        return device_name("cpu")
     import torch
 
     return device_name("cuda" if torch.cuda.is_available() else "cpu")
@@ -117,15 +119,13 @@ def load_profile(path: str) -> Profile:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise UserError(f"profile {path} lacks column(s) {', '.join(missing)}; it is not a scenario=profile file")
-    records = []
+    rows, identity = [], None
     for line, cells in enumerate(lines[1:], start=2):  # line 1 is the header
         if not cells:
             continue
         if len(cells) != len(header):
             raise UserError(f"profile {path} row {line}: {len(cells)} fields, the header has {len(header)}")
-        records.append((line, dict(zip(header, cells))))
-    rows, identity = [], None
-    for line, row in records:
+        row = dict(zip(header, cells))
         if any(row[c] == "" for c in REQUIRED):
             raise UserError(f"profile {path} row {line}: an empty required field")
         here = {key: row[key] for key in IDENTITY}

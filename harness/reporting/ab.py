@@ -25,7 +25,7 @@ import tomllib
 
 import kvbench
 from kvbench.errors import UserError
-from kvbench.reporting.compare import benchmark_frame, compare
+from kvbench.reporting.compare import benchmark_frame, compare, identity_text
 from kvbench.reporting.policy import Policy
 from kvbench.reporting.report import load_rows
 from kvbench.scenarios.repeats import aggregate, interleaved_order
@@ -171,8 +171,11 @@ def merge_bench_runs(sweeps: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def measure(sides: dict, bench_overrides: list[str], targets: list[str], repeats: int, ref, ref_tree, out):
-    """`repeats` runs a side, interleaved: each side's runs merged into one frame (None: a side failed)."""
+def measure(
+    sides: dict, bench_overrides: list[str], targets: list[str], repeats: int, ref, ref_tree, out, keep, round_name=""
+):
+    """`repeats` runs a side, interleaved: each side's runs merged into one frame and kept in
+    `keep` as `<side><round_name>.json` (benchmarks) or `.csv` (a sweep). None: a side failed."""
     for side in sides.values():
         side.outputs = []
     for index, name in interleaved_order(list(sides), repeats):
@@ -191,33 +194,22 @@ def measure(sides: dict, bench_overrides: list[str], targets: list[str], repeats
             side.cwd = ref_tree
             _benchmark_run(side, targets, index)
         print(f"  run {len(side.outputs)}/{repeats} {name}: {side.seconds[-1]:.1f} s", file=out)
-    for side in sides.values():
+    frames = {}
+    for name, side in sides.items():
         side.runs_done += len(side.outputs)
-    if bench_overrides:
-        return {name: merge_bench_runs(side.outputs) for name, side in sides.items()}
-    return {
-        name: benchmark_frame(merge_benchmark_runs(side.outputs, side.folder / f"merged{side.runs_done}.json"))
-        for name, side in sides.items()
-    }
-
-
-def _save(frame: pd.DataFrame, side: Side, stem: Path, bench_overrides: list[str]) -> None:
-    if bench_overrides:
-        frame.to_csv(stem.with_suffix(".csv"), index=False)
-    else:
-        shutil.copyfile(side.folder / f"merged{side.runs_done}.json", stem.with_suffix(".json"))
+        if bench_overrides:
+            frames[name] = merge_bench_runs(side.outputs)
+            frames[name].to_csv(keep / f"{name}{round_name}.csv", index=False)
+        else:
+            frames[name] = benchmark_frame(merge_benchmark_runs(side.outputs, keep / f"{name}{round_name}.json"))
+    return frames
 
 
 def _select(frame: pd.DataFrame, points: list[dict]) -> pd.DataFrame:
     """The rows of `frame` that are one of `points` (identity values as compare matched them)."""
-    keep = pd.Series(False, index=frame.index)
-    for point in points:
-        hit = pd.Series(True, index=frame.index)
-        for column, value in point.items():
-            values = frame[column].astype(object).fillna("").astype(str) if column in frame else ""
-            hit &= values == value
-        keep |= hit
-    return frame[keep]
+    columns = list(points[0])
+    keys = identity_text(frame.reindex(columns=columns), columns).apply(tuple, axis=1)
+    return frame[keys.isin({tuple(point[c] for c in columns) for point in points})]
 
 
 def confirm(sides, bench_overrides, suspects, repeats, ref, ref_tree, policy, keep, out) -> int:
@@ -238,11 +230,9 @@ def confirm(sides, bench_overrides, suspects, repeats, ref, ref_tree, policy, ke
         file=out,
     )
     targets = [] if bench_overrides else [str(point["benchmark"]) for point in suspects]
-    frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out)
+    frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out, keep, "-confirm")
     if frames is None:
         return 1
-    for name, frame in frames.items():
-        _save(frame, sides[name], keep / f"{name}-confirm", bench_overrides)
     code = compare(*(_select(frames[n], suspects) for n in ("baseline", "current")), policy, out=out)
     print(
         "the regression was confirmed by the fresh runs"
@@ -312,13 +302,11 @@ def run_ab(
             f"A/B: {sides['baseline'].name} vs {tree} ({what}), {repeats} runs a side, interleaved",
             file=out,
         )
-        frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out)
-        if frames is None:
-            return 1
         keep = Path(out_dir) if out_dir else work
         keep.mkdir(parents=True, exist_ok=True)
-        for name, frame in frames.items():
-            _save(frame, sides[name], keep / name, bench_overrides)
+        frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out, keep)
+        if frames is None:
+            return 1
         flagged: list = []
         code = compare(frames["baseline"], frames["current"], policy, allow_missing, out=out, flagged=flagged)
         suspects = list({str(point): point for point, measured in flagged if measured}.values())

@@ -90,6 +90,11 @@ def _label(point: pd.Series, shown: list[str]) -> str:
     return ", ".join(f"{c}={point[c]}" for c in shown) or "(the only point)"
 
 
+def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The identity columns as points are matched on: text, missing as empty."""
+    return frame[columns].astype(object).fillna("").astype(str)
+
+
 def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
     """Both sides merged on the identity columns: (merged, identity, the identity columns that vary)."""
     columns = _identity(policy, (baseline, current))
@@ -97,7 +102,7 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
     sides = []
     for name, frame in (("baseline", baseline), ("current", current)):
         frame = frame.reindex(columns=union)
-        frame[columns] = frame[columns].astype(object).fillna("").astype(str)
+        frame[columns] = identity_text(frame, columns)
         twice = frame[frame.duplicated(columns, keep=False)]
         if not twice.empty:
             raise UserError(
@@ -135,11 +140,6 @@ def environment_changes(baseline: pd.DataFrame, current: pd.DataFrame, policy: P
     return changes
 
 
-def _flag(flagged: list | None, point: pd.Series, columns: list[str], measured: bool) -> None:
-    if flagged is not None:
-        flagged.append(({c: point[c] for c in columns}, measured))
-
-
 def compare(
     baseline, current, policy: Policy, allow_missing: bool = False, out=sys.stdout, flagged: list | None = None
 ) -> int:
@@ -157,6 +157,12 @@ def compare(
             merged[column] = pd.to_numeric(merged[column], errors="coerce")
     shown = varying or columns
     problems, tally = [], {NO_CHANGE: 0, SMALL: 0, NOT_MEANINGFUL: 0, "tested": 0}
+
+    def problem(text: str, point: pd.Series, measured: bool = False) -> None:
+        problems.append(text)
+        if flagged is not None:
+            flagged.append(({c: point[c] for c in columns}, measured))
+
     changes = environment_changes(baseline, current, policy)
     machine_changes = [c for c in changes if c.split()[0] in MACHINE]
     for change in changes:
@@ -170,8 +176,7 @@ def compare(
     for _, point in merged[merged["_merge"] == "left_only"].iterrows():
         print(f"missing in current: {_label(point, shown)}", file=out)
         if not allow_missing:
-            problems.append(f"missing point {_label(point, shown)}")
-            _flag(flagged, point, columns, measured=False)
+            problem(f"missing point {_label(point, shown)}", point)
     for _, point in merged[merged["_merge"] == "right_only"].iterrows():
         print(f"new in current (no baseline): {_label(point, shown)}", file=out)
     matched = merged[merged["_merge"] == "both"]
@@ -182,8 +187,7 @@ def compare(
         base_status, cur_status = (str(point.get(f"status{s}")) for s in (BASE, CUR))
         if cur_status not in ("ok", "nan") and base_status in ("ok", "nan"):
             print(f"  status: {cur_status} ({point.get(f'reason{CUR}', '')})  REGRESSED", file=out)
-            problems.append(f"{label}: point {cur_status}")
-            _flag(flagged, point, columns, measured=False)
+            problem(f"{label}: point {cur_status}", point)
             continue
         print(header, file=out)
         base_samples, cur_samples = (samples_of(point.get(f"{SAMPLES}{s}")) for s in (BASE, CUR))
@@ -207,18 +211,19 @@ def compare(
                 tally[verdict] = tally.get(verdict, 0) + 1
                 tally["tested"] += verdict != NOT_MEANINGFUL
                 if verdict == "REGRESSED":
-                    problems.append(
+                    problem(
                         f"{label}: {metric} {bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
-                        f"(min_effect {rule.min_effect:.0%}; {result.detail})"
+                        f"(min_effect {rule.min_effect:.0%}; {result.detail})",
+                        point,
+                        measured=True,
                     )
-                    _flag(flagged, point, columns, measured=True)
             else:
                 verdict, detail = rule.verdict(bv, cv), ""
                 if verdict == "REGRESSED":
-                    problems.append(
-                        f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, tolerance {rule.tolerance:g})"
+                    problem(
+                        f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, tolerance {rule.tolerance:g})",
+                        point,
                     )
-                    _flag(flagged, point, columns, measured=False)
             print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {ratio:>8.4f}  {verdict}{detail}", file=out)
     print(file=out)
     if tally["tested"] or tally[NOT_MEANINGFUL]:
