@@ -162,3 +162,19 @@ def test_a_prefill_chunk_that_leaves_one_token_keeps_its_first_token_time():
     options = (16, 409, False, True, "recompute", 4, 16)
     eager, lazy = run(made, False, *options), run(made, True, *options)
     assert lazy == eager
+
+
+def test_a_group_that_fills_the_pool_is_refused_before_it_can_wait_forever():
+    """Three samples of 88 slots each fill a 264-slot pool exactly. Preempted late, the group must
+    come back whole with the admission watermark kept free, and never fits again: the run is
+    refused up front with a one-line reason, not left stuck with "no sequence can run" (found
+    by search)."""
+    shapes = [(1, 1, 1)] * 8 + [(1, 60, 1), (26, 60, 3)]
+    made = [Request(i, 0.0, prompt, output, np.arange(prompt) % 97, n=n) for i, (prompt, output, n) in enumerate(shapes)]
+    options = (4, 264, False, False, "recompute", 4, 128)
+    eager, lazy = run(made, False, *options), run(made, True, *options)
+    assert isinstance(eager, str) and "cannot hold the 3 sequences of one request" in eager
+    assert lazy == eager
+    wider_pool = (4, 272, False, False, "recompute", 4, 128)  # room for the watermark: it runs
+    assert run(made, True, *wider_pool) == run(made, False, *wider_pool)
+    assert not isinstance(run(made, False, *wider_pool), str)

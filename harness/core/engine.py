@@ -54,11 +54,12 @@ class Engine:
                 f"a request of {widest} sequences (workload.n / workload.beam_width) can never run with "
                 f"scheduler.max_num_seqs={self.scheduler.max_num_seqs}; raise it to at least {widest}"
             )
-        if allocator.footprint(longest) * widest > allocator.num_slots:
+        if not allocator.can_ever_admit(longest, widest):  # a preempted request comes back whole
             raise UserError(
                 f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
                 f"sequences of one request ({allocator.footprint(longest)} slots each with "
-                f"{allocator.name}); lower workload.n / workload.beam_width or give more memory"
+                f"{allocator.name}, and its admission watermark kept free); lower workload.n / "
+                f"workload.beam_width or give more memory"
             )
         if self.scheduler.preemption == "swap" and allocator.supports_swap:
             blocks = cdiv(longest, allocator.block_size)

@@ -166,9 +166,10 @@ class KVAllocator(ABC):
         """Slots this policy sets aside for a sequence of `request_len` tokens at its end."""
         return request_len
 
-    def can_ever_admit(self, final_len: int) -> bool:
-        """False when a sequence of `final_len` tokens would not fit even in an empty pool."""
-        return self.footprint(final_len) <= self.num_slots
+    def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
+        """False when `width` sequences of `final_len` tokens (a request's samples or beams, which
+        a preempted request brings back together) would not fit even in an empty pool."""
+        return self.footprint(final_len) * width <= self.num_slots
 
     def accounting(self) -> KVAccounting:
         return KVAccounting(

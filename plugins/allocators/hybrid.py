@@ -213,9 +213,9 @@ class HybridAllocator(KVAllocator):
         pages = sum(self._pages_at_end(request_len).values())
         return pages * self.pages.page_bytes // self.slot_bytes
 
-    def can_ever_admit(self, final_len: int) -> bool:
+    def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
         need = self._pages_at_end(final_len)
-        return all(need.get(id(p), 0) <= p.num_blocks - p.watermark_blocks for p in self.pools)
+        return all(need.get(id(p), 0) * width <= p.num_blocks - p.watermark_blocks for p in self.pools)
 
     # --- accounting ----------------------------------------------------------------------
     def accounting(self) -> HybridAccounting:

@@ -283,8 +283,9 @@ class PagedAllocator(KVAllocator):
     def footprint(self, request_len: int) -> int:
         return cdiv(request_len, self.block_size) * self.block_size
 
-    def can_ever_admit(self, final_len: int) -> bool:
-        return self.footprint(final_len) <= (self.num_blocks - self.watermark_blocks) * self.block_size
+    def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
+        # the admission watermark stays free even in an empty pool (watermark_when_idle)
+        return self.footprint(final_len) * width <= (self.num_blocks - self.watermark_blocks) * self.block_size
 
     def named_slots(self) -> int:
         return self.num_named_blocks * self.block_size
