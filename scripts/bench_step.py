@@ -2,11 +2,17 @@
 
     python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,simdecode,admit,sim|startup]
     python scripts/bench_step.py --ref REF --cases calsim --profile PROFILE.csv
+    python scripts/bench_step.py --opcodes [--cases decode,simdecode]
 
 The reference is checked out as a git worktree (detached, in the system's temp folder) and
 both trees are imported the same way, each in its own worker process, with this environment's
 packages. Repeats are interleaved (reference, this tree, reference, ...), so both see the same
 machine load; each line prints the medians, the min-max over repeats and the ratio new / ref.
+
+`--opcodes` counts instead of timing: the Python bytecode instructions a decode step executes
+(schedule() + the token append, the first step's admission left out), once per tree. The count
+does not move with the host's speed, so it shows a change of a few per cent that timing on a
+shared machine cannot; what it does not see is the cost of the C code an instruction calls.
 
 Cases (--cases, comma-separated):
     decode   Scheduler.schedule() + the engine's token append, per step, N sequences decoding
@@ -67,12 +73,41 @@ def find(*names):
 
 
 # --- the worker: runs one case in one tree ----------------------------------------------
-def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False) -> list[float]:
+def count_opcodes(classes_and_names, skip_calls: int = 1) -> list[int]:
+    """Wrap each (class, method) so that its calls, after the first `skip_calls`, count the
+    bytecode instructions they execute (a tracer with opcode events); returns the live total."""
+    total, calls = [0], [0]
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        if event == "opcode":
+            total[0] += 1
+        return tracer
+
+    for cls, name in classes_and_names:
+        method = getattr(cls, name)
+
+        def counted(*args, _method=method, _first=name == classes_and_names[0][1], **kwargs):
+            calls[0] += _first
+            if calls[0] <= skip_calls:
+                return _method(*args, **kwargs)
+            sys.settrace(tracer)
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                sys.settrace(None)
+
+        setattr(cls, name, counted)
+    return total
+
+
+def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, opcodes: bool = False) -> list[float]:
     scheduler_mod = find("kvbench.core.scheduler", "kvbench.scheduler")
     engine_mod = find("kvbench.core.engine", "kvbench.engine")
     seq_mod = find("kvbench.core.sequence", "kvbench.sequence")
     paged = importlib.import_module("kvbench.plugins.allocators.paged")
     steps = DECODE_STEPS
+    counted = count_opcodes([(scheduler_mod.Scheduler, "schedule"), (engine_mod.Engine, "_advance")]) if opcodes else None
     slots = num_seqs * (PROMPT + 16 + 2 * steps + 32)
     allocator = paged.PagedAllocator(slots, 4096, block_size=16, prefix_caching=prefix_caching)
     scheduler = scheduler_mod.Scheduler(
@@ -98,7 +133,7 @@ def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False) ->
         engine._advance(batch, None if simulated else [step % 50_000] * len(batch.seqs), float(step))
         times.append(time.perf_counter() - start)
         assert len(batch) == num_seqs and batch.num_tokens == num_seqs and not batch.preempted
-    return times
+    return [counted[0] / steps] if opcodes else times
 
 
 def admit_case(num_blocks: int) -> list[float]:
@@ -124,7 +159,8 @@ def worker(tree: Path, case: str) -> None:
     use_tree(tree)
     kind, *args = case.split(":")
     if kind in ("decode", "simdecode"):
-        times = decode_case(int(args[0]), args[1] == "on", simulated=kind == "simdecode")
+        opcodes = args[2:] == ["opcodes"]
+        times = decode_case(int(args[0]), args[1] == "on", simulated=kind == "simdecode", opcodes=opcodes)
     else:
         times = admit_case(int(args[0]))
     print(json.dumps(statistics.median(times)))
@@ -176,6 +212,9 @@ def main() -> None:
     parser.add_argument("--ref", default="45506d6")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default="decode,simdecode,admit,sim")
+    parser.add_argument(
+        "--opcodes", action="store_true", help="decode cases: count bytecode instructions per step, not time"
+    )
     parser.add_argument("--profile", type=Path, help="calsim: the profile.csv of model=small to simulate with")
     parser.add_argument("--worker", nargs=2, metavar=("TREE", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,6 +238,8 @@ def main() -> None:
             SIM_ARGS[f"cal{n}"] = CALIBRATED_ARGS.format(profile=args.profile.resolve(), n=n)
             cases.append(f"sim:cal{n}")
     trees = {"ref": reference_tree(args.ref), "new": ROOT}
+    if args.opcodes:
+        return print_opcodes(trees, args.ref, [c for c in cases if c.startswith(("decode:", "simdecode:"))])
     print(f"ref = {args.ref} ({trees['ref']}), new = {ROOT}; {args.repeats} interleaved repeats")
     print(f"{'case':<18} {'ref median':>11} {'(min-max)':>19} {'new median':>11} {'(min-max)':>19} {'new/ref':>8}")
     for case in cases:
@@ -213,6 +254,15 @@ def main() -> None:
             cells.append(f"{statistics.median(values):>9.1f}{unit:<2} ({min(values):>8.1f}-{max(values):<8.1f})")
         ratio = statistics.median(seen["new"]) / statistics.median(seen["ref"])
         print(f"{case:<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
+
+
+def print_opcodes(trees: dict, ref: str, cases: list[str]) -> None:
+    print(f"ref = {ref} ({trees['ref']}), new = {ROOT}; bytecode instructions per decode step")
+    print(f"{'case':<18} {'ref':>10} {'new':>10} {'new/seq':>8} {'new/ref':>8}")
+    for case in cases:
+        ref, new = (run_case(tree, f"{case}:opcodes") for tree in trees.values())
+        per_seq = new / int(case.split(":")[1])
+        print(f"{case:<18} {ref:>10.0f} {new:>10.0f} {per_seq:>8.1f} {new / ref:>7.2f}x", flush=True)
 
 
 if __name__ == "__main__":

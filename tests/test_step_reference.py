@@ -39,7 +39,10 @@ class FrozenPaged(PagedAllocator):
                 if self.prefix_caching and block_fill[block] == self.block_size:
                     self._cache_full_blocks(seq, before + 1)
                 return True
-        return super().grow(seq, num_tokens)
+        grown = super().grow(seq, num_tokens)
+        if seq.room:  # granted by a path that inlines _update_reserved (a new block's first token)
+            seq.room = self._granted[seq.seq_id] = 0
+        return grown
 
 
 class FrozenScheduler(Scheduler):

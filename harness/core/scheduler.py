@@ -300,6 +300,8 @@ class Scheduler:
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         """Running sequences first, oldest first, preempting the newest where one cannot grow;
         returns the token budget left."""
+        if not self.chunked_prefill and self.num_running_seqs <= budget:
+            return self._schedule_decodes(batch, budget)
         allocator, running = self.allocator, self.running
         seqs = batch.seqs
         append = seqs.append
@@ -366,6 +368,56 @@ class Scheduler:
         batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
         batch.attention_pairs = attention_pairs
         return budget
+
+    def _schedule_decodes(self, batch: Batch, budget: int) -> int:
+        """`_schedule_running` where the budget cannot run out: without chunked prefill every
+        running sequence decodes one token (a prompt is prefilled whole when it is admitted), so
+        its request's width is what it needs, and the widths fit the budget. Serve's common step,
+        with nothing counted per sequence but its context."""
+        allocator, running = self.allocator, self.running
+        seqs = batch.seqs
+        append = seqs.append
+        room_ran_out = allocator.room_ran_out
+        context_tokens = grown = 0  # grown: sequences that asked the allocator; the rest took room
+        for seq in running:  # preemption pops from the list's end: the iterator stops there
+            room = seq.room
+            if room:  # a decode step into room the allocator granted
+                seq.room = room - 1
+                seq.num_computed = context = seq.num_computed + 1
+                if room == 1:
+                    room_ran_out(seq)
+                append(seq)
+                context_tokens += context
+                continue
+            if seq.group is not None:  # a request's samples or beams: one decode token each
+                group = seq.group
+                if not self._grow_group(group, batch):
+                    break
+                for member in group:
+                    member.num_computed = context = member.num_computed + 1
+                    append(member)
+                    context_tokens += context
+                grown += len(group)
+                continue
+            while not allocator.grow(seq, 1):
+                victim = running[-1]  # newest first
+                self.preempt(victim, batch)
+                if victim is seq:
+                    break
+            else:
+                seq.num_computed = context = seq.num_computed + 1
+                append(seq)
+                context_tokens += context
+                grown += 1
+                continue
+            break
+        num_tokens = len(seqs)
+        if num_tokens > grown:
+            allocator.took_room(num_tokens - grown)
+        batch.num_new_tokens = [1] * num_tokens
+        batch.num_tokens = num_tokens
+        batch.context_tokens = batch.attention_pairs = context_tokens  # one new token each
+        return budget - num_tokens
 
     def _schedule_swapped(self, batch: Batch, budget: int) -> int:
         """Swapped requests come back, in the order they left, before anything new is admitted."""

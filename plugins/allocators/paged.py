@@ -112,10 +112,16 @@ class PagedAllocator(KVAllocator):
 
     def room_ran_out(self, seq: Sequence) -> None:
         if self.prefix_caching:  # the room may have filled the last block: name it now
-            self._settle(seq)
-            table = self.block_tables[seq.seq_id]
-            if self.block_fill[table[-1]] == self.block_size:
-                self._name_last_block(seq, table[-1], len(table) * self.block_size)
+            seq_id = seq.seq_id
+            table = self.block_tables[seq_id]
+            block = table[-1]
+            taken = self._granted.get(seq_id, 0) - seq.room  # _settle, inlined: once a block
+            if taken:
+                self.block_fill[block] += taken
+                self._seq_reserved[seq_id] -= taken
+                self._granted[seq_id] = seq.room
+            if self.block_fill[block] == self.block_size:
+                self._name_last_block(seq, block, len(table) * self.block_size)
 
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
@@ -192,10 +198,12 @@ class PagedAllocator(KVAllocator):
             if room == 1:
                 self.room_ran_out(seq)
             return True
-        self._settle(seq)
+        seq_id = seq.seq_id
+        if self._granted.get(seq_id, 0) != room:  # room taken since it was last counted
+            self._settle(seq)
         before, bs = seq.num_computed, self.block_size
         if num_tokens == 1:  # the decode steps that end or start a block, kept short
-            seq_id, block_fill = seq.seq_id, self.block_fill
+            block_fill = self.block_fill
             table = self.block_tables[seq_id]
             if before % bs:
                 block = table[-1]
@@ -218,9 +226,19 @@ class PagedAllocator(KVAllocator):
                 block_fill[block] = 1
                 self._allocated += bs
                 self._token += 1
-                self._update_reserved(seq, before + 1)
-                if self.prefix_caching and bs == 1:
-                    self._cache_full_blocks(seq, before + 1)
+                if bs == 1:
+                    self._update_reserved(seq, 1 + before)
+                    if self.prefix_caching:
+                        self._cache_full_blocks(seq, before + 1)
+                    return True
+                # _update_reserved for a last block of its own holding one token, inlined: a
+                # block on every decoding sequence's way
+                new = min(len(table) * bs, seq.final_len) - before - 1
+                if new < 0:
+                    new = 0
+                self._reserved += new - self._seq_reserved[seq_id]
+                self._seq_reserved[seq_id] = new
+                seq.room = self._granted[seq_id] = min(new, bs - 1) if new and seq.group is None else 0
                 return True
         after = before + num_tokens
         if not self.pool.fits(self._blocks_needed(seq, after), reserve=False):
