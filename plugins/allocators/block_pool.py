@@ -98,6 +98,34 @@ class BlockPool:
         self.fill[block] = 0
         return block
 
+    def take_blocks(self, count: int) -> list[int]:
+        """`count` blocks, as `count` calls of take() hand them out (a prompt's blocks)."""
+        free, ref_count, fill = self.free, self.ref_count, self.fill
+        if len(free) < count:
+            return [self.take() for _ in range(count)]
+        blocks = [free.popleft() for _ in range(count)]
+        for block in blocks:
+            ref_count[block] = 1
+            fill[block] = 0
+        return blocks
+
+    def drop_blocks(self, blocks) -> tuple[int, int]:
+        """drop() for each of `blocks`, in order; returns how many became free and their fill."""
+        ref_count, fill, block_hash = self.ref_count, self.fill, self.block_hash
+        freed = freed_fill = 0
+        for block in blocks:
+            count = ref_count[block] - 1
+            ref_count[block] = count
+            if count:
+                continue
+            freed += 1
+            freed_fill += fill[block]
+            if block_hash[block] is None:
+                self.free.append(block)
+            else:
+                self.evictable[block] = None
+        return freed, freed_fill
+
     def hold(self, block: int) -> bool:
         """One holder more; True when the block was free (a prefix-cache hit revived it)."""
         revived = self.ref_count[block] == 0

@@ -73,11 +73,6 @@ class PagedAllocator(KVAllocator):
         self._allocated += self.block_size
         return self.pool.take()
 
-    def _drop_block(self, block: int) -> None:
-        if self.pool.drop(block):
-            self._token -= self.block_fill[block]
-            self._allocated -= self.block_size
-
     def _blocks_needed(self, seq: Sequence, after: int) -> int:
         table = self.block_tables[seq.seq_id]
         need = cdiv(after, self.block_size) - len(table)
@@ -251,14 +246,20 @@ class PagedAllocator(KVAllocator):
             self._token += self.block_fill[dst]
             self._log_copy("device", src * bs, dst * bs, bs)
             self.num_copies += 1
-        while len(table) * bs < after:
-            table.append(self._take_block())
-            self.num_named_blocks += 1
-        for index in range(before // bs, (after - 1) // bs + 1):
-            block = table[index]
-            filled = min(bs, after - index * bs)
-            self._token += filled - self.block_fill[block]
-            self.block_fill[block] = filled
+        new_blocks = cdiv(after, bs) - len(table)
+        if new_blocks > 0:
+            table += self.pool.take_blocks(new_blocks)
+            self._allocated += new_blocks * bs
+            self.num_named_blocks += new_blocks
+        block_fill, last = self.block_fill, (after - 1) // bs
+        added = 0
+        for block in table[before // bs : last]:  # the blocks it fills
+            added += bs - block_fill[block]
+            block_fill[block] = bs
+        block = table[last]  # and the one it ends in
+        added += after - last * bs - block_fill[block]
+        block_fill[block] = after - last * bs
+        self._token += added
         self._update_reserved(seq, after)
         if self.prefix_caching:
             self._cache_full_blocks(seq, after)
@@ -284,13 +285,11 @@ class PagedAllocator(KVAllocator):
 
     def _release(self, seq: Sequence) -> None:
         self._settle(seq)
-        ref_count, table = self.ref_count, self.block_tables.pop(seq.seq_id)
+        table = self.block_tables.pop(seq.seq_id)
         self.num_named_blocks -= len(table)
-        for block in reversed(table):
-            if ref_count[block] > 1:  # still held by another sequence (pool.drop, inlined)
-                ref_count[block] -= 1
-            else:
-                self._drop_block(block)
+        freed, freed_fill = self.pool.drop_blocks(reversed(table))
+        self._allocated -= freed * self.block_size
+        self._token -= freed_fill
         self._reserved -= self._seq_reserved.pop(seq.seq_id)
         self._granted.pop(seq.seq_id, None)
         seq.room = 0
