@@ -107,7 +107,9 @@ def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, op
     seq_mod = find("kvbench.core.sequence", "kvbench.sequence")
     paged = importlib.import_module("kvbench.plugins.allocators.paged")
     steps = DECODE_STEPS
-    counted = count_opcodes([(scheduler_mod.Scheduler, "schedule"), (engine_mod.Engine, "_advance")]) if opcodes else None
+    counted = (
+        count_opcodes([(scheduler_mod.Scheduler, "schedule"), (engine_mod.Engine, "_advance")]) if opcodes else None
+    )
     slots = num_seqs * (PROMPT + 16 + 2 * steps + 32)
     allocator = paged.PagedAllocator(slots, 4096, block_size=16, prefix_caching=prefix_caching)
     scheduler = scheduler_mod.Scheduler(

@@ -170,7 +170,9 @@ def test_a_group_that_fills_the_pool_is_refused_before_it_can_wait_forever():
     refused up front with a one-line reason, not left stuck with "no sequence can run" (found
     by search)."""
     shapes = [(1, 1, 1)] * 8 + [(1, 60, 1), (26, 60, 3)]
-    made = [Request(i, 0.0, prompt, output, np.arange(prompt) % 97, n=n) for i, (prompt, output, n) in enumerate(shapes)]
+    made = [
+        Request(i, 0.0, prompt, output, np.arange(prompt) % 97, n=n) for i, (prompt, output, n) in enumerate(shapes)
+    ]
     options = (4, 264, False, False, "recompute", 4, 128)
     eager, lazy = run(made, False, *options), run(made, True, *options)
     assert isinstance(eager, str) and "cannot hold the 3 sequences of one request" in eager
