@@ -8,6 +8,8 @@ The reference is checked out as a git worktree (detached, in the system's temp f
 both trees are imported the same way, each in its own worker process, with this environment's
 packages. Repeats are interleaved (reference, this tree, reference, ...), so both see the same
 machine load; each line prints the medians, the min-max over repeats and the ratio new / ref.
+A whole-process case prints its CPU seconds (user + system) too: waiting for a core on a shared
+host lengthens the wall time but not those.
 
 `--opcodes` counts instead of timing: the Python bytecode instructions a decode step executes
 (schedule() + the token append, the first step's admission left out), once per tree. The count
@@ -35,6 +37,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -183,14 +186,23 @@ RUN_CLI = (
 
 
 # --- the driver ---------------------------------------------------------------------------
+# (tree, sim case) -> the CPU seconds (user + system) of each run: the host's waits for a core
+# (a shared machine's steal) lengthen wall time, not these
+CPU_SECONDS: dict[tuple[str, str], list[float]] = {}
+
+
 def run_case(tree: Path, case: str) -> float:
     if case.startswith("sim:"):
         with tempfile.TemporaryDirectory() as out:
             args = [*SIM_ARGS[case[4:]].split(), "workload.duration_s=null", "progress=false", f"hydra.run.dir={out}"]
             code = RUN_CLI.format(here=str(Path(__file__).parent), tree=str(tree), args=args)
-            start = time.perf_counter()
+            start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=out)
-            return time.perf_counter() - start
+            wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+            CPU_SECONDS.setdefault((str(tree), case), []).append(
+                after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
+            )
+            return wall
     run = subprocess.run(
         [sys.executable, __file__, "--worker", str(tree), case], check=True, capture_output=True, text=True
     )
@@ -256,6 +268,11 @@ def main() -> None:
             cells.append(f"{statistics.median(values):>9.1f}{unit:<2} ({min(values):>8.1f}-{max(values):<8.1f})")
         ratio = statistics.median(seen["new"]) / statistics.median(seen["ref"])
         print(f"{case:<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
+        if case.startswith("sim:"):
+            cpu = {side: CPU_SECONDS[(str(tree), case)][-args.repeats :] for side, tree in trees.items()}
+            cells = [f"{statistics.median(v):>9.1f}s  ({min(v):>8.1f}-{max(v):<8.1f})" for v in cpu.values()]
+            ratio = statistics.median(cpu["new"]) / statistics.median(cpu["ref"])
+            print(f"{'  (CPU seconds)':<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
 
 
 def print_opcodes(trees: dict, ref: str, cases: list[str]) -> None:
