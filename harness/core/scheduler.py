@@ -21,21 +21,12 @@ from admission on (as in vLLM), so its forks never overrun the limit. Groups are
 (all members in the same step, consecutively in the batch, root first), so beams always step
 together. Per step the work is O(scheduled sequences); nothing scans the KV pool. A decode step
 for which the allocator already made room (`Sequence.room`) is taken in a tight run without an
-allocator call: most running sequences, most steps.
+allocator call: most running sequences, most steps. Without chunked prefill, while the running
+requests' widths fit the token budget, every running sequence decodes one token and the loop
+counts no budget (`_schedule_decodes`).
 
-Lazy decode (`lazy=True`, for executors that read only a batch's totals: the simulator's cost
-models). A sequence that decodes into room is *steady*: until its room or its output runs out,
-each step adds one token to it and nothing else happens to it, so the scheduler stops touching
-it. It keeps its counters as of the step it became steady (`Sequence.steady_since`) and joins
-the step its room or output ends (`_expiry`); per step the scheduler touches only the running
-sequences that are not steady and the steady ones whose room ends, and counts the rest in bulk
-(their number and the sum of their contexts grow by a known amount per step). A steady sequence
-is brought up to date (`_unsteady`: counters, token times from `step_clocks`) whenever anything
-else happens to it: its room ends, it is preempted, the budget could run out. Decisions are the
-eager loop's exactly (tests/test_lazy_decode.py): the touched sequences are visited in running
-order (`Sequence.run_order`), so every allocator call comes in the same order. A batch then
-lists only the sequences whose state the engine must update (`Batch.seqs`); `Batch.num_seqs`
-counts them all.
+Lazy decode (`lazy = True`, for executors that read only a batch's totals) is core/lazy_decode.py:
+it leaves out of the batch the decodes that nothing happens to.
 """
 
 from __future__ import annotations
@@ -43,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvbench.core.lazy_decode import LazyDecode
 from kvbench.core.sequence import SeqStatus, Sequence
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
@@ -73,7 +65,7 @@ class Batch:
         return self.num_seqs
 
 
-class Scheduler:
+class Scheduler(LazyDecode):
     def __init__(
         self,
         allocator: KVAllocator,
@@ -105,14 +97,9 @@ class Scheduler:
         self.recomputed_tokens = 0
         self.recomputed_pairs = 0  # sum over recomputed sequences of L(L+1)/2: their attention work
         self.last_admit_s = 0.0
-        # lazy decode (module docstring): off unless the engine's executor reads only totals
+        # lazy decode (core/lazy_decode.py): off unless the engine's executor reads only totals
         self._schedule_running_step = self._schedule_running
-        self.step_clocks: list[float] = []  # the engine's clock after each schedule() call
-        self._active: set[Sequence] = set()  # running entries that are not steady
-        self._runs = 0  # Sequence.run_order's counter
-        self._num_steady = 0
-        self._steady_base = 0  # sum over steady sequences of num_computed - steady_since
-        self._expiry: dict[int, list] = {}  # step -> (steady_since, seq) whose room or output ends then
+        self._init_lazy_decode()
 
     def add(self, seq: Sequence) -> None:
         if not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens:
@@ -163,7 +150,7 @@ class Scheduler:
 
     @property
     def lazy(self) -> bool:
-        """Lazy decode on (module docstring); set before the first step."""
+        """Lazy decode on (core/lazy_decode.py); set before the first step."""
         return self._schedule_running_step == self._schedule_running_lazy
 
     @lazy.setter
@@ -176,126 +163,6 @@ class Scheduler:
         seq.run_order = self._runs
         self.running.append(seq)
         self._active.add(seq)
-
-    # --- lazy decode (module docstring) ---------------------------------------------------
-    def _unsteady(self, seq: Sequence) -> None:
-        """Bring steady `seq` up to the start of the current step and touch it one by one again."""
-        since, now = seq.steady_since, len(self.step_clocks)
-        self._num_steady -= 1
-        self._steady_base -= seq.num_computed - since
-        steps = now - since
-        if steps:
-            seq.num_computed += steps
-            seq.num_tokens += steps
-            seq.room -= steps
-            seq.token_times += self.step_clocks[since:now]
-            if seq.first_token_s is None:  # a prefill chunk that left one token became steady
-                seq.first_token_s = self.step_clocks[since]
-        seq.steady_since = -1
-        self._active.add(seq)
-
-    def settle(self) -> None:
-        """Bring every steady sequence up to date (before anyone reads their counters)."""
-        for seq in self.running:
-            if seq.steady_since >= 0:
-                self._unsteady(seq)
-        self._expiry.clear()
-
-    def _schedule_running_lazy(self, batch: Batch, budget: int) -> int:
-        """`_schedule_running`'s decisions, touching only the running sequences that change."""
-        step, active, expiry = len(self.step_clocks), self._active, self._expiry
-        # the sequences that take a step of room from now on become steady
-        steady = [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
-        if steady:
-            base = 0
-            for seq in steady:
-                seq.steady_since = step
-                base += seq.num_computed
-                last = step + min(seq.room, seq.max_tokens - seq.num_tokens) - 1
-                bucket = expiry.get(last)
-                if bucket is None:
-                    expiry[last] = [(step, seq)]
-                else:
-                    bucket.append((step, seq))
-            active.difference_update(steady)
-            self._num_steady += len(steady)
-            self._steady_base += base - step * len(steady)
-        if self.chunked_prefill or self.num_running_seqs > budget:
-            # Without chunked prefill every running sequence decodes one token: its request's
-            # width bounds what they need. Otherwise count; where the budget may run out part-way,
-            # the eager loop decides who runs.
-            need = self._num_steady
-            for seq in active:
-                need += len(seq.group) if seq.group is not None else seq.num_tokens - seq.num_computed
-            if need > budget:
-                self.settle()
-                return self._schedule_running(batch, budget)
-        touched = [seq for since, seq in expiry.pop(step, ()) if seq.steady_since == since]
-        touched += active
-        touched.sort(key=_run_order)
-        allocator, running = self.allocator, self.running
-        seqs = batch.seqs
-        append = seqs.append
-        num_tokens = context_tokens = attention_pairs = decode_context = 0
-        others = []
-        took = 0
-        running_status = SeqStatus.RUNNING
-        for seq in touched:
-            if seq.status is not running_status:
-                continue  # preempted earlier in this step, by a sequence ahead of it
-            if seq.steady_since >= 0:  # its room or its output ends this step: one by one again
-                self._unsteady(seq)
-            room = seq.room
-            # room: a steady sequence whose room ends now, or one not made steady (width > 1)
-            if room and seq.num_computed + 1 == seq.num_tokens:
-                seq.room = room - 1
-                seq.num_computed = context = seq.num_computed + 1
-                if room == 1:
-                    allocator.room_ran_out(seq)
-                append(seq)
-                decode_context += context
-                took += 1
-                continue
-            if seq.group is not None:
-                group = seq.group
-                if not self._grow_group(group, batch):
-                    continue  # it was preempted, and everything behind it
-                for member in group:
-                    member.num_computed = context = member.num_computed + 1
-                    append(member)
-                    context_tokens += context
-                    attention_pairs += context
-                num_tokens += len(group)
-                continue
-            n = seq.num_tokens - seq.num_computed
-            while not allocator.grow(seq, n):
-                victim = running[-1]  # newest first
-                self.preempt(victim, batch)
-                if victim is seq:
-                    break
-            else:
-                seq.num_computed = context = seq.num_computed + n
-                if n != 1:
-                    others.append((len(seqs), n))
-                append(seq)
-                num_tokens += n
-                context_tokens += context
-                attention_pairs += n * context
-        steady = self._num_steady  # the steady sequences still running: one token each
-        took += steady
-        decode_context += self._steady_base + steady * (step + 1)
-        if took:
-            allocator.took_room(took)
-        counts = batch.num_new_tokens = [1] * len(seqs)
-        for index, n in others:
-            counts[index] = n
-        num_tokens += took
-        context_tokens += decode_context
-        attention_pairs += decode_context
-        batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
-        batch.attention_pairs = attention_pairs
-        batch.num_steady = steady
-        return budget - num_tokens
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         """Running sequences first, oldest first, preempting the newest where one cannot grow;
@@ -541,7 +408,3 @@ class Scheduler:
         for member in seq.group or (seq,):
             self.allocator.free(member)
             member.status = SeqStatus.FINISHED
-
-
-def _run_order(seq: Sequence) -> int:
-    return seq.run_order
