@@ -48,3 +48,32 @@ def test_an_injected_pool_scan_is_caught_and_grows_with_the_pool_in_use():
     clean_1k, scanning_1k = lines_per_step(PagedAllocator, 1024), lines_per_step(ScanningPagedAllocator, 1024)
     assert clean_1k < 4.5 * clean  # the step itself is linear in the batch
     assert scanning_1k - clean_1k > 10 * (scanning - clean)  # the scan is batch x pool in use
+
+
+def test_garbage_left_by_earlier_code_is_not_counted():
+    """A finalizer that a collection runs is Python code: garbage from before the count (here
+    cycles holding a weakref.finalize, as an unclosed result file leaves) must not add to it,
+    even when the collection falls due inside the counted steps."""
+    import gc
+    import weakref
+
+    class Cycle:
+        pass
+
+    def step(scheduler):
+        gc.enable()  # from here a collection due runs at the step's next allocation
+        return decode_step(scheduler)
+
+    scheduler_a = running_scheduler(PagedAllocator(256 * 2048, 2048, block_size=16))
+    scheduler_b = running_scheduler(PagedAllocator(256 * 2048, 2048, block_size=16))
+    clean = count_work(lambda: step(scheduler_a), COUNTED_STEPS)
+    gc.disable()
+    try:
+        for _ in range(2000):
+            cycle = Cycle()
+            cycle.me = cycle
+            weakref.finalize(cycle, lambda: None)
+        del cycle
+        assert count_work(lambda: step(scheduler_b), COUNTED_STEPS) == clean
+    finally:
+        gc.enable()

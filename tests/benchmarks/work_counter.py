@@ -8,6 +8,7 @@ thousands more lines even when the clock cannot see it.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 
@@ -24,6 +25,11 @@ def count_work(step: Callable[[], object], steps: int) -> tuple[float, float]:
             lines += 1
         return tracer
 
+    # A garbage collection inside the counted steps would run finalizers of objects that earlier
+    # code left behind (a weakref.finalize is Python code): collect first, and not while counting.
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
     previous = sys.gettrace()
     sys.settrace(tracer)
     try:
@@ -31,4 +37,6 @@ def count_work(step: Callable[[], object], steps: int) -> tuple[float, float]:
             step()
     finally:
         sys.settrace(previous)
+        if collecting:
+            gc.enable()
     return calls / steps, lines / steps
