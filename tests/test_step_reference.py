@@ -68,6 +68,8 @@ class FrozenScheduler(Scheduler):
             break
         return budget
 
+    _schedule_decodes = _schedule_running  # the loop without a budget replaces this one too
+
 
 def frozen_advance(scheduler: Scheduler, batch: Batch, clock: float) -> None:
     finished = []

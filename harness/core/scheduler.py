@@ -97,8 +97,7 @@ class Scheduler(LazyDecode):
         self.recomputed_tokens = 0
         self.recomputed_pairs = 0  # sum over recomputed sequences of L(L+1)/2: their attention work
         self.last_admit_s = 0.0
-        # lazy decode (core/lazy_decode.py): off unless the engine's executor reads only totals
-        self._schedule_running_step = self._schedule_running
+        self.lazy = False  # lazy decode (core/lazy_decode.py): set before the first step
         self._init_lazy_decode()
 
     def add(self, seq: Sequence) -> None:
@@ -141,21 +140,18 @@ class Scheduler(LazyDecode):
     def schedule(self, now: float = 0.0) -> Batch:
         batch = Batch()
         swapped_before = self.allocator.swapped_blocks
-        budget = self._schedule_running_step(batch, self.max_num_batched_tokens)
+        budget = self.max_num_batched_tokens
+        if self.lazy:
+            budget = self._schedule_running_lazy(batch, budget)
+        elif self.chunked_prefill or self.num_running_seqs > budget:
+            budget = self._schedule_running(batch, budget)
+        else:  # every running sequence decodes one token, and the budget covers them all
+            budget = self._schedule_decodes(batch, budget)
         budget = self._schedule_swapped(batch, budget)
         batch.swapped_blocks = self.allocator.swapped_blocks - swapped_before
         batch.swapped_slots = batch.swapped_blocks * self.allocator.block_size
         self._schedule_waiting(batch, budget, now)
         return batch
-
-    @property
-    def lazy(self) -> bool:
-        """Lazy decode on (core/lazy_decode.py); set before the first step."""
-        return self._schedule_running_step == self._schedule_running_lazy
-
-    @lazy.setter
-    def lazy(self, on: bool) -> None:
-        self._schedule_running_step = self._schedule_running_lazy if on else self._schedule_running
 
     def _run(self, seq: Sequence) -> None:
         """`seq` joins the running list (at its end: the list stays in run_order)."""
@@ -167,8 +163,6 @@ class Scheduler(LazyDecode):
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         """Running sequences first, oldest first, preempting the newest where one cannot grow;
         returns the token budget left."""
-        if not self.chunked_prefill and self.num_running_seqs <= budget:
-            return self._schedule_decodes(batch, budget)
         allocator, running = self.allocator, self.running
         seqs = batch.seqs
         append = seqs.append
