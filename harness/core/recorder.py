@@ -103,7 +103,7 @@ class Recorder:
                         "cached_tokens": root.num_cached,
                         "preemptions": root.num_preemptions,
                     },
-                    np.round(itl, 9).tolist(),  # to the ns
+                    np.round(itl, 9),  # to the ns
                 )
         self._finishing.clear()
 
