@@ -301,7 +301,7 @@ class PagedAllocator(KVAllocator):
         return cdiv(request_len, self.block_size) * self.block_size
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
-        # the admission watermark stays free even in an empty pool (watermark_when_idle)
+        # admission keeps the watermark free even in an empty pool (by default: watermark_when_idle)
         return self.footprint(final_len) * width <= (self.num_blocks - self.watermark_blocks) * self.block_size
 
     def named_slots(self) -> int:
