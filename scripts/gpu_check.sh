@@ -66,7 +66,7 @@ if [[ $MODE == gpu ]]; then
   # pip keeps the installed torch (it satisfies torch>=2.4); offline, the editable install of
   # kvbench alone still works when its dependencies are already there.
   "$PY" -m pip install -q -e '.[test,flashinfer]' || "$PY" -m pip install -q --no-deps -e . || exit 1
-  "$PY" -c "import hydra, pluggy, pytest, triton, matplotlib, kvbench" ||
+  "$PY" -c "import hydra, pluggy, pytest, triton, matplotlib, orjson, kvbench" ||
     { echo "missing dependencies and no package index: bring a virtual environment that has them"; exit 1; }
 fi
 FLASHINFER=$("$PY" -c "import flashinfer" 2>/dev/null && [[ $MODE == gpu ]] && echo yes || echo no)

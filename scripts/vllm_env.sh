@@ -28,7 +28,7 @@ check() {  # the imports the conformance harness needs, on the CPU platform
 import vllm, torch
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-import kvbench, kvbench.cli, pandas, scipy.stats  # kvbench's own imports, beside vLLM's
+import kvbench, kvbench.cli, orjson, pandas, scipy.stats  # kvbench's own imports, beside vLLM's
 print(f"vllm {vllm.__version__}, torch {torch.__version__}, kvbench {kvbench.__version__}")
 EOF
 }
@@ -49,8 +49,9 @@ python3 -m venv "$VENV"
 echo "vllm_env: torch==$TORCH_VERSION (CPU)";  pipi "torch==$TORCH_VERSION"
 echo "vllm_env: vllm==$VLLM_VERSION --no-deps"; pipi --no-deps "vllm==$VLLM_VERSION"
 echo "vllm_env: $REQS --no-deps";             pipi --no-deps -r "$REQS"
-echo "vllm_env: test runner, kvbench's table and statistics libraries"
-pipi "pytest>=7.4" "hypothesis>=6.80" "pytest-benchmark>=4.0" "hydra-joblib-launcher>=1.2" "pandas>=2.0" "scipy>=1.10"
+echo "vllm_env: test runner, kvbench's table, statistics and JSON libraries"
+pipi "pytest>=7.4" "hypothesis>=6.80" "pytest-benchmark>=4.0" "hydra-joblib-launcher>=1.2" "pandas>=2.0" "scipy>=1.10" \
+  "orjson>=3.9"
 echo "vllm_env: kvbench --no-deps -e .";       pipi --no-deps -e .
 check
 echo "$want" >"$STAMP"
