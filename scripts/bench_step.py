@@ -186,6 +186,7 @@ RUN_CLI = (
 
 
 # --- the driver ---------------------------------------------------------------------------
+CASE_GROUPS = ("decode", "simdecode", "admit", "sim", "startup", "calsim")
 # (tree, sim case) -> the CPU seconds (user + system) of each run: the host's waits for a core
 # (a shared machine's steal) lengthen wall time, not these
 CPU_SECONDS: dict[tuple[str, str], list[float]] = {}
@@ -216,16 +217,23 @@ def reference_tree(rev: str) -> Path:
     tree = Path(tempfile.gettempdir()) / f"kvbench-ref-{sha}"
     if not tree.exists():
         subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha], check=True, capture_output=True
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
+            check=True,
+            capture_output=True,
+            text=True,
         )
     return tree
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ref", default="45506d6")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cases", default="decode,simdecode,admit,sim")
+    parser.add_argument("--ref", default="45506d6", help="the commit to compare with (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved runs a side (default: %(default)s)")
+    parser.add_argument(
+        "--cases",
+        default="decode,simdecode,admit,sim",
+        help="comma-separated: decode, simdecode, admit, sim, startup, calsim (default: %(default)s)",
+    )
     parser.add_argument(
         "--opcodes", action="store_true", help="decode cases: count bytecode instructions per step, not time"
     )
@@ -235,6 +243,11 @@ def main() -> None:
     if args.worker:
         return worker(Path(args.worker[0]), args.worker[1])
     groups = args.cases.split(",")
+    unknown = sorted(set(groups) - set(CASE_GROUPS))
+    if unknown:
+        parser.error(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(CASE_GROUPS)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give at least 1")
     cases = []
     for kind in ("decode", "simdecode"):
         if kind in groups:
@@ -251,7 +264,10 @@ def main() -> None:
         for n in ("10000", "10"):
             SIM_ARGS[f"cal{n}"] = CALIBRATED_ARGS.format(profile=args.profile.resolve(), n=n)
             cases.append(f"sim:cal{n}")
-    trees = {"ref": reference_tree(args.ref), "new": ROOT}
+    try:
+        trees = {"ref": reference_tree(args.ref), "new": ROOT}
+    except subprocess.CalledProcessError as err:
+        parser.error(f"--ref {args.ref}: not a commit of this repository ({(err.stderr or '').strip()})")
     if args.opcodes:
         return print_opcodes(trees, args.ref, [c for c in cases if c.startswith(("decode:", "simdecode:"))])
     print(f"ref = {args.ref} ({trees['ref']}), new = {ROOT}; {args.repeats} interleaved repeats")
