@@ -76,10 +76,10 @@ def find(*names):
 
 
 # --- the worker: runs one case in one tree ----------------------------------------------
-def count_opcodes(classes_and_names, skip_calls: int = 1) -> list[int]:
-    """Wrap each (class, method) so that its calls, after the first `skip_calls`, count the
-    bytecode instructions they execute (a tracer with opcode events); returns the live total."""
-    total, calls = [0], [0]
+def opcode_tracer():
+    """A tracer for sys.settrace that counts the bytecode instructions of the functions called
+    while it is set, and the count."""
+    total = [0]
 
     def tracer(frame, event, arg):
         frame.f_trace_opcodes, frame.f_trace_lines = True, False
@@ -87,21 +87,7 @@ def count_opcodes(classes_and_names, skip_calls: int = 1) -> list[int]:
             total[0] += 1
         return tracer
 
-    for cls, name in classes_and_names:
-        method = getattr(cls, name)
-
-        def counted(*args, _method=method, _first=name == classes_and_names[0][1], **kwargs):
-            calls[0] += _first
-            if calls[0] <= skip_calls:
-                return _method(*args, **kwargs)
-            sys.settrace(tracer)
-            try:
-                return _method(*args, **kwargs)
-            finally:
-                sys.settrace(None)
-
-        setattr(cls, name, counted)
-    return total
+    return tracer, total
 
 
 def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, opcodes: bool = False) -> list[float]:
@@ -110,9 +96,7 @@ def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, op
     seq_mod = find("kvbench.core.sequence", "kvbench.sequence")
     paged = importlib.import_module("kvbench.plugins.allocators.paged")
     steps = DECODE_STEPS
-    counted = (
-        count_opcodes([(scheduler_mod.Scheduler, "schedule"), (engine_mod.Engine, "_advance")]) if opcodes else None
-    )
+    tracer, counted = opcode_tracer()
     slots = num_seqs * (PROMPT + 16 + 2 * steps + 32)
     allocator = paged.PagedAllocator(slots, 4096, block_size=16, prefix_caching=prefix_caching)
     scheduler = scheduler_mod.Scheduler(
@@ -133,9 +117,12 @@ def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, op
     times = []
     for step in range(steps):
         start = time.perf_counter()
+        if opcodes:  # the calls below are traced, this loop is not
+            sys.settrace(tracer)
         batch = scheduler.schedule(float(step))
         clocks.append(float(step))
         engine._advance(batch, None if simulated else [step % 50_000] * len(batch.seqs), float(step))
+        sys.settrace(None)
         times.append(time.perf_counter() - start)
         assert len(batch) == num_seqs and batch.num_tokens == num_seqs and not batch.preempted
     return [counted[0] / steps] if opcodes else times
@@ -187,12 +174,11 @@ RUN_CLI = (
 
 # --- the driver ---------------------------------------------------------------------------
 CASE_GROUPS = ("decode", "simdecode", "admit", "sim", "startup", "calsim")
-# (tree, sim case) -> the CPU seconds (user + system) of each run: the host's waits for a core
-# (a shared machine's steal) lengthen wall time, not these
-CPU_SECONDS: dict[tuple[str, str], list[float]] = {}
 
 
-def run_case(tree: Path, case: str) -> float:
+def run_case(tree: Path, case: str) -> tuple[float, float | None]:
+    """(the case's figure, and for a whole-process case its CPU seconds, user + system: the
+    host's waits for a core lengthen the wall time, not these)."""
     if case.startswith("sim:"):
         with tempfile.TemporaryDirectory() as out:
             args = [*SIM_ARGS[case[4:]].split(), "workload.duration_s=null", "progress=false", f"hydra.run.dir={out}"]
@@ -200,14 +186,11 @@ def run_case(tree: Path, case: str) -> float:
             start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=out)
             wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
-            CPU_SECONDS.setdefault((str(tree), case), []).append(
-                after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
-            )
-            return wall
+            return wall, after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     run = subprocess.run(
         [sys.executable, __file__, "--worker", str(tree), case], check=True, capture_output=True, text=True
     )
-    return json.loads(run.stdout)
+    return json.loads(run.stdout), None
 
 
 def reference_tree(rev: str) -> Path:
@@ -278,24 +261,23 @@ def main() -> None:
             for side, tree in trees.items():
                 seen[side].append(run_case(tree, case))
         unit, scale = ("s", 1.0) if case.startswith("sim:") else ("us", 1e6)
-        cells = []
-        for side in ("ref", "new"):
-            values = [v * scale for v in seen[side]]
-            cells.append(f"{statistics.median(values):>9.1f}{unit:<2} ({min(values):>8.1f}-{max(values):<8.1f})")
-        ratio = statistics.median(seen["new"]) / statistics.median(seen["ref"])
-        print(f"{case:<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
+        print_line(case, *([figure * scale for figure, _ in seen[side]] for side in ("ref", "new")), unit)
         if case.startswith("sim:"):
-            cpu = {side: CPU_SECONDS[(str(tree), case)][-args.repeats :] for side, tree in trees.items()}
-            cells = [f"{statistics.median(v):>9.1f}s  ({min(v):>8.1f}-{max(v):<8.1f})" for v in cpu.values()]
-            ratio = statistics.median(cpu["new"]) / statistics.median(cpu["ref"])
-            print(f"{'  (CPU seconds)':<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
+            print_line("  (CPU seconds)", *([cpu for _, cpu in seen[side]] for side in ("ref", "new")), "s")
+
+
+def print_line(name: str, ref: list[float], new: list[float], unit: str) -> None:
+    """One case: each side's median and min-max, and the ratio of the medians."""
+    cells = [f"{statistics.median(v):>9.1f}{unit:<2} ({min(v):>8.1f}-{max(v):<8.1f})" for v in (ref, new)]
+    ratio = statistics.median(new) / statistics.median(ref)
+    print(f"{name:<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
 
 
 def print_opcodes(trees: dict, ref: str, cases: list[str]) -> None:
     print(f"ref = {ref} ({trees['ref']}), new = {ROOT}; bytecode instructions per decode step")
     print(f"{'case':<18} {'ref':>10} {'new':>10} {'new/seq':>8} {'new/ref':>8}")
     for case in cases:
-        ref, new = (run_case(tree, f"{case}:opcodes") for tree in trees.values())
+        ref, new = (run_case(tree, f"{case}:opcodes")[0] for tree in trees.values())
         per_seq = new / int(case.split(":")[1])
         print(f"{case:<18} {ref:>10.0f} {new:>10.0f} {per_seq:>8.1f} {new / ref:>7.2f}x", flush=True)
 

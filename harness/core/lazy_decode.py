@@ -17,12 +17,15 @@ counts them all.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from kvbench.core.sequence import SeqStatus, Sequence
 
 if TYPE_CHECKING:
     from kvbench.core.scheduler import Batch
+
+RUN_ORDER = attrgetter("run_order")  # the running list's order
 
 
 class LazyDecode:
@@ -92,7 +95,7 @@ class LazyDecode:
                 return self._schedule_running(batch, budget)
         touched = [seq for since, seq in expiry.pop(step, ()) if seq.steady_since == since]
         touched += active
-        touched.sort(key=_run_order)
+        touched.sort(key=RUN_ORDER)
         allocator, running = self.allocator, self.running
         seqs = batch.seqs
         append = seqs.append
@@ -156,7 +159,3 @@ class LazyDecode:
         batch.attention_pairs = attention_pairs
         batch.num_steady = steady
         return budget - num_tokens
-
-
-def _run_order(seq: Sequence) -> int:
-    return seq.run_order

@@ -110,7 +110,9 @@ class BlockPool:
         return blocks
 
     def drop_blocks(self, blocks) -> tuple[int, int]:
-        """drop() for each of `blocks`, in order; returns how many became free and their fill."""
+        """One holder fewer for each of `blocks`, in order: a block nobody holds goes to the free
+        queue, or, when the cache knows its content, to the evictable ones (least recently freed
+        first). Returns how many became free and their fill."""
         ref_count, fill, block_hash = self.ref_count, self.fill, self.block_hash
         freed = freed_fill = 0
         for block in blocks:
@@ -136,14 +138,7 @@ class BlockPool:
 
     def drop(self, block: int) -> bool:
         """One holder fewer; True when the block became free."""
-        self.ref_count[block] -= 1
-        if self.ref_count[block]:
-            return False
-        if self.block_hash[block] is None:
-            self.free.append(block)
-        else:
-            self.evictable[block] = None
-        return True
+        return self.drop_blocks((block,))[0] == 1
 
     def copy_on_write(self, block: int) -> int:
         """A private copy of shared block `block` for the holder about to write it: a new block

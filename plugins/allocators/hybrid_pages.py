@@ -75,11 +75,10 @@ class LinearStateManager:
     def _take_state(self) -> list[int]:
         self.num_pages += self.pages_per_state
         self.num_states += 1
-        return [self.pool.take() for _ in range(self.pages_per_state)]
+        return self.pool.take_blocks(self.pages_per_state)
 
     def _drop_state(self, pages: list[int]) -> None:
-        for page in pages:
-            self.pool.drop(page)
+        self.pool.drop_blocks(pages)
         self.num_pages -= self.pages_per_state
         self.num_states -= 1
 

@@ -107,16 +107,10 @@ class PagedAllocator(KVAllocator):
 
     def room_ran_out(self, seq: Sequence) -> None:
         if self.prefix_caching:  # the room may have filled the last block: name it now
-            seq_id = seq.seq_id
-            table = self.block_tables[seq_id]
-            block = table[-1]
-            taken = self._granted.get(seq_id, 0) - seq.room  # _settle, inlined: once a block
-            if taken:
-                self.block_fill[block] += taken
-                self._seq_reserved[seq_id] -= taken
-                self._granted[seq_id] = seq.room
-            if self.block_fill[block] == self.block_size:
-                self._name_last_block(seq, block, len(table) * self.block_size)
+            self._settle(seq)
+            table = self.block_tables[seq.seq_id]
+            if self.block_fill[table[-1]] == self.block_size:
+                self._name_last_block(seq, table[-1], len(table) * self.block_size)
 
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
