@@ -114,6 +114,9 @@ class SweepLock:
             self.fd = None
 
 
+RETRY_S = 0.05  # a deadline's next try after its exception was swallowed
+
+
 class PointTimeout(UserError):
     """The point ran past sweep.point_timeout_s."""
 
@@ -126,10 +129,18 @@ def deadline(seconds: float):
         yield
         return
 
+    message = f"the point ran longer than sweep.point_timeout_s={seconds:g} s; raise it or shrink the workload"
+    expired = False
+
+    # The handler's exception surfaces wherever the main thread is. Inside a finalizer or a
+    # weakref callback (which the garbage collector runs at any allocation) Python prints it as
+    # "ignored" and carries on, so the handler fires again shortly, and a body that still gets
+    # to its end is stopped there.
     def expire(signum, frame):
-        raise PointTimeout(
-            f"the point ran longer than sweep.point_timeout_s={seconds:g} s; raise it or shrink the workload"
-        )
+        nonlocal expired
+        expired = True
+        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+        raise PointTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -138,3 +149,5 @@ def deadline(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if expired:
+        raise PointTimeout(message)

@@ -19,7 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from kvbench import cli
 from kvbench.profiling import chrome_trace
-from kvbench.sweep import FINGERPRINT, SweepLock
+from kvbench.sweep import FINGERPRINT, PointTimeout, SweepLock, deadline
 
 SMALL = ["workload.duration_s=null", "progress=false"]
 BENCH = [sys.executable, "-m", "kvbench.cli"]
@@ -183,6 +183,20 @@ def test_a_point_that_runs_past_its_time_limit_is_recorded_as_failed(tmp_path, m
     assert "ran longer than sweep.point_timeout_s=0.5 s" in rows["3000"]["reason"]
     (line,) = capsys.readouterr().err.splitlines()
     assert "1 of 2 points of the sweep failed" in line
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_deadline_that_expires_inside_a_finalizer_still_stops_the_point():
+    # The alarm fires while a finalizer runs, where Python swallows the handler's exception
+    # (as it did once in a weakref callback the garbage collector ran during a point).
+    class SlowToFree:
+        def __del__(self):
+            time.sleep(0.3)
+
+    with pytest.raises(PointTimeout, match="ran longer than sweep.point_timeout_s=0.05 s"):
+        with deadline(0.05):
+            doomed = SlowToFree()
+            del doomed  # the old deadline let the body end normally from here
 
 
 def test_a_full_disk_at_the_end_of_a_sweep_exits_2_and_keeps_the_finished_points(tmp_path, monkeypatch, capsys):
