@@ -1,6 +1,6 @@
 """The scheduler's bookkeeping, this tree against a reference commit, side by side in one run.
 
-    python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,simdecode,admit,sim|startup]
+    python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,simdecode,admit,sim|startup,main]
     python scripts/bench_step.py --ref REF --cases calsim --profile PROFILE.csv
     python scripts/bench_step.py --opcodes [--cases decode,simdecode]
 
@@ -26,6 +26,9 @@ Cases (--cases, comma-separated):
     sim      the whole `bench` process as a user starts it (SIM_ARGS): 10,000 ShareGPT requests
              (paged, defaults, 4 req/s), and the start-up of a 10-request run
     startup  the 10-request run alone
+    main     the README's main job as a whole process: `bench -m +allocator=contiguous,oracle,pow2,paged`
+             (OPT-13B on A100-40GB, ShareGPT at 4 req/s for 900 s), its plots and report included;
+             and the same sweep of the three Orca allocators alone (orca)
     calsim   the whole process of a calibrated simulation (CALIBRATED_ARGS, --profile: a
              profile.csv of model=small from bench scenario=profile): 10,000 ShareGPT-like
              requests at 4 req/s, and 10 requests (its start-up)
@@ -173,15 +176,20 @@ RUN_CLI = (
 
 
 # --- the driver ---------------------------------------------------------------------------
-CASE_GROUPS = ("decode", "simdecode", "admit", "sim", "startup", "calsim")
+CASE_GROUPS = ("decode", "simdecode", "admit", "sim", "startup", "main", "calsim")
+SWEEP_ARGS = {"main": "+allocator=contiguous,oracle,pow2,paged", "orca": "+allocator=contiguous,oracle,pow2"}
 
 
 def run_case(tree: Path, case: str) -> tuple[float, float | None]:
     """(the case's figure, and for a whole-process case its CPU seconds, user + system: the
     host's waits for a core lengthen the wall time, not these)."""
-    if case.startswith("sim:"):
+    if case.startswith(("sim:", "main:")):
         with tempfile.TemporaryDirectory() as out:
-            args = [*SIM_ARGS[case[4:]].split(), "workload.duration_s=null", "progress=false", f"hydra.run.dir={out}"]
+            if case.startswith("main:"):
+                args = ["-m", SWEEP_ARGS[case[5:]], "progress=false", f"hydra.sweep.dir={out}/sweep"]
+            else:
+                args = [*SIM_ARGS[case[4:]].split(), "workload.duration_s=null", "progress=false"]
+                args.append(f"hydra.run.dir={out}")
             code = RUN_CLI.format(here=str(Path(__file__).parent), tree=str(tree), args=args)
             start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=out)
@@ -215,7 +223,7 @@ def main() -> None:
     parser.add_argument(
         "--cases",
         default="decode,simdecode,admit,sim",
-        help="comma-separated: decode, simdecode, admit, sim, startup, calsim (default: %(default)s)",
+        help="comma-separated: decode, simdecode, admit, sim, startup, main, calsim (default: %(default)s)",
     )
     parser.add_argument(
         "--opcodes", action="store_true", help="decode cases: count bytecode instructions per step, not time"
@@ -241,6 +249,8 @@ def main() -> None:
         cases += ["sim:10000", "sim:10"]
     elif "startup" in groups:
         cases += ["sim:10"]
+    if "main" in groups:
+        cases += ["main:main", "main:orca"]
     if "calsim" in groups:
         if args.profile is None or not args.profile.is_file():
             parser.error("--cases calsim needs --profile PROFILE.csv (bench scenario=profile model=small)")
@@ -260,9 +270,10 @@ def main() -> None:
         for _ in range(args.repeats):
             for side, tree in trees.items():
                 seen[side].append(run_case(tree, case))
-        unit, scale = ("s", 1.0) if case.startswith("sim:") else ("us", 1e6)
+        whole_process = case.startswith(("sim:", "main:"))
+        unit, scale = ("s", 1.0) if whole_process else ("us", 1e6)
         print_line(case, *([figure * scale for figure, _ in seen[side]] for side in ("ref", "new")), unit)
-        if case.startswith("sim:"):
+        if whole_process:
             print_line("  (CPU seconds)", *([cpu for _, cpu in seen[side]] for side in ("ref", "new")), "s")
 
 

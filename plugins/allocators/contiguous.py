@@ -12,6 +12,11 @@ Accounting of one range of `held` slots for a request of prompt + output = `max_
 token state and reserved fill `min(held, max_tokens)` (the request's own tokens, its last sampled
 one included), internal fragmentation is the estimate's overshoot `reservation - max_tokens`
 before any rounding (0 for Oracle), and the rest of the range is rounding (blocks, buddy chunk).
+
+Every decode step inside the range is one token more and one reserved slot less, and nothing
+else: the allocator grants it as room (`Sequence.room`), which the scheduler takes without a
+call and reports in bulk (`took_room`), so that under lazy decode a sequence is left alone from
+its first decode to its last.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ class ReservingAllocator(KVAllocator):
         self._space = make_space(placement, num_slots // block_size, block_size, max_model_len)
         self._range: dict[int, tuple[int, int]] = {}  # seq_id -> (start, held slots)
         self._seq_reserved: dict[int, int] = {}
+        self._granted: dict[int, int] = {}  # seq_id -> the room last granted, as of its last count
+        # Only a range placed or released changes what the placement can do: a sequence refused
+        # is refused again until then, without searching the space again (the queue's head is
+        # tried every step while the pool is full). (seq_id, space version, counted a wait)
+        self._space_version = 0
+        self._refused: tuple[int, int, bool] | None = None
         self._spares: dict[int, list[tuple[int, int]]] = {}  # root seq_id -> ranges for its forks
 
     def estimate(self, output_len: int) -> int:
@@ -63,6 +74,10 @@ class ReservingAllocator(KVAllocator):
         )
 
     def admit(self, seq: Sequence) -> bool:
+        refused = self._refused
+        if refused is not None and refused[0] == seq.seq_id and refused[1] == self._space_version:
+            self.external_frag_waits += refused[2]
+            return False
         request = seq.request
         length = self.reservation(request.prompt_len, request.output_len)
         held = self._space.held(length)
@@ -73,10 +88,13 @@ class ReservingAllocator(KVAllocator):
             if start is None:
                 for placed in starts:
                     self._space.release(placed, length)
-                if self.num_free_slots >= count * held:
-                    self.external_frag_waits += 1
+                waited = self.num_free_slots >= count * held  # the slots are there, not in one piece
+                self.external_frag_waits += waited
+                self._space_version += bool(starts)  # placed and given back: not remembered
+                self._refused = (seq.seq_id, self._space_version, waited) if not starts else None
                 return False
             starts.append(start)
+        self._space_version += 1
         self._allocated += count * held
         self._internal += count * self._overshoot(request)
         self._take_range(seq, starts[0], held)
@@ -91,16 +109,35 @@ class ReservingAllocator(KVAllocator):
         self._update(seq, seq.num_computed)
 
     def _update(self, seq: Sequence, num_tokens: int) -> None:
-        _, held = self._range[seq.seq_id]
+        """Recount `seq`'s reservation once it holds `num_tokens` tokens, and grant its room:
+        every slot still reserved (not to a request's samples, which grow as a group)."""
+        seq_id = seq.seq_id
+        _, held = self._range[seq_id]
         new = max(0, min(held, seq.request.max_tokens) - num_tokens)
-        self._reserved += new - self._seq_reserved[seq.seq_id]
-        self._seq_reserved[seq.seq_id] = new
+        self._reserved += new - self._seq_reserved[seq_id]
+        self._seq_reserved[seq_id] = new
+        seq.room = self._granted[seq_id] = new if seq.group is None else 0
+
+    def _settle(self, seq: Sequence) -> None:
+        """Count the room `seq` took since it was last counted out of its reservation."""
+        taken = self._granted.get(seq.seq_id, 0) - seq.room
+        if taken:
+            self._seq_reserved[seq.seq_id] -= taken
+            self._granted[seq.seq_id] = seq.room
+
+    def took_room(self, num_tokens: int) -> None:
+        self._token += num_tokens
+        self._reserved -= num_tokens
+
+    def room_ran_out(self, seq: Sequence) -> None:
+        """Nothing to do: the range is used up, and a grow past it is the policy bug grow reports."""
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         _, held = self._range[seq.seq_id]
         after = seq.num_computed + num_tokens
         if after > held:
             raise RuntimeError(f"{self.name}: sequence {seq.seq_id} outgrew its reservation ({after} > {held} slots)")
+        self._settle(seq)
         self._token += num_tokens
         self._update(seq, after)
         return True
@@ -110,6 +147,8 @@ class ReservingAllocator(KVAllocator):
         else a new one) and copy the parent's tokens into it."""
         child.num_computed = 0
         request = child.request
+        self._settle(parent)
+        self._update(parent, parent.num_computed)  # a group's members take no room
         spares = self._spares.get(parent.seq_id)
         if spares:
             start, held = spares.pop()
@@ -119,6 +158,7 @@ class ReservingAllocator(KVAllocator):
             start = self._space.allocate(length)
             if start is None:
                 raise MemoryError(f"{self.name}: no room to fork sequence {parent.seq_id}")
+            self._space_version += 1
             held = self._space.held(length)
             self._allocated += held
             self._internal += self._overshoot(request)
@@ -130,14 +170,18 @@ class ReservingAllocator(KVAllocator):
 
     def _release(self, request: Request, start: int, held: int) -> None:
         self._space.release(start, held)
+        self._space_version += 1
         self._allocated -= held
         self._internal -= self._overshoot(request)
 
     def free(self, seq: Sequence) -> None:
+        self._settle(seq)
         start, held = self._range.pop(seq.seq_id)
         self._release(seq.request, start, held)
         self._token -= seq.num_computed
         self._reserved -= self._seq_reserved.pop(seq.seq_id)
+        self._granted.pop(seq.seq_id, None)
+        seq.room = 0
         for start, held in self._spares.pop(seq.seq_id, ()):  # a request preempted before it forked
             self._release(seq.request, start, held)
             self._reserved -= min(held, seq.request.max_tokens)
