@@ -101,7 +101,8 @@ class Engine:
             wall, started = time.perf_counter(), self.step_clock()
             batch = scheduler.schedule(clock)
             schedule_s = time.perf_counter() - wall
-            if not batch.num_seqs:
+            num_seqs = batch.num_seqs
+            if not num_seqs:
                 step_clocks.append(clock)  # one entry per schedule() call
                 if pending and not scheduler.running:
                     clock = max(clock, pending[0].arrival_s)
@@ -114,7 +115,9 @@ class Engine:
             dt = result.duration_s if simulated else self.step_clock() - started
             clock += dt
             step_clocks.append(clock)
-            recorder.on_step(clock, dt, batch.num_seqs, allocator.accounting(), schedule_s)
+            recorder.on_step(clock, dt, num_seqs, allocator.accounting(), schedule_s)
+            if not batch.seqs:
+                continue  # lazy decode: every sequence of the step was steady
             done = self._advance(batch, result.tokens, clock)
             if done and bar is not None:
                 bar.update(done)

@@ -13,6 +13,12 @@ eager loop's exactly (tests/test_lazy_decode.py): the touched sequences are visi
 order (`Sequence.run_order`), so every allocator call comes in the same order. A batch then
 lists only the sequences whose state the engine must update (`Batch.seqs`); `Batch.num_seqs`
 counts them all.
+
+With a quiet allocator (`KVAllocator.quiet_room`: its `room_ran_out` does nothing; paged
+without prefix caching, the Orca allocators) a steady sequence is not met at its last step of
+room but at the next, where it asks grow for a new block; when grow grants it room again it
+stays steady, its counters as of that step's start with that step's token counted as one more
+step of room. At block 16 a decoding sequence is then touched once per block, not three times.
 """
 
 from __future__ import annotations
@@ -67,14 +73,29 @@ class LazyDecode:
     def _schedule_running_lazy(self, batch: Batch, budget: int) -> int:
         """`_schedule_running`'s decisions, touching only the running sequences that change."""
         step, active, expiry = len(self.step_clocks), self._active, self._expiry
+        if not active and step not in expiry and self._num_steady <= budget:
+            # every running sequence is steady and stays so this step (an Orca allocator's
+            # sequences, from their first decode to their last): one token each, counted in bulk
+            steady = self._num_steady
+            decode_context = self._steady_base + steady * (step + 1)
+            if steady:
+                self.allocator.took_room(steady)
+            batch.num_tokens, batch.context_tokens = steady, decode_context
+            batch.attention_pairs = decode_context
+            batch.num_steady = steady
+            return budget - steady
         # the sequences that take a step of room from now on become steady
         steady = [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
+        quiet = self.allocator.quiet_room
         if steady:
             base = 0
             for seq in steady:
                 seq.steady_since = step
                 base += seq.num_computed
-                last = step + min(seq.room, seq.max_tokens - seq.num_tokens) - 1
+                room, out = seq.room, seq.max_tokens - seq.num_tokens
+                # joins again at its last token, or where its room ends: at its last step of room,
+                # or, with a quiet allocator, at the next step, which asks for a new block
+                last = step + room if quiet and room < out else step + min(room, out) - 1
                 bucket = expiry.get(last)
                 if bucket is None:
                     expiry[last] = [(step, seq)]
@@ -101,7 +122,7 @@ class LazyDecode:
         append = seqs.append
         num_tokens = context_tokens = attention_pairs = decode_context = 0
         others = []
-        took = 0
+        took = crossed = 0
         running_status = SeqStatus.RUNNING
         for seq in touched:
             if seq.status is not running_status:
@@ -137,6 +158,24 @@ class LazyDecode:
                 if victim is seq:
                     break
             else:
+                if quiet and n == 1 and seq.room and seq.max_tokens - seq.num_tokens > 1:
+                    # A quiet allocator gave it a new block with room: steady again from this
+                    # step, whose token grow placed (room + 1 as of the step's start). Nothing
+                    # processed after it in this step can preempt it: victims are newer.
+                    seq.room += 1
+                    seq.steady_since = step
+                    active.discard(seq)
+                    self._num_steady += 1
+                    self._steady_base += seq.num_computed - step
+                    room, out = seq.room, seq.max_tokens - seq.num_tokens
+                    last = step + room if room < out else step + out - 1
+                    bucket = expiry.get(last)
+                    if bucket is None:
+                        expiry[last] = [(step, seq)]
+                    else:
+                        bucket.append((step, seq))
+                    crossed += 1
+                    continue
                 seq.num_computed = context = seq.num_computed + n
                 if n != 1:
                     others.append((len(seqs), n))
@@ -145,14 +184,14 @@ class LazyDecode:
                 context_tokens += context
                 attention_pairs += n * context
         steady = self._num_steady  # the steady sequences still running: one token each
-        took += steady
+        took += steady - crossed  # of room: those that crossed into a new block took it from grow
         decode_context += self._steady_base + steady * (step + 1)
         if took:
             allocator.took_room(took)
         counts = batch.num_new_tokens = [1] * len(seqs)
         for index, n in others:
             counts[index] = n
-        num_tokens += took
+        num_tokens += took + crossed
         context_tokens += decode_context
         attention_pairs += decode_context
         batch.num_tokens, batch.context_tokens = num_tokens, context_tokens

@@ -147,7 +147,8 @@ class Scheduler(LazyDecode):
             budget = self._schedule_running(batch, budget)
         else:  # every running sequence decodes one token, and the budget covers them all
             budget = self._schedule_decodes(batch, budget)
-        budget = self._schedule_swapped(batch, budget)
+        if self.swapped:
+            budget = self._schedule_swapped(batch, budget)
         batch.swapped_blocks = self.allocator.swapped_blocks - swapped_before
         batch.swapped_slots = batch.swapped_blocks * self.allocator.block_size
         self._schedule_waiting(batch, budget, now)

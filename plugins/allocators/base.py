@@ -145,6 +145,10 @@ class KVAllocator(ABC):
         """The scheduler took the last of `seq`'s room."""
         raise NotImplementedError(f"{self.name} grants no room")
 
+    # True when room_ran_out does nothing: lazy decode then meets a sequence whose room ends
+    # only at its next allocator call, not at its last step of room.
+    quiet_room: bool = False
+
     supports_swap: ClassVar[bool] = False
 
     def swap_out(self, seqs) -> bool:

@@ -36,6 +36,7 @@ class ReservingAllocator(KVAllocator):
     """
 
     layout = "contiguous"
+    quiet_room = True
 
     def __init__(self, num_slots: int, max_model_len: int, block_size: int = 16, placement: str = "buddy", **options):
         super().__init__(num_slots, max_model_len, block_size, **options)

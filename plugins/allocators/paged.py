@@ -64,6 +64,7 @@ class PagedAllocator(KVAllocator):
         self._seq_reserved: dict[int, int] = {}
         self._granted: dict[int, int] = {}  # seq_id -> its room when last counted
         self.prefix_caching = bool(prefix_caching)
+        self.quiet_room = not self.prefix_caching  # room_ran_out names blocks only for the cache
         self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
         self.enable_swap(0)
