@@ -282,7 +282,7 @@ class PagedAllocator(KVAllocator):
         self._settle(seq)
         table = self.block_tables.pop(seq.seq_id)
         self.num_named_blocks -= len(table)
-        freed, freed_fill = self.pool.drop_blocks(reversed(table))
+        freed, freed_fill = self.pool.drop_blocks(table[::-1])
         self._allocated -= freed * self.block_size
         self._token -= freed_fill
         self._reserved -= self._seq_reserved.pop(seq.seq_id)
