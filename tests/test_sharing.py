@@ -63,11 +63,22 @@ def test_two_samples_of_a_40_token_prompt_share_its_blocks_until_they_write():
 
 def test_the_saved_fraction_is_held_over_named_blocks_each_averaged_over_the_window():
     """1 s with 3 of 6 named blocks held, then 3 s with 4 of 6: 1 - (3 + 12) / (6 + 18)."""
+
+    class Pool:  # what the recorder reads of an allocator
+        def __init__(self, held: int):
+            self.acc = KVAccounting(256, held * bs - 8, 0, 0, rounding=8, named=6 * bs)
+
+        def accounting(self):
+            return self.acc
+
+        def kv_slots(self):
+            return self.acc.token, self.acc.reserved, self.acc.internal, self.acc.rounding, self.acc.named
+
     recorder = Recorder(warmup_frac=0.0)
     bs = 16
+    recorder.watch(Pool(0))
     for end, dt, held in ((1.0, 1.0, 3), (4.0, 3.0, 4)):
-        accounting = KVAccounting(256, held * bs - 8, 0, 0, rounding=8, named=6 * bs)
-        recorder.on_step(end, dt, 2, accounting, 0.0)
+        recorder.on_step(end, dt, 2, Pool(held), 0.0)
     row = recorder.summary(1, last_admit_s=0.0, first_arrival_s=0.0)
     assert row["kv_blocks_saved_frac"] == pytest.approx(1 - 15 / 24)
 

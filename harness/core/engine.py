@@ -95,6 +95,7 @@ class Engine:
         # an executor that reads only a batch's totals lets the scheduler advance steady decodes in bulk
         scheduler.lazy = simulated and not getattr(executor, "needs_sequences", True)
         step_clocks = scheduler.step_clocks
+        recorder.watch(allocator)
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
                 scheduler.add(self.new_sequence(pending.popleft()))
@@ -115,7 +116,7 @@ class Engine:
             dt = result.duration_s if simulated else self.step_clock() - started
             clock += dt
             step_clocks.append(clock)
-            recorder.on_step(clock, dt, num_seqs, allocator.accounting(), schedule_s)
+            recorder.on_step(clock, dt, num_seqs, allocator, schedule_s)
             if not batch.seqs:
                 continue  # lazy decode: every sequence of the step was steady
             done = self._advance(batch, result.tokens, clock)

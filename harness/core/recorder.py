@@ -33,7 +33,8 @@ class Recorder:
         self.kv: list[tuple[int, ...]] = []  # token, reserved, internal, rounding, named slots
         self.kv_by_kind: dict[str, list] = {}  # hybrid models: layer kind -> per-step fractions
         self.schedule_s: list[float] = []
-        self.num_slots = 1
+        self.num_slots = 1  # the pool's size in the units its accounting counts (watch())
+        self._by_kind = False
         self.request_log = request_log
         self.goodput = goodput or {}
         self.finished: list[Sequence] = []  # only with keep_sequences
@@ -52,18 +53,23 @@ class Recorder:
         self._finishing: list[Sequence] = []
         self._finishing_step = -1
 
-    def on_step(self, end_s: float, dt: float, batch_size: int, accounting, schedule_s: float) -> None:
+    def watch(self, allocator) -> None:
+        """Before the first step: the KV pool whose accounting every step records."""
+        accounting = allocator.accounting()
+        self.num_slots = accounting.num_slots
+        self._by_kind = hasattr(accounting, "by_kind")  # hybrid models: each layer kind's view too
+
+    def on_step(self, end_s: float, dt: float, batch_size: int, allocator, schedule_s: float) -> None:
         self.step_end.append(end_s)
         self.step_dt.append(dt)
         self.batch_size.append(batch_size)
-        self.kv.append(
-            (accounting.token, accounting.reserved, accounting.internal, accounting.rounding, accounting.named)
-        )
-        by_kind = getattr(accounting, "by_kind", None)  # hybrid models only
-        if by_kind:
-            for kind, acc in by_kind.items():
-                self.kv_by_kind.setdefault(kind, []).append(acc.fractions()[:3])
-        self.num_slots = accounting.num_slots
+        if self._by_kind:
+            acc = allocator.accounting()
+            self.kv.append((acc.token, acc.reserved, acc.internal, acc.rounding, acc.named))
+            for kind, view in acc.by_kind.items():
+                self.kv_by_kind.setdefault(kind, []).append(view.fractions()[:3])
+        else:
+            self.kv.append(allocator.kv_slots())
         self.schedule_s.append(schedule_s)
 
     def on_finish(self, seq: Sequence) -> None:

@@ -175,15 +175,15 @@ class KVAllocator(ABC):
         a preempted request brings back together) would not fit even in an empty pool."""
         return self.footprint(final_len) * width <= self.num_slots
 
+    def kv_slots(self) -> tuple[int, int, int, int, int]:
+        """Token, reserved, internal, rounding and named slots now: `accounting()`'s numbers as
+        one tuple, which is what a recorder keeps of every step."""
+        token, reserved, internal = self._token, self._reserved, self._internal
+        return token, reserved, internal, self._allocated - token - reserved - internal, self.named_slots()
+
     def accounting(self) -> KVAccounting:
-        return KVAccounting(
-            self.num_slots,
-            self._token,
-            self._reserved,
-            self._internal,
-            rounding=self._allocated - self._token - self._reserved - self._internal,
-            named=self.named_slots(),
-        )
+        token, reserved, internal, rounding, named = self.kv_slots()
+        return KVAccounting(self.num_slots, token, reserved, internal, rounding=rounding, named=named)
 
     def named_slots(self) -> int:
         """Slots the sequences' block tables name, a shared block once per table; an allocator

@@ -237,6 +237,10 @@ class HybridAllocator(KVAllocator):
             total, token, reserved, held * page_bytes - token - reserved, by_kind=by_kind, named=named * page_bytes
         )
 
+    def kv_slots(self) -> tuple[int, int, int, int, int]:
+        acc = self.accounting()
+        return acc.token, acc.reserved, acc.internal, acc.rounding, acc.named
+
     @property
     def num_free_slots(self) -> int:
         free = sum(p.num_free for p in self.pools)
