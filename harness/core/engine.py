@@ -141,7 +141,17 @@ class Engine:
         """Append each sampled token, fork requests whose prompt is done, step beams; retire
         the requests that are complete. Returns how many were retired."""
         finished = []
-        for seq, picked in zip(batch.seqs, repeat(None) if tokens is None else tokens):
+        seqs, plain = batch.seqs, batch.num_plain
+        if plain and tokens is not None:  # serve's decode step: lone sequences that had their first token
+            for seq, picked in zip(seqs[:plain] if plain < len(seqs) else seqs, tokens):
+                seq.num_tokens = num_tokens = seq.num_tokens + 1
+                if picked is not None:
+                    seq.token_ids.append(picked)
+                seq.token_times.append(clock)
+                if num_tokens >= seq.max_tokens:
+                    finished.append(seq)
+            seqs, tokens = seqs[plain:], tokens[plain:]  # admitted or swapped in after them
+        for seq, picked in zip(seqs, repeat(None) if tokens is None else tokens):
             num_tokens = seq.num_tokens
             if seq.num_computed < num_tokens:
                 continue  # a prefill chunk: no token yet

@@ -55,6 +55,7 @@ class Batch:
     swapped_blocks: int = 0  # blocks copied to or from the CPU swap pool before this step
     swapped_slots: int = 0
     num_steady: int = 0  # lazy decode: sequences decoding one token each that `seqs` leaves out
+    num_plain: int = 0  # the first `num_plain` of `seqs` are lone sequences decoding one token
 
     @property
     def num_seqs(self) -> int:
@@ -241,6 +242,7 @@ class Scheduler(LazyDecode):
         append = seqs.append
         room_ran_out = allocator.room_ran_out
         context_tokens = grown = 0  # grown: sequences that asked the allocator; the rest took room
+        plain = True  # no request of several sequences among them
         for seq in running:  # preemption pops from the list's end: the iterator stops there
             room = seq.room
             if room:  # a decode step into room the allocator granted
@@ -252,6 +254,7 @@ class Scheduler(LazyDecode):
                 context_tokens += context
                 continue
             if seq.group is not None:  # a request's samples or beams: one decode token each
+                plain = False
                 group = seq.group
                 if not self._grow_group(group, batch):
                     break
@@ -279,6 +282,8 @@ class Scheduler(LazyDecode):
         batch.num_new_tokens = [1] * num_tokens
         batch.num_tokens = num_tokens
         batch.context_tokens = batch.attention_pairs = context_tokens  # one new token each
+        if plain:
+            batch.num_plain = num_tokens
         return budget - num_tokens
 
     def _schedule_swapped(self, batch: Batch, budget: int) -> int:
