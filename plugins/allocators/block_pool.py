@@ -116,9 +116,11 @@ class BlockPool:
         first). Returns how many became free and their fill."""
         ref_count, fill, block_hash = self.ref_count, self.fill, self.block_hash
         count = len(blocks)
-        if count > 1:  # the common case, a finished sequence's own unnamed blocks, read in C
+        # the common case, a finished sequence's own unnamed blocks, read in C (a sequence gives
+        # its blocks back tail first: a named head, the prefix cache's, goes to the loop at once)
+        if count > 1 and block_hash[blocks[-1]] is None:
             of = itemgetter(*blocks)
-            if of(ref_count).count(1) == count and of(block_hash).count(None) == count:
+            if of(block_hash).count(None) == count and of(ref_count).count(1) == count:
                 for block in blocks:
                     ref_count[block] = 0
                 self.free.extend(blocks)
