@@ -73,34 +73,15 @@ class LazyDecode:
     def _schedule_running_lazy(self, batch: Batch, budget: int) -> int:
         """`_schedule_running`'s decisions, touching only the running sequences that change."""
         step, active, expiry = len(self.step_clocks), self._active, self._expiry
-        if not active and step not in expiry and self._num_steady <= budget:
-            # every running sequence is steady and stays so this step (an Orca allocator's
-            # sequences, from their first decode to their last): one token each, counted in bulk
-            steady = self._num_steady
-            decode_context = self._steady_base + steady * (step + 1)
-            if steady:
-                self.allocator.took_room(steady)
-            batch.num_tokens, batch.context_tokens = steady, decode_context
-            batch.attention_pairs = decode_context
-            batch.num_steady = steady
-            return budget - steady
-        # the sequences that take a step of room from now on become steady
-        steady = [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
         quiet = self.allocator.quiet_room
+        # the sequences that take a step of room from now on become steady
+        steady = active and [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
         if steady:
             base = 0
             for seq in steady:
                 seq.steady_since = step
                 base += seq.num_computed
-                room, out = seq.room, seq.max_tokens - seq.num_tokens
-                # joins again at its last token, or where its room ends: at its last step of room,
-                # or, with a quiet allocator, at the next step, which asks for a new block
-                last = step + room if quiet and room < out else step + min(room, out) - 1
-                bucket = expiry.get(last)
-                if bucket is None:
-                    expiry[last] = [(step, seq)]
-                else:
-                    bucket.append((step, seq))
+                expiry.setdefault(_meets_at(step, seq, quiet), []).append((step, seq))
             active.difference_update(steady)
             self._num_steady += len(steady)
             self._steady_base += base - step * len(steady)
@@ -114,15 +95,36 @@ class LazyDecode:
             if need > budget:
                 self.settle()
                 return self._schedule_running(batch, budget)
-        touched = [seq for since, seq in expiry.pop(step, ()) if seq.steady_since == since]
-        touched += active
+        # Met this step: the sequences not steady, and the steady ones whose expiry is now. A
+        # step that meets none (an Orca allocator's, mostly) is the bulk count below alone.
+        due = expiry.pop(step, None)
+        if due or active:
+            touched = [seq for since, seq in due if seq.steady_since == since] if due else []
+            touched += active
+            num_tokens, context_tokens, attention_pairs, took, crossed = self._meet(batch, touched, step, quiet)
+        else:
+            num_tokens = context_tokens = attention_pairs = took = crossed = 0
+        steady = self._num_steady  # the steady sequences still running: one token each
+        took += steady - crossed  # of room: those that crossed into a new block took it from grow
+        decode_context = self._steady_base + steady * (step + 1)
+        if took:
+            self.allocator.took_room(took)
+        num_tokens += took + crossed
+        batch.num_tokens, batch.context_tokens = num_tokens, context_tokens + decode_context
+        batch.attention_pairs = attention_pairs + decode_context
+        batch.num_steady = steady
+        return budget - num_tokens
+
+    def _meet(self, batch: Batch, touched: list, step: int, quiet: bool) -> tuple[int, int, int, int, int]:
+        """Schedule the running sequences met this step, in running order, into `batch`: (their
+        tokens fed, context tokens and attention pairs, except those of decodes into room; the
+        decodes into room; the steady again after crossing into a new block)."""
         touched.sort(key=RUN_ORDER)
-        allocator, running = self.allocator, self.running
+        allocator, running, active, expiry = self.allocator, self.running, self._active, self._expiry
         seqs = batch.seqs
         append = seqs.append
-        num_tokens = context_tokens = attention_pairs = decode_context = 0
+        num_tokens = context_tokens = attention_pairs = took = crossed = 0
         others = []
-        took = crossed = 0
         running_status = SeqStatus.RUNNING
         for seq in touched:
             if seq.status is not running_status:
@@ -137,7 +139,8 @@ class LazyDecode:
                 if room == 1:
                     allocator.room_ran_out(seq)
                 append(seq)
-                decode_context += context
+                context_tokens += context
+                attention_pairs += context
                 took += 1
                 continue
             if seq.group is not None:
@@ -167,13 +170,7 @@ class LazyDecode:
                     active.discard(seq)
                     self._num_steady += 1
                     self._steady_base += seq.num_computed - step
-                    room, out = seq.room, seq.max_tokens - seq.num_tokens
-                    last = step + room if room < out else step + out - 1
-                    bucket = expiry.get(last)
-                    if bucket is None:
-                        expiry[last] = [(step, seq)]
-                    else:
-                        bucket.append((step, seq))
+                    expiry.setdefault(_meets_at(step, seq, quiet), []).append((step, seq))
                     crossed += 1
                     continue
                 seq.num_computed = context = seq.num_computed + n
@@ -183,18 +180,15 @@ class LazyDecode:
                 num_tokens += n
                 context_tokens += context
                 attention_pairs += n * context
-        steady = self._num_steady  # the steady sequences still running: one token each
-        took += steady - crossed  # of room: those that crossed into a new block took it from grow
-        decode_context += self._steady_base + steady * (step + 1)
-        if took:
-            allocator.took_room(took)
         counts = batch.num_new_tokens = [1] * len(seqs)
         for index, n in others:
             counts[index] = n
-        num_tokens += took + crossed
-        context_tokens += decode_context
-        attention_pairs += decode_context
-        batch.num_tokens, batch.context_tokens = num_tokens, context_tokens
-        batch.attention_pairs = attention_pairs
-        batch.num_steady = steady
-        return budget - num_tokens
+        return num_tokens, context_tokens, attention_pairs, took, crossed
+
+
+def _meets_at(step: int, seq: Sequence, quiet: bool) -> int:
+    """The step at which steady `seq`, its counters as of `step`'s start, is met again: its last
+    token's, or where its room ends: at its last step of room, or, with a quiet allocator, at the
+    next step, which asks grow for a new block."""
+    room, out = seq.room, seq.max_tokens - seq.num_tokens
+    return step + room if quiet and room < out else step + min(room, out) - 1
