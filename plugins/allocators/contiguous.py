@@ -46,10 +46,9 @@ class ReservingAllocator(KVAllocator):
         self._range: dict[int, tuple[int, int]] = {}  # seq_id -> (start, held slots)
         self._seq_reserved: dict[int, int] = {}
         self._granted: dict[int, int] = {}  # seq_id -> the room last granted, as of its last count
-        # Only a range placed or released changes what the placement can do: a sequence refused
-        # is refused again until then, without searching the space again (the queue's head is
-        # tried every step while the pool is full). (seq_id, space version, counted a wait)
-        self._space_version = 0
+        # A sequence the space could not place is refused again, without a search, until the
+        # space changes (its version): the queue's head is tried every step while the pool is
+        # full. (seq_id, space version, whether the refusal counted an external-fragmentation wait)
         self._refused: tuple[int, int, bool] | None = None
         self._spares: dict[int, list[tuple[int, int]]] = {}  # root seq_id -> ranges for its forks
 
@@ -76,7 +75,7 @@ class ReservingAllocator(KVAllocator):
 
     def admit(self, seq: Sequence) -> bool:
         refused = self._refused
-        if refused is not None and refused[0] == seq.seq_id and refused[1] == self._space_version:
+        if refused is not None and refused[0] == seq.seq_id and refused[1] == self._space.version:
             self.external_frag_waits += refused[2]
             return False
         request = seq.request
@@ -91,11 +90,10 @@ class ReservingAllocator(KVAllocator):
                     self._space.release(placed, length)
                 waited = self.num_free_slots >= count * held  # the slots are there, not in one piece
                 self.external_frag_waits += waited
-                self._space_version += bool(starts)  # placed and given back: not remembered
-                self._refused = (seq.seq_id, self._space_version, waited) if not starts else None
+                # remembered only when nothing was placed: a partial placement given back moved the space
+                self._refused = (seq.seq_id, self._space.version, waited) if not starts else None
                 return False
             starts.append(start)
-        self._space_version += 1
         self._allocated += count * held
         self._internal += count * self._overshoot(request)
         self._take_range(seq, starts[0], held)
@@ -159,7 +157,6 @@ class ReservingAllocator(KVAllocator):
             start = self._space.allocate(length)
             if start is None:
                 raise MemoryError(f"{self.name}: no room to fork sequence {parent.seq_id}")
-            self._space_version += 1
             held = self._space.held(length)
             self._allocated += held
             self._internal += self._overshoot(request)
@@ -171,7 +168,6 @@ class ReservingAllocator(KVAllocator):
 
     def _release(self, request: Request, start: int, held: int) -> None:
         self._space.release(start, held)
-        self._space_version += 1
         self._allocated -= held
         self._internal -= self._overshoot(request)
 

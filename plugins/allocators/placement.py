@@ -4,6 +4,9 @@ A placement hands out ranges of whole blocks and takes them back. `held(length)`
 really sets aside for a request of `length` slots, so the slots beyond `length` are rounding the
 placement itself causes (a buddy chunk's padding); everything it leaves between ranges is
 external fragmentation, observed, never estimated.
+
+Each space counts its changes (`version`: a range placed or released), so that a caller can
+tell that a request it could not place still cannot be placed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class FirstFitSpace:
     def __init__(self, size: int):
         self.starts = [0]  # sorted hole starts
         self.lengths = {0: size}
+        self.version = 0
 
     def held(self, length: int) -> int:
         return length
@@ -36,10 +40,12 @@ class FirstFitSpace:
                 if hole > length:
                     self.starts.insert(i, start + length)
                     self.lengths[start + length] = hole - length
+                self.version += 1
                 return start
         return None
 
     def release(self, start: int, length: int) -> None:
+        self.version += 1
         i = bisect.bisect_left(self.starts, start)
         if i < len(self.starts) and start + length == self.starts[i]:  # merge with the next hole
             nxt = self.starts.pop(i)
@@ -65,6 +71,7 @@ class BuddySpace:
         self.block_size = block_size
         self.free_lists: list[set[int]] = [set() for _ in range(max_order + 1)]
         self.arena_order: dict[int, int] = {}  # arena start block -> its order
+        self.version = 0
         start = 0
         for _ in range(num_blocks >> max_order):
             self._add_arena(start, max_order)
@@ -96,10 +103,12 @@ class BuddySpace:
                 while have > order:  # split, keeping the lower half
                     have -= 1
                     self.free_lists[have].add(block + (1 << have))
+                self.version += 1
                 return block * self.block_size
         return None
 
     def release(self, start: int, length: int) -> None:
+        self.version += 1
         block, order = start // self.block_size, self._order(length)
         arena = self._arena_starts[bisect.bisect_right(self._arena_starts, block) - 1]
         arena_order = self.arena_order[arena]
