@@ -72,7 +72,7 @@ def test_the_saved_fraction_is_held_over_named_blocks_each_averaged_over_the_win
             return self.acc
 
         def kv_slots(self):
-            return self.acc.token, self.acc.reserved, self.acc.internal, self.acc.rounding, self.acc.named
+            return self.acc.slots()
 
     recorder = Recorder(warmup_frac=0.0)
     bs = 16

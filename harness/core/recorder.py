@@ -64,8 +64,8 @@ class Recorder:
         self.step_dt.append(dt)
         self.batch_size.append(batch_size)
         if self._by_kind:
-            acc = allocator.accounting()
-            self.kv.append((acc.token, acc.reserved, acc.internal, acc.rounding, acc.named))
+            acc = allocator.accounting()  # kv_slots() and every kind's view, from one count
+            self.kv.append(acc.slots())
             for kind, view in acc.by_kind.items():
                 self.kv_by_kind.setdefault(kind, []).append(view.fractions()[:3])
         else:

@@ -64,6 +64,10 @@ class KVAccounting:
     def held(self) -> int:
         return self.num_slots - self.free
 
+    def slots(self) -> tuple[int, int, int, int, int]:
+        """Token, reserved, internal, rounding and named slots (KVAllocator.kv_slots)."""
+        return self.token, self.reserved, self.internal, self.rounding, self.named
+
     def fractions(self) -> tuple[float, float, float, float, float]:
         """Token, reserved, internal, rounding and free, as shares of the pool."""
         n = self.num_slots

@@ -238,8 +238,7 @@ class HybridAllocator(KVAllocator):
         )
 
     def kv_slots(self) -> tuple[int, int, int, int, int]:
-        acc = self.accounting()
-        return acc.token, acc.reserved, acc.internal, acc.rounding, acc.named
+        return self.accounting().slots()
 
     @property
     def num_free_slots(self) -> int:
