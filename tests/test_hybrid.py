@@ -271,22 +271,6 @@ def test_accounting_sums_to_one_per_kind_and_in_total_under_random_operations(na
 
 
 # --- the cost model ---------------------------------------------------------------------
-@given(
-    num_tokens=st.integers(1, 8192),
-    context=st.integers(0, 2_000_000),
-    pairs=st.integers(0, 10**9),
-    flops=st.sampled_from([1e14, 3.12e14, 1e17]),
-)
-@settings(max_examples=200, deadline=None)
-def test_a_full_attention_models_step_is_step_time_of_its_totals_to_the_bit(num_tokens, context, pairs, flops):
-    """execute() inlines step_time for models without window or linear layers (every step of a
-    simulation takes it): memory- and compute-bound batches come out identical, not approximately."""
-    hw = Hardware("h", hbm_bytes_per_s=1.555e12, peak_flops=flops, memory_bytes=40e9, step_overhead_s=1e-4)
-    executor = CostModelExecutor(model("opt-13b"), hw)
-    batch = Batch(num_tokens=num_tokens, context_tokens=context, attention_pairs=pairs)
-    assert executor.execute(batch).duration_s == executor.step_time(num_tokens, context, pairs)
-
-
 def test_window_layers_read_at_most_their_window_and_linear_layers_their_state():
     hw = Hardware("h", hbm_bytes_per_s=1e12, peak_flops=1e20, memory_bytes=1e12)
     gemma, qwen = model("gemma-3-like"), model("qwen3-next-like")

@@ -107,15 +107,8 @@ class CostModelExecutor:
     def execute(self, batch: Batch) -> StepResult:
         if self.hybrid:  # O(scheduled sequences), only for models with window or linear layers
             step_s = self._hybrid_step_time(batch)
-        else:  # O(1): step_time of the batch's totals, inline, without its terms that are 0 here
-            num_tokens = batch.num_tokens
-            memory_s = (
-                self.weight_bytes + self.kv_bytes_per_token * (batch.context_tokens + num_tokens)
-            ) / self.bytes_per_s
-            compute_s = (
-                self.flops_per_token * num_tokens + self.flops_per_attention_pair * batch.attention_pairs
-            ) / self.flops_per_s
-            step_s = (memory_s if memory_s >= compute_s else compute_s) + self.step_overhead_s
+        else:  # O(1): the batch's totals
+            step_s = self.step_time(batch.num_tokens, batch.context_tokens, batch.attention_pairs)
         if batch.swapped_blocks:
             step_s += swap_time_s(
                 self.hardware,
