@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from itertools import repeat
+from itertools import islice, repeat
 
 import numpy as np
 
@@ -143,7 +143,7 @@ class Engine:
         finished = []
         seqs, plain = batch.seqs, batch.num_plain
         if plain and tokens is not None:  # serve's decode step: lone sequences that had their first token
-            for seq, picked in zip(seqs[:plain] if plain < len(seqs) else seqs, tokens):
+            for seq, picked in zip(islice(seqs, plain), tokens):
                 seq.num_tokens = num_tokens = seq.num_tokens + 1
                 if picked is not None:
                     seq.token_ids.append(picked)
