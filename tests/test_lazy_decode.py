@@ -15,41 +15,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvbench.core.engine import Engine
-from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.sequence import Request
-from kvbench.errors import UserError
-from kvbench.executors.base import StepResult
 from kvbench.plugins.allocators.paged import PagedAllocator
 
-
-class Totals:
-    """A simulated executor whose step time depends on the batch's totals; it logs them."""
-
-    simulated = True
-
-    def __init__(self, needs_sequences: bool):
-        self.needs_sequences = needs_sequences
-        self.steps: list[tuple] = []
-
-    def execute(self, batch) -> StepResult:
-        preempted = [seq.seq_id for seq in batch.preempted]
-        totals = (batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs, batch.swapped_blocks)
-        self.steps.append((*totals, preempted))
-        return StepResult(1e-3 + 1e-5 * batch.num_tokens + 1e-7 * batch.context_tokens + 1e-4 * batch.num_seqs)
-
-
-REQUESTS = st.lists(
-    st.tuples(
-        st.floats(0.0, 0.05),  # arrival
-        st.integers(1, 40),  # prompt
-        st.integers(1, 70),  # output
-        st.integers(-1, 2),  # shared prefix group, -1 = none
-        st.sampled_from([(1, 1), (1, 1), (1, 1), (2, 1), (1, 2), (3, 1)]),  # (n, beam_width)
-    ),
-    min_size=1,
-    max_size=40,
-)
+from helpers.decisions import REQUESTS, Totals, decisions
 
 
 def run(requests, lazy, block_size, num_slots, prefix_caching, chunked_prefill, preemption, max_num_seqs, budget):
@@ -62,21 +32,7 @@ def run(requests, lazy, block_size, num_slots, prefix_caching, chunked_prefill, 
         chunked_prefill=chunked_prefill,
         preemption=preemption,
     )
-    executor = Totals(needs_sequences=not lazy)
-    recorder = Recorder(keep_sequences=True)
-    engine = Engine(scheduler, executor, recorder=recorder, progress=False, seed=3)
-    try:
-        row = engine.run(requests)
-    except UserError as error:  # a pool too small for one request: both sides refuse it
-        return str(error)
-    assert scheduler.lazy is lazy
-    row.pop("schedule_us_per_step", None)  # measured, not decided
-    finished = [
-        (s.seq_id, s.num_tokens, s.first_token_s, s.finish_s, s.num_preemptions, tuple(s.token_times))
-        for s in recorder.finished
-    ]
-    steps = (recorder.step_end, recorder.batch_size, recorder.kv)
-    return executor.steps, steps, finished, row
+    return decisions(scheduler, requests, lazy)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

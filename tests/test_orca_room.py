@@ -16,13 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvbench.core.engine import Engine
-from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.sequence import Request
-from kvbench.errors import UserError
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
-from tests.test_lazy_decode import REQUESTS, Totals
+
+from helpers.decisions import REQUESTS, Totals, decisions
 
 POLICIES = {"contiguous": ContiguousAllocator, "oracle": OracleAllocator, "pow2": Pow2Allocator}
 
@@ -43,18 +42,7 @@ def frozen(policy):
 def run(cls, requests, lazy, num_slots, block_size, placement, max_num_seqs):
     allocator = cls(num_slots, 256, block_size=block_size, placement=placement)
     scheduler = Scheduler(allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=512)
-    executor = Totals(needs_sequences=not lazy)
-    recorder = Recorder(keep_sequences=True)
-    try:
-        row = Engine(scheduler, executor, recorder=recorder, progress=False, seed=3).run(requests)
-    except UserError as error:  # a request larger than the pool: every side refuses it
-        return str(error)
-    row.pop("schedule_us_per_step", None)  # measured, not decided
-    finished = [
-        (s.seq_id, s.num_tokens, s.first_token_s, s.finish_s, s.num_preemptions, tuple(s.token_times))
-        for s in recorder.finished
-    ]
-    return executor.steps, (recorder.step_end, recorder.batch_size, recorder.kv), finished, row
+    return decisions(scheduler, requests, lazy)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

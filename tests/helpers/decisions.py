@@ -1,0 +1,63 @@
+"""What a simulated run decided, step by step, in a form two runs can be compared by.
+
+`Totals` is a simulated executor whose step time depends only on a batch's totals and that logs
+them; `decisions(scheduler, requests, lazy)` runs the requests with it and returns every step's
+totals and preemptions, the recorder's clock, batch sizes and accounting, each finished
+sequence's tokens, times and preemptions, and the result row (or the refusal's text when a
+request cannot fit). `REQUESTS` draws small mixed workloads for it.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from kvbench.core.engine import Engine
+from kvbench.core.recorder import Recorder
+from kvbench.errors import UserError
+from kvbench.executors.base import StepResult
+
+
+class Totals:
+    """A simulated executor whose step time depends on the batch's totals; it logs them."""
+
+    simulated = True
+
+    def __init__(self, needs_sequences: bool):
+        self.needs_sequences = needs_sequences
+        self.steps: list[tuple] = []
+
+    def execute(self, batch) -> StepResult:
+        preempted = [seq.seq_id for seq in batch.preempted]
+        totals = (batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs, batch.swapped_blocks)
+        self.steps.append((*totals, preempted))
+        return StepResult(1e-3 + 1e-5 * batch.num_tokens + 1e-7 * batch.context_tokens + 1e-4 * batch.num_seqs)
+
+
+REQUESTS = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.05),  # arrival
+        st.integers(1, 40),  # prompt
+        st.integers(1, 70),  # output
+        st.integers(-1, 2),  # shared prefix group, -1 = none
+        st.sampled_from([(1, 1), (1, 1), (1, 1), (2, 1), (1, 2), (3, 1)]),  # (n, beam_width)
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+def decisions(scheduler, requests, lazy: bool):
+    """Run `requests` through `scheduler` with lazy decode on or off; what it decided."""
+    executor = Totals(needs_sequences=not lazy)
+    recorder = Recorder(keep_sequences=True)
+    try:
+        row = Engine(scheduler, executor, recorder=recorder, progress=False, seed=3).run(requests)
+    except UserError as error:  # a request larger than the pool: every side refuses it
+        return str(error)
+    assert scheduler.lazy is lazy
+    row.pop("schedule_us_per_step", None)  # measured, not decided
+    finished = [
+        (s.seq_id, s.num_tokens, s.first_token_s, s.finish_s, s.num_preemptions, tuple(s.token_times))
+        for s in recorder.finished
+    ]
+    return executor.steps, (recorder.step_end, recorder.batch_size, recorder.kv), finished, row
