@@ -188,13 +188,32 @@ class PagedAllocator(KVAllocator):
             if room == 1:
                 self.room_ran_out(seq)
             return True
-        seq_id = seq.seq_id
+        seq_id, before, bs = seq.seq_id, seq.num_computed, self.block_size
+        table, pool = self.block_tables[seq_id], self.pool
+        if num_tokens == 1 and len(table) * bs == before and bs > 1 and (pool.free or pool.evictable):
+            # The token starts a new block: a block on every decoding sequence's way, kept short.
+            # _settle and _update_reserved inlined: the room taken since it was last counted
+            # filled the old last block, and the new reservation replaces the settled one.
+            taken = self._granted.get(seq_id, 0) - room
+            if taken:
+                self.block_fill[table[-1]] += taken
+            block = pool.take()
+            table.append(block)
+            self.num_named_blocks += 1
+            self.block_fill[block] = 1
+            self._allocated += bs
+            self._token += 1
+            new = min(before + bs, seq.final_len) - before - 1
+            if new < 0:
+                new = 0
+            self._reserved += new - self._seq_reserved[seq_id] + taken
+            self._seq_reserved[seq_id] = new
+            seq.room = self._granted[seq_id] = min(new, bs - 1) if new and seq.group is None else 0
+            return True
         if self._granted.get(seq_id, 0) != room:  # room taken since it was last counted
             self._settle(seq)
-        before, bs = seq.num_computed, self.block_size
         if num_tokens == 1:  # the decode steps that end or start a block, kept short
             block_fill = self.block_fill
-            table = self.block_tables[seq_id]
             if before % bs:
                 block = table[-1]
                 if self.ref_count[block] == 1 and self._seq_reserved[seq_id]:
@@ -206,8 +225,7 @@ class PagedAllocator(KVAllocator):
                     if self.prefix_caching and block_fill[block] == bs:
                         self._name_last_block(seq, block, before + 1)
                     return True
-            elif len(table) * bs == before:  # the token starts a new block
-                pool = self.pool
+            elif len(table) * bs == before:  # a new block with none free, or blocks of one token
                 if not (pool.free or pool.evictable):
                     return False
                 block = pool.take()
@@ -216,19 +234,9 @@ class PagedAllocator(KVAllocator):
                 block_fill[block] = 1
                 self._allocated += bs
                 self._token += 1
-                if bs == 1:
-                    self._update_reserved(seq, 1 + before)
-                    if self.prefix_caching:
-                        self._cache_full_blocks(seq, before + 1)
-                    return True
-                # _update_reserved for a last block of its own holding one token, inlined: a
-                # block on every decoding sequence's way
-                new = min(len(table) * bs, seq.final_len) - before - 1
-                if new < 0:
-                    new = 0
-                self._reserved += new - self._seq_reserved[seq_id]
-                self._seq_reserved[seq_id] = new
-                seq.room = self._granted[seq_id] = min(new, bs - 1) if new and seq.group is None else 0
+                self._update_reserved(seq, 1 + before)
+                if self.prefix_caching:
+                    self._cache_full_blocks(seq, before + 1)
                 return True
         after = before + num_tokens
         if not self.pool.fits(self._blocks_needed(seq, after), reserve=False):
