@@ -120,6 +120,20 @@ def test_a_prefill_chunk_that_leaves_one_token_keeps_its_first_token_time():
     assert lazy == eager
 
 
+def test_a_last_prompt_token_that_starts_a_block_forks_its_samples_rather_than_going_steady():
+    """A request of two samples whose chunked prefill leaves its last prompt token at a block
+    boundary: grow gives it a new block with room, but the token ends the prompt and forks the
+    request, so the sequence must not go steady there (it did with a quiet allocator, and then
+    decoded as one sequence instead of two; found by search)."""
+    shapes = [(1, 1, 1)] * 17 + [(2, 1, 1), (9, 2, 2)]
+    made = [Request(i, 0.0, prompt, output, np.arange(prompt) % 11, n=n) for i, (prompt, output, n) in enumerate(shapes)]
+    options = (4, 112, False, True, "recompute", 11, 16)
+    eager, lazy = run(made, False, *options), run(made, True, *options)
+    # the step after the 9-token prompt's last chunk (8 then 1): both samples decode
+    assert eager[0][3][:2] == (2, 2)
+    assert lazy == eager
+
+
 def test_a_group_that_fills_the_pool_is_refused_before_it_can_wait_forever():
     """Three samples of 88 slots each fill a 264-slot pool exactly. Preempted late, the group must
     come back whole with the admission watermark kept free, and never fits again: the run is

@@ -161,10 +161,11 @@ class LazyDecode:
                 if victim is seq:
                     break
             else:
-                if quiet and n == 1 and seq.room and seq.max_tokens - seq.num_tokens > 1:
+                if quiet and n == 1 and seq.room and seq.width == 1 and seq.max_tokens - seq.num_tokens > 1:
                     # A quiet allocator gave it a new block with room: steady again from this
                     # step, whose token grow placed (room + 1 as of the step's start). Nothing
-                    # processed after it in this step can preempt it: victims are newer.
+                    # processed after it in this step can preempt it: victims are newer. Not a
+                    # request of several samples or beams: its last prompt token forks it.
                     seq.room += 1
                     seq.steady_since = step
                     active.discard(seq)
