@@ -126,7 +126,9 @@ def test_a_last_prompt_token_that_starts_a_block_forks_its_samples_rather_than_g
     request, so the sequence must not go steady there (it did with a quiet allocator, and then
     decoded as one sequence instead of two; found by search)."""
     shapes = [(1, 1, 1)] * 17 + [(2, 1, 1), (9, 2, 2)]
-    made = [Request(i, 0.0, prompt, output, np.arange(prompt) % 11, n=n) for i, (prompt, output, n) in enumerate(shapes)]
+    made = [
+        Request(i, 0.0, prompt, output, np.arange(prompt) % 11, n=n) for i, (prompt, output, n) in enumerate(shapes)
+    ]
     options = (4, 112, False, True, "recompute", 11, 16)
     eager, lazy = run(made, False, *options), run(made, True, *options)
     # the step after the 9-token prompt's last chunk (8 then 1): both samples decode
