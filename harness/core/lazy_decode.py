@@ -23,6 +23,7 @@ step of room. At block 16 a decoding sequence is then touched once per block, no
 
 from __future__ import annotations
 
+from array import array
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,7 @@ class LazyDecode:
     and allocator, and falls back to the scheduler's eager loop."""
 
     def _init_lazy_decode(self) -> None:
-        self.step_clocks: list[float] = []  # the engine's clock after each schedule() call
+        self.step_clocks = array("d")  # the engine's clock after each schedule() call (as token_times)
         self._active: set[Sequence] = set()  # running entries that are not steady
         self._runs = 0  # Sequence.run_order's counter
         self._num_steady = 0

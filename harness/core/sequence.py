@@ -7,7 +7,9 @@ request (a group); the allocator only ever sees sequences, the scheduler moves g
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -57,7 +59,9 @@ class Sequence:
     token_ids: list = field(default_factory=list)  # prompt + generated ids (serve only)
     num_cached: int = 0  # tokens whose KV a prefix-cache hit supplied at admission
     first_token_s: float | None = None
-    token_times: list = field(default_factory=list)  # when each generated token came (a group's root)
+    # when each generated token came (a group's root): float64s in a C array, which numpy reads
+    # without a copy when the request's inter-token latencies are taken
+    token_times: array = field(default_factory=partial(array, "d"))
     finish_s: float | None = None
     num_preemptions: int = 0
     parent: Sequence | None = None
