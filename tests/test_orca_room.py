@@ -39,9 +39,11 @@ def frozen(policy):
     return Frozen
 
 
-def run(cls, requests, lazy, num_slots, block_size, placement, max_num_seqs):
+def run(cls, requests, lazy, num_slots, block_size, placement, max_num_seqs, chunked_prefill=False, budget=512):
     allocator = cls(num_slots, 256, block_size=block_size, placement=placement)
-    scheduler = Scheduler(allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=512)
+    scheduler = Scheduler(
+        allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked_prefill
+    )
     return decisions(scheduler, requests, lazy)
 
 
@@ -53,15 +55,19 @@ def run(cls, requests, lazy, num_slots, block_size, placement, max_num_seqs):
     block_size=st.sampled_from([1, 4, 16]),
     num_slots=st.integers(256, 1600),
     max_num_seqs=st.integers(3, 16),
+    chunked_prefill=st.booleans(),
+    budget=st.sampled_from([16, 512]),
 )
 def test_room_and_remembered_refusals_decide_every_step_as_before(
-    requests, policy, placement, block_size, num_slots, max_num_seqs
+    requests, policy, placement, block_size, num_slots, max_num_seqs, chunked_prefill, budget
 ):
     made = [
         Request(i, arrival, prompt, output, np.arange(prompt) % 97, n=n, beam_width=beam)
         for i, (arrival, prompt, output, _, (n, beam)) in enumerate(sorted(requests))
     ]
-    options = (num_slots, block_size, placement, max_num_seqs)
+    if not chunked_prefill:  # a recomputed request re-prefills prompt + output in one step
+        budget = 512
+    options = (num_slots, block_size, placement, max_num_seqs, chunked_prefill, budget)
     before = run(frozen(POLICIES[policy]), made, False, *options)
     for lazy in (False, True):
         now = run(POLICIES[policy], made, lazy, *options)
