@@ -95,6 +95,7 @@ class Engine:
         # an executor that reads only a batch's totals lets the scheduler advance steady decodes in bulk
         scheduler.lazy = simulated and not getattr(executor, "needs_sequences", True)
         step_clocks = scheduler.step_clocks
+        quiet_step_s = getattr(executor, "quiet_step_s", None) if scheduler.lazy else None
         recorder.watch(allocator)
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
@@ -117,8 +118,10 @@ class Engine:
             clock += dt
             step_clocks.append(clock)
             recorder.on_step(clock, dt, num_seqs, allocator, schedule_s)
-            if not batch.seqs:
-                continue  # lazy decode: every sequence of the step was steady
+            if not batch.seqs:  # lazy decode: every sequence of the step was steady
+                if quiet_step_s is not None and not batch.preempted:
+                    clock = self._run_quiet_steps(clock, pending, quiet_step_s)
+                continue
             done = self._advance(batch, result.tokens, clock)
             if done and bar is not None:
                 bar.update(done)
@@ -136,6 +139,36 @@ class Engine:
         )
         row.setdefault("prefix_hit_rate", 0.0)
         return row
+
+    def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s) -> float:
+        """Run the steps after a quiet one in which nothing but the steady decodes can happen
+        (Scheduler.quiet_stretch) without building their batches, and return the clock. Each
+        step is what schedule() and execute() would make of it, in their order: the arrivals
+        queued, the decodes' room taken, the step's time from their totals, its clock and the
+        recorder's row. With nobody waiting, the first arrival ends the stretch (it may be
+        admitted); behind a head that stays refused, arrivals only join the queue."""
+        stretch = self.scheduler.quiet_stretch()
+        if stretch is None:
+            return clock
+        steps, steady, base, waiting = stretch
+        scheduler, allocator = self.scheduler, self.allocator
+        step_clocks, on_step, took_room = scheduler.step_clocks, self.recorder.on_step, allocator.took_room
+        perf_counter = time.perf_counter
+        for step in steps:
+            if pending and pending[0].arrival_s <= clock:
+                if not waiting:
+                    break
+                while pending and pending[0].arrival_s <= clock:
+                    scheduler.add(self.new_sequence(pending.popleft()))
+            wall = perf_counter()
+            took_room(steady)
+            schedule_s = perf_counter() - wall
+            context = base + steady * (step + 1)
+            dt = quiet_step_s(steady, context, context)
+            clock += dt
+            step_clocks.append(clock)
+            on_step(clock, dt, steady, allocator, schedule_s)
+        return clock
 
     def _advance(self, batch: Batch, tokens: list | None, clock: float) -> int:
         """Append each sampled token, fork requests whose prompt is done, step beams; retire

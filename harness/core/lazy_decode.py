@@ -116,6 +116,36 @@ class LazyDecode:
         batch.num_steady = steady
         return budget - num_tokens
 
+    def quiet_stretch(self) -> tuple[range, int, int, bool] | None:
+        """After a step that met nobody (every running sequence steady): the steps from the next
+        one on in which only the steady decodes can run, up to the next step at which one of
+        them is met; the steady count and base (a step's decode context is base + steady *
+        (step + 1)); and whether the waiting queue has a head that stays refused throughout, its
+        refusals counted here as `_schedule_waiting` would count them (else an arrival ends the
+        stretch). None when the next step may do more."""
+        step = len(self.step_clocks)
+        if self._active or self.swapped or not self._expiry:
+            return None
+        steps = range(step, min(self._expiry))
+        if not steps:
+            return None
+        waiting = bool(self.waiting)
+        if waiting and not self._head_stays_refused(len(steps)):
+            return None
+        return steps, self._num_steady, self._steady_base, waiting
+
+    def _head_stays_refused(self, steps: int) -> bool:
+        """Whether `_schedule_waiting` stops at the waiting head in each of the next `steps` steps
+        in which only room is taken: its tests in its order, the allocator's last."""
+        seq, budget = self.waiting[0], self.max_num_batched_tokens - self._num_steady
+        if budget <= 0 or self.num_running_seqs + seq.request.width > self.max_num_seqs:
+            return True
+        if seq.group is not None:
+            return False
+        if seq.num_tokens - seq.num_computed > budget and not self.chunked_prefill:
+            return True  # a prompt over the budget left waits for a step of its own
+        return self.allocator.refuses_again(seq, steps)
+
     def _meet(self, batch: Batch, touched: list, step: int, quiet: bool) -> tuple[int, int, int, int, int]:
         """Schedule the running sequences met this step, in running order, into `batch`: (their
         tokens fed, context tokens and attention pairs, except those of decodes into room; the

@@ -31,3 +31,9 @@ class Executor(Protocol):
     needs_sequences: bool
 
     def execute(self, batch: Batch) -> StepResult: ...
+
+    # Optional, for an executor that reads only totals: `quiet_step_s(num_tokens, context_tokens,
+    # attention_pairs)`, the duration execute() would return for a batch of `num_tokens` steady
+    # decodes and nothing else (no swap). With it the engine runs a stretch of such steps
+    # without building their batches (Engine._run_quiet_steps); without it, it executes every
+    # step.

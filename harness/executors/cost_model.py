@@ -117,6 +117,11 @@ class CostModelExecutor:
             )
         return StepResult(step_s)
 
+    def quiet_step_s(self, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
+        """execute()'s duration for a batch of steady decodes alone (executors/base.py); asked
+        only of a full-attention model's executor, the one that reads totals alone."""
+        return self.step_time(num_tokens, context_tokens, attention_pairs)
+
     def _hybrid_step_time(self, batch: Batch) -> float:
         w = self.window
         window_context = window_pairs = 0

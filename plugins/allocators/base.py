@@ -149,6 +149,14 @@ class KVAllocator(ABC):
         """The scheduler took the last of `seq`'s room."""
         raise NotImplementedError(f"{self.name} grants no room")
 
+    def refuses_again(self, seq: Sequence, times: int) -> bool:
+        """Whether admit(seq), which just refused `seq`, would refuse it at each of the next
+        `times` steps in which the pool changes only by room taken (nothing placed, grown into a
+        new block or freed). When True, those refusals are counted as the admit() calls would
+        count them, and the engine runs such steps without scheduling them one by one; False,
+        the default, keeps every step scheduled."""
+        return False
+
     # True when room_ran_out does nothing: lazy decode then meets a sequence whose room ends
     # only at its next allocator call, not at its last step of room.
     quiet_room: bool = False

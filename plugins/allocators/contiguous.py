@@ -102,6 +102,13 @@ class ReservingAllocator(KVAllocator):
             self._reserved += (count - 1) * min(held, request.max_tokens)  # each fork will fill it
         return True
 
+    def refuses_again(self, seq: Sequence, times: int) -> bool:
+        refused = self._refused  # admit()'s remembered refusal stands while the space is unchanged
+        if refused is None or refused[0] != seq.seq_id or refused[1] != self._space.version:
+            return False
+        self.external_frag_waits += times * refused[2]
+        return True
+
     def _take_range(self, seq: Sequence, start: int, held: int) -> None:
         self._range[seq.seq_id] = (start, held)
         self._seq_reserved[seq.seq_id] = 0

@@ -180,6 +180,13 @@ class PagedAllocator(KVAllocator):
         seq.room = 0
         return True
 
+    def refuses_again(self, seq: Sequence, times: int) -> bool:
+        # Without the cache admit() asks only whether the prompt's blocks are free, which room
+        # leaves as it is, and a refusal counts nothing; with it, every admission is tried.
+        if self.prefix_caching:
+            return False
+        return not self.pool.fits(cdiv(seq.num_tokens, self.block_size), reserve=not self.watermark_exempt)
+
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         room = seq.room
         if num_tokens == 1 and room:  # what the scheduler takes itself, when it asks

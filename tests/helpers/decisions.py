@@ -32,6 +32,11 @@ class Totals:
         self.steps.append((*totals, preempted))
         return StepResult(1e-3 + 1e-5 * batch.num_tokens + 1e-7 * batch.context_tokens + 1e-4 * batch.num_seqs)
 
+    def quiet_step_s(self, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
+        """A step of steady decodes the engine runs without a batch: logged as execute() logs it."""
+        self.steps.append((num_tokens, num_tokens, context_tokens, attention_pairs, 0, []))
+        return 1e-3 + 1e-5 * num_tokens + 1e-7 * context_tokens + 1e-4 * num_tokens
+
 
 REQUESTS = st.lists(
     st.tuples(

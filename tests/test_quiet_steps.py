@@ -1,0 +1,51 @@
+"""Quiet steps: after a simulated step in which every running sequence was steady, the engine
+runs the steps up to the next one that meets a sequence without scheduling them one by one
+(Engine._run_quiet_steps, Scheduler.quiet_stretch). Those steps must decide and record exactly
+what scheduling them does: the property tests of lazy decode (test_lazy_decode, test_orca_room)
+hold the quiet steps of their random workloads to the eager loop; here the roofline's own runs
+are held to themselves with the quiet steps scheduled."""
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from kvbench.scenarios.simulate import simulate
+
+
+def run(allocator: str, quiet: bool, *overrides: str):
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=[f"+allocator={allocator}", "progress=false", *overrides])
+    executed = []
+
+    def prepare(engine):
+        execute = engine.executor.execute
+        engine.executor.execute = lambda batch: executed.append(1) or execute(batch)
+        if not quiet:
+            engine.executor.quiet_step_s = None  # every step scheduled and executed
+
+    row, engine = simulate(cfg, prepare)
+    row.pop("schedule_us_per_step")  # host wall time, not simulated
+    recorder = engine.recorder
+    return row, (recorder.step_end, recorder.step_dt, recorder.batch_size, recorder.kv), len(executed)
+
+
+@pytest.mark.parametrize("allocator", ["contiguous", "pow2", "oracle", "paged"])
+def test_quiet_steps_run_in_a_stretch_decide_and_record_what_scheduling_them_does(allocator):
+    """ShareGPT at 4 req/s: the Orca allocators' queue grows behind a refused head (arrivals
+    join it mid-stretch; external fragmentation waits are counted per step), paged preempts."""
+    overrides = ("workload.num_requests=400", "workload.duration_s=null")
+    stretched, steps, executed = run(allocator, True, *overrides)
+    scheduled, steps_one_by_one, executed_one_by_one = run(allocator, False, *overrides)
+    assert stretched == scheduled
+    assert steps == steps_one_by_one
+    assert executed_one_by_one == len(steps[0])
+    if allocator != "paged":  # steady inside their reservations, an Orca batch is mostly quiet
+        assert executed < 0.2 * len(steps[0])
+
+
+def test_with_nobody_waiting_an_arrival_ends_the_stretch():
+    """At 0.5 req/s nobody waits: each arrival must be admitted at the step it arrives in."""
+    overrides = ("workload.rate=0.5", "workload.num_requests=60", "workload.duration_s=null")
+    stretched, steps, executed = run("oracle", True, *overrides)
+    scheduled, steps_one_by_one, _ = run("oracle", False, *overrides)
+    assert stretched == scheduled and steps == steps_one_by_one
+    assert executed < len(steps[0])
