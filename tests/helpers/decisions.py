@@ -30,12 +30,16 @@ class Totals:
         preempted = [seq.seq_id for seq in batch.preempted]
         totals = (batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs, batch.swapped_blocks)
         self.steps.append((*totals, preempted))
-        return StepResult(1e-3 + 1e-5 * batch.num_tokens + 1e-7 * batch.context_tokens + 1e-4 * batch.num_seqs)
+        return StepResult(self._step_s(batch.num_tokens, batch.context_tokens, batch.num_seqs))
 
     def quiet_step_s(self, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
         """A step of steady decodes the engine runs without a batch: logged as execute() logs it."""
         self.steps.append((num_tokens, num_tokens, context_tokens, attention_pairs, 0, []))
-        return 1e-3 + 1e-5 * num_tokens + 1e-7 * context_tokens + 1e-4 * num_tokens
+        return self._step_s(num_tokens, context_tokens, num_tokens)
+
+    @staticmethod
+    def _step_s(num_tokens: int, context_tokens: int, num_seqs: int) -> float:
+        return 1e-3 + 1e-5 * num_tokens + 1e-7 * context_tokens + 1e-4 * num_seqs
 
 
 REQUESTS = st.lists(
