@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -66,6 +67,16 @@ def degraded_registry(monkeypatch):
 
 
 def run_compare(*args):
+    """bench-compare's main() in this process, as a finished process: (returncode, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    code = exit_info.value.code
+    return subprocess.CompletedProcess(args, 0 if code is None else code, out.getvalue(), err.getvalue())
+
+
+def run_compare_process(*args):
+    """bench-compare as its own process, through `python -m` (the entry point itself)."""
     return subprocess.run(
         [sys.executable, "-m", "kvbench.reporting.compare", *map(str, args)],
         capture_output=True,
@@ -276,7 +287,7 @@ def one_line_error(result) -> str:
 
 def test_missing_baseline_is_a_user_error(tmp_path):
     write_csv(tmp_path / "current.csv", [row("paged", 2.0)])
-    assert "does not exist" in one_line_error(run_compare(tmp_path / "nope.csv", tmp_path / "current.csv"))
+    assert "does not exist" in one_line_error(run_compare_process(tmp_path / "nope.csv", tmp_path / "current.csv"))
 
 
 def test_baseline_without_matching_points_is_a_user_error(tmp_path):

@@ -251,8 +251,9 @@ def run_ab(
     out_dir: Path | None = None,
     current_env: tuple = (),
     allow_missing: bool = False,
-    out=sys.stdout,
+    out=None,
 ) -> int:
+    out = sys.stdout if out is None else out
     if repeats < 2:
         raise UserError(
             f"--repeats {repeats}: the significance test needs at least 2 runs a side "

@@ -141,7 +141,7 @@ def environment_changes(baseline: pd.DataFrame, current: pd.DataFrame, policy: P
 
 
 def compare(
-    baseline, current, policy: Policy, allow_missing: bool = False, out=sys.stdout, flagged: list | None = None
+    baseline, current, policy: Policy, allow_missing: bool = False, out=None, flagged: list | None = None
 ) -> int:
     """Print the comparison; return the exit code (0 fine, 1 regressed).
 
@@ -149,6 +149,7 @@ def compare(
     identity columns) and whether the problem is a measured metric's regression (a significance
     test's verdict, which `bench-compare --against` confirms with fresh runs) or anything else
     (an exact metric, a failed or missing point), which no rerun can change."""
+    out = sys.stdout if out is None else out
     baseline, current = pd.DataFrame(baseline), pd.DataFrame(current)
     merged, columns, varying = match(baseline, current, policy)
     judged = {m for s in [None, *policy.scenario_rules] for m in policy.rules_for(s)}

@@ -1,18 +1,20 @@
 """What every kvbench figure shares: the headless matplotlib backend, one colour per system, a
-title naming what was measured, and atomic PNG writing."""
+title naming what was measured, and atomic PNG writing.
+
+matplotlib is not imported here: a report, bench-compare or a console table use the titles and
+colours without drawing, and loading pyplot costs about half a second (kvbench.reporting.plots
+and the other drawing modules import it through `pyplot()`)."""
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+from kvbench.reporting.results import write_bytes_atomic
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from kvbench.reporting.results import write_bytes_atomic  # noqa: E402
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Figures stay within ~1,400 px (12.5 in at 110 dpi) so a report page shows them unscaled.
 DPI = 110
@@ -27,6 +29,16 @@ SYSTEM_COLORS = {
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def context_title(frame: pd.DataFrame) -> str:
     """`opt-13b on a100-40gb, sharegpt workload (simulate)`: what every point of `frame` measured."""
 
@@ -39,6 +51,6 @@ def context_title(frame: pd.DataFrame) -> str:
 def save_figure(fig, path: Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     write_bytes_atomic(path, buffer.getvalue())
     return path

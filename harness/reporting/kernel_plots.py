@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
-from kvbench.reporting.figures import MAX_WIDTH_IN, save_figure
+from kvbench.reporting.figures import MAX_WIDTH_IN, pyplot, save_figure
+
+plt = pyplot()
 
 SERIES_KEYS = ("backend", "allocator", "layout", "graph", "dtype", "model", "window")
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
-from kvbench.reporting.figures import save_figure
+from kvbench.reporting.figures import pyplot, save_figure
 from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS
+
+plt = pyplot()
 
 COLORS = {
     "token states": "#2b8a3e",

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from kvbench.arith import cdiv
-from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, save_figure
+from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, pyplot, save_figure
 from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, rate_axis, table, varying_keys
+
+plt = pyplot()
 
 KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from kvbench.reporting.policy import Rule, SignificanceTest
 
@@ -44,6 +43,8 @@ def _mannwhitneyu(worse: np.ndarray, other: np.ndarray, alpha: float) -> tuple[b
     """(significantly worse, significantly better, detail); `worse` is oriented so larger is worse."""
     if np.ptp(np.concatenate([worse, other])) == 0:
         return False, False, "p=1 (all samples equal)"
+    from scipy import stats  # here: loading scipy.stats takes about a second
+
     p_worse = stats.mannwhitneyu(worse, other, alternative="greater").pvalue
     p_better = stats.mannwhitneyu(worse, other, alternative="less").pvalue
     p = min(p_worse, p_better)
@@ -54,6 +55,8 @@ def _bootstrap(worse: np.ndarray, other: np.ndarray, test: SignificanceTest) -> 
     """The one-sided (1 - alpha) interval of median(worse) / median(other) excludes 1."""
     if np.ptp(np.concatenate([worse, other])) == 0 or np.median(other) == 0:
         return False, False, "ratio CI [1, 1]"
+    from scipy import stats
+
     result = stats.bootstrap(
         (worse, other),
         lambda a, b, axis: np.median(a, axis=axis) / np.median(b, axis=axis),

@@ -210,7 +210,9 @@ def markdown(rows: list[dict], head: str) -> str:
 def step_plot(measured_s: list, predicted_s: np.ndarray, sim_engine, path) -> float:
     """Measured vs predicted time of the same steps, and the simulated run's own steps; returns
     the median per-step relative error."""
-    from kvbench.reporting.figures import plt, save_figure
+    from kvbench.reporting.figures import pyplot, save_figure
+
+    plt = pyplot()
 
     measured = np.asarray(measured_s)
     fig, (over_run, scatter) = plt.subplots(1, 2, figsize=(12, 4.2))
