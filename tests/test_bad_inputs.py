@@ -11,9 +11,7 @@ entry point with subprocesses.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import typing
 
 import pytest
@@ -29,6 +27,8 @@ from kvbench.reporting import compare, report
 from kvbench.schema import groups
 from kvbench.schema.docs import allows_inf, constraints, fields
 from kvbench.schema.hydra_errors import hydra_line
+
+from helpers.cli import refused
 
 TRACE = "TRACE_CSV"  # replaced by a real trace file's path (fixture `files`)
 
@@ -121,23 +121,6 @@ def schema_cases():
 
 
 SCHEMA_CASES = list(schema_cases())
-
-
-def refused(run) -> str:
-    """Run a command's body; it must exit 2 with one stderr line and no traceback. Returns the line."""
-    err, out = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        with pytest.raises(SystemExit) as exit_info:
-            try:
-                run()
-            finally:
-                GlobalHydra.instance().clear()
-    text = err.getvalue()
-    assert exit_info.value.code == 2, text + out.getvalue()
-    assert "Traceback" not in text
-    lines = text.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), text
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
