@@ -23,7 +23,7 @@ from kvbench.core.scheduler import Batch
 from kvbench.core.spec import Hardware, ModelSpec
 from kvbench.errors import UserError
 from kvbench.executors.base import StepResult
-from kvbench.executors.cost_model import copies_per_block, swap_time_s
+from kvbench.executors.cost_model import SwapTime
 from kvbench.executors.step_fit import FEATURES, FitReport, fit
 
 # What a profile must agree with, in the order a refusal checks them.
@@ -168,15 +168,10 @@ class CalibratedExecutor:
         self.predict = predict if time_scale == 1.0 else lambda *features: time_scale * predict(*features)
         # swaps are host <-> device copies the profile did not time: the hardware's copy model
         self.hardware = hardware
-        self.swap_copies_per_block = copies_per_block(model)
-        self.swap_bytes_per_slot = model.kv_bytes_per_token
+        self.swap_time = SwapTime(model, hardware)
 
     def execute(self, batch: Batch) -> StepResult:
         step_s = self.predict(batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs)
         if batch.swapped_blocks:
-            step_s += swap_time_s(
-                self.hardware,
-                batch.swapped_blocks * self.swap_copies_per_block,
-                batch.swapped_slots * self.swap_bytes_per_slot,
-            )
+            step_s += self.swap_time(batch)
         return StepResult(step_s)

@@ -27,6 +27,21 @@ def copies_per_block(model: ModelSpec) -> int:
     return 2 * (model.num_layers - model.num_layers_of("linear"))
 
 
+class SwapTime:
+    """What a step's swaps add to its time on `hardware`: every swapped block's copies and bytes
+    (the roofline and the calibrated executor both charge it this way)."""
+
+    def __init__(self, model: ModelSpec, hardware: Hardware) -> None:
+        self.hardware = hardware
+        self.copies_per_block = copies_per_block(model)
+        self.bytes_per_slot = model.kv_bytes_per_token
+
+    def __call__(self, batch: Batch) -> float:
+        return swap_time_s(
+            self.hardware, batch.swapped_blocks * self.copies_per_block, batch.swapped_slots * self.bytes_per_slot
+        )
+
+
 def preemption_costs(
     model: ModelSpec,
     hardware: Hardware,
@@ -58,8 +73,7 @@ class CostModelExecutor:
 
     def __init__(self, model: ModelSpec, hardware: Hardware):
         self.hardware = hardware
-        self.swap_copies_per_block = copies_per_block(model)
-        self.swap_bytes_per_slot = model.kv_bytes_per_token
+        self.swap_time = SwapTime(model, hardware)
         g = hardware.num_gpus
         self.weight_bytes = model.weight_bytes
         self.bytes_per_s = hardware.hbm_bytes_per_s * hardware.hbm_efficiency * g
@@ -110,11 +124,7 @@ class CostModelExecutor:
         else:  # O(1): the batch's totals
             step_s = self.step_time(batch.num_tokens, batch.context_tokens, batch.attention_pairs)
         if batch.swapped_blocks:
-            step_s += swap_time_s(
-                self.hardware,
-                batch.swapped_blocks * self.swap_copies_per_block,
-                batch.swapped_slots * self.swap_bytes_per_slot,
-            )
+            step_s += self.swap_time(batch)
         return StepResult(step_s)
 
     def quiet_step_s(self, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
