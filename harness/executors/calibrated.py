@@ -167,7 +167,6 @@ class CalibratedExecutor:
         predict = profile.report.model.predict
         self.predict = predict if time_scale == 1.0 else lambda *features: time_scale * predict(*features)
         # swaps are host <-> device copies the profile did not time: the hardware's copy model
-        self.hardware = hardware
         self.swap_time = SwapTime(model, hardware)
 
     def execute(self, batch: Batch) -> StepResult:

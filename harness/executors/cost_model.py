@@ -72,7 +72,6 @@ class CostModelExecutor:
     simulated = True
 
     def __init__(self, model: ModelSpec, hardware: Hardware):
-        self.hardware = hardware
         self.swap_time = SwapTime(model, hardware)
         g = hardware.num_gpus
         self.weight_bytes = model.weight_bytes
