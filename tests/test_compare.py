@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -27,6 +26,8 @@ from kvbench.reporting.policy import Rule, SignificanceTest, load_policy
 from kvbench.reporting.results import write_csv
 from kvbench.reporting.significance import judge
 from kvbench.scenarios.repeats import run_interleaved
+
+from helpers.cli import in_process
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]
 
@@ -68,11 +69,7 @@ def degraded_registry(monkeypatch):
 
 def run_compare(*args):
     """bench-compare's main() in this process, as a finished process: (returncode, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in args])
-    code = exit_info.value.code
-    return subprocess.CompletedProcess(args, 0 if code is None else code, out.getvalue(), err.getvalue())
+    return in_process(lambda: main([str(a) for a in args]), args)
 
 
 def run_compare_process(*args):
