@@ -59,6 +59,11 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
         ("input_len,output_len\n", "no rows"),
         ("input_len,output_len\n10,5\nten,5\n", "row 3"),
         ("prompt,output\n1,2\n", "has no column for input_len: input_len or prompt_len"),
+        ("input_len,output_len\n10,5\n20,6,7\n", "row 3: 3 field\\(s\\), but the header has 2"),
+        ("input_len,output_len,arrival_s\n10,5,0\n20\n", "row 3: 1 field\\(s\\), but the header has 3"),
+        ("input_len,output_len\n10.5,5\n", "row 2: lengths must be whole numbers"),
+        ("input_len,output_len,arrival_s\n10,5,0.0\n20,6,\n", "row 3: no arrival_s; give every row"),
+        ("input_len,output_len\n10,nan\n", "row 2: lengths must be whole numbers"),
     ],
 )
 def test_a_bad_trace_says_what_is_wrong(tmp_path, text, message):
@@ -102,6 +107,12 @@ def trace(tmp_path, text: str) -> str:
 )
 def test_a_trace_reads_kvbench_vllm_and_vidur_column_spellings(tmp_path, header):
     path = trace(tmp_path, f"{header}\n10,5\n20,6\n")
+    requests = generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
+    assert [(r.prompt_len, r.output_len) for r in requests] == [(10, 5), (20, 6)]
+
+
+def test_a_trace_header_s_spaces_are_not_part_of_its_names(tmp_path):
+    path = trace(tmp_path, " input_len , output_len \n10,5\n20.0,6\n")
     requests = generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
     assert [(r.prompt_len, r.output_len) for r in requests] == [(10, 5), (20, 6)]
 

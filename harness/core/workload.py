@@ -124,19 +124,32 @@ def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
     rows = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
+        if reader.fieldnames:  # ` input_len , output_len `: the names without their spaces
+            reader.fieldnames = [name.strip() for name in reader.fieldnames]
         columns = _trace_columns(path, reader.fieldnames)
+        width = len(reader.fieldnames)
         for line, row in enumerate(reader, start=2):
+            if None in row or None in row.values():  # DictReader's extra fields, or missing ones
+                fields = width + len(row.get(None, ())) - sum(v is None for v in row.values())
+                raise UserError(f"trace {path} row {line}: {fields} field(s), but the header has {width}")
             try:
-                i, o = int(float(row[columns["input_len"]])), int(float(row[columns["output_len"]]))
+                i, o = (float(row[columns[c]]) for c in ("input_len", "output_len"))
                 a = row.get(columns.get("arrival_s", "arrival_s"))
                 a = float(a) if a not in (None, "") else None
-            except (TypeError, ValueError):
+            except ValueError:
                 raise UserError(
                     f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)"
                 ) from None
+            if not (i.is_integer() and o.is_integer()):
+                raise UserError(f"trace {path} row {line}: lengths must be whole numbers of tokens, got {row}")
             if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
                 raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
-            rows.append((i, o, a, line))
+            if "arrival_s" in columns and a is None:
+                raise UserError(
+                    f"trace {path} row {line}: no {columns['arrival_s']}; give every row its arrival "
+                    f"time, or drop the column to have requests arrive at workload.rate"
+                )
+            rows.append((int(i), int(o), a, line))
     if not rows:
         raise UserError(f"trace {path} has no rows")
     return rows
