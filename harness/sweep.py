@@ -27,7 +27,7 @@ from kvbench.errors import UserError
 
 FINGERPRINT = "fingerprint.json"
 LOCK = ".kvbench.lock"
-NOT_MEASURED = ("progress", "profile", "sweep")  # keys that change how a point runs, not what it measures
+NOT_MEASURED = ("progress", "plots", "profile", "sweep")  # keys that change how a point runs, not what it measures
 
 
 def fingerprint(cfg: DictConfig) -> dict:

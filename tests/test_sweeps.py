@@ -173,6 +173,19 @@ def test_a_resume_reruns_points_whose_config_changed_or_whose_metrics_are_corrup
     assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["ok", "ok", "ok"]
 
 
+def test_plots_and_progress_name_no_point_and_a_rerun_that_only_draws_skips_every_point(tmp_path, monkeypatch, capsys):
+    sweep_in_process(tmp_path, monkeypatch, "workload.rate=1,2", "workload.num_requests=20", "plots=false")
+    points = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert points == [f"workload.duration_s=null,workload.num_requests=20,workload.rate={r}" for r in (1, 2)]
+    assert "plots" not in summary(tmp_path / "sweep")[0]
+    capsys.readouterr()
+
+    sweep_in_process(tmp_path, monkeypatch, "workload.rate=1,2", "workload.num_requests=20", "plots=true")
+    log = capsys.readouterr().out
+    assert all(f"skipped {name}" in log for name in points)
+    assert (tmp_path / "sweep" / "kv_breakdown.png").is_file()
+
+
 def test_a_point_that_runs_past_its_time_limit_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         sweep_in_process(tmp_path, monkeypatch, "workload.num_requests=20,3000", "sweep.point_timeout_s=0.5")
