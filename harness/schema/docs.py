@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import types
 import typing
 from importlib import resources
 
@@ -66,9 +67,9 @@ def _type_name(annotation) -> str:
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
         return "|".join(str(a) for a in args)
-    if typing.get_origin(annotation) is typing.Union:
-        inner = [_type_name(a) for a in args if a is not type(None)]
-        return " or ".join(inner) + " or null"
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # Union[a, b] or a | b
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names + ["null"] * (type(None) in args))
     if typing.get_origin(annotation) is typing.Annotated:
         return _type_name(args[0])
     if typing.get_origin(annotation) is list:
@@ -87,7 +88,7 @@ def constraints(field) -> list:
             for m in annotation.__metadata__:
                 found += list(m.metadata) if hasattr(m, "metadata") else [m]
             todo.append(typing.get_args(annotation)[0])
-        elif typing.get_origin(annotation) is typing.Union:
+        elif typing.get_origin(annotation) in (typing.Union, types.UnionType):
             todo += list(typing.get_args(annotation))
     return found
 
@@ -148,5 +149,5 @@ def doc_of(key: str, same_key: list) -> str:
 def help_text() -> str:
     lines = []
     for key, same_key in schema_fields().items():
-        lines.append(f"  {key:<36} {describe_all(same_key):<30} {doc_of(key, same_key)}".rstrip())
+        lines.append(f"  {key:<36} {describe_all(same_key):<30}  {doc_of(key, same_key)}".rstrip())
     return "\n".join(lines).replace("$", "$$")
