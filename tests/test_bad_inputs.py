@@ -275,6 +275,8 @@ RUN_CASES = [
     (["+allocator=contiguous", "engine.kv_cache_bytes=1e8", "workload.num_requests=5"], "smaller than one request"),
     (["scheduler.max_num_batched_tokens=10", "workload.num_requests=5"], "exceeds scheduler.max_num_batched_tokens=10"),
     (["profile=true", "workload.num_requests=5"], "profile=true traces torch operators"),
+    (["+backend=flashinfer", "workload.num_requests=5"], "executor=roofline does not model backend=flashinfer"),
+    (["+graph=full", "+backend=triton_paged"], "does not model backend=triton_paged or graph=full"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],

@@ -36,6 +36,15 @@ def make_executor(cfg: DictConfig, model, hardware) -> tuple:
     if name not in EXECUTORS:
         raise UserError(f"executor={name!r} is not one of {', '.join(EXECUTORS)}")
     if name == "roofline":
+        # The roofline times a step from its totals and the hardware alone: no backend or graph
+        # mode enters it, so a row that named one would label numbers it never had.
+        unmodelled = [f"{kind}={n}" for kind in ("backend", "graph") if (n := plugin_cfg(cfg, kind)["name"]) != "eager"]
+        if unmodelled:
+            raise UserError(
+                f"executor=roofline does not model {' or '.join(unmodelled)}: its step times are the same "
+                f"for every backend and graph mode; time them with scenario=kernel or scenario=serve, or "
+                f"simulate with executor=calibrated executor.profile=PATH (a profile measured with them)"
+            )
         return CostModelExecutor(model, hardware), {"executor": "roofline"}
     from kvbench.executors.calibrated import (
         CalibratedExecutor,
