@@ -106,4 +106,9 @@ def simulate(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
 
 
 def run(cfg: DictConfig) -> list[dict]:
+    if cfg.engine.get("async_scheduling"):
+        raise UserError(
+            "engine.async_scheduling=true is measured by scenario=serve: the simulator's step times do "
+            "not model scheduling overlapping the step before; drop it here"
+        )
     return [simulate(cfg)[0]]
