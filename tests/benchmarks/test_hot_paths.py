@@ -155,3 +155,25 @@ def test_cost_model_step_256_running(benchmark, opt_13b_on_a100):
     batch = decode_step(running_scheduler(PagedAllocator(RUNNING * 2048, 2048, block_size=16)))
     result = benchmark(executor.execute, batch)
     assert 0.008 < result.duration_s < 1.0  # overhead + weights / bandwidth: tens of ms
+
+
+def test_recording_a_finished_340_token_request_with_its_log_line(benchmark, tmp_path):
+    """What every finished request costs the recorder: its latencies, its inter-token gaps and
+    its line of requests.jsonl (ShareGPT's mean output is ~340 tokens)."""
+    from array import array
+
+    from kvbench.core.recorder import Recorder
+    from kvbench.core.request_log import RequestLog
+
+    recorder = Recorder(request_log=RequestLog(tmp_path / "requests.jsonl"))
+    request = Request(0, 0.0, PROMPT, output_len=340)
+    seq = Sequence(0, request, PROMPT)
+    seq.token_times = array("d", (0.5 + 0.03 * i for i in range(340)))
+    seq.first_token_s, seq.finish_s = seq.token_times[0], seq.token_times[-1]
+
+    def record():
+        recorder._finishing.append(seq)
+        recorder._read_finished()
+
+    benchmark(record)
+    assert recorder.output_len[-1] == 340 and recorder.e2el[-1] == pytest.approx(0.5 + 0.03 * 339)
