@@ -349,6 +349,7 @@ COMPARE_CASES = [
     (["FILES/nobench.json", "FILES/good.csv"], "nobench.json is not a pytest-benchmark JSON file"),
     (["FILES/nostats.json", "FILES/good.csv"], "nostats.json is not a pytest-benchmark JSON file"),
     (["FILES/good.csv", "FILES/other.csv"], "no point of the current run matches the baseline"),
+    (["FILES/good.csv", "FILES/good.json"], "good.json is a pytest-benchmark JSON file and"),
     (["FILES/twice.csv", "FILES/good.csv"], "the baseline has two rows for the point"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES/missing.yaml"], "missing.yaml does not exist"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES"], "is not a regular file"),
@@ -384,6 +385,7 @@ def result_files(files):
     (files / "list.json").write_text("[1, 2]")
     (files / "nobench.json").write_text('{"machine_info": {}}')
     (files / "nostats.json").write_text('{"benchmarks": [{"fullname": "x"}]}')
+    (files / "good.json").write_text('{"benchmarks": [{"fullname": "x", "stats": {"median": 1.0, "min": 1.0}}]}')
     (files / "emptydir").mkdir(exist_ok=True)
     (files / "badsweep" / "p1").mkdir(parents=True, exist_ok=True)
     (files / "badsweep" / "p1" / "metrics.csv").write_bytes(b"\xff\xfe\x00")

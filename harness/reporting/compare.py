@@ -304,7 +304,15 @@ def main(argv: list[str] | None = None) -> None:
         elif len(args.inputs) != 2:
             raise UserError(f"give BASELINE and CURRENT (got {len(args.inputs)} input(s)), or --against REF")
         else:
-            code = compare(read_side(args.inputs[0]), read_side(args.inputs[1]), policy, args.allow_missing)
+            base, cur = args.inputs
+            sides = read_side(base), read_side(cur)  # each checked on its own first
+            if (Path(base).suffix == ".json") != (Path(cur).suffix == ".json"):
+                bench_file, results = (base, cur) if Path(base).suffix == ".json" else (cur, base)
+                raise UserError(
+                    f"{bench_file} is a pytest-benchmark JSON file and {results} holds run results: "
+                    f"compare two of one kind"
+                )
+            code = compare(*sides, policy, args.allow_missing)
     except Exception as err:  # bad input: one line, exit 2 (exit 1 means a regression)
         if not reportable(err):
             raise
