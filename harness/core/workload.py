@@ -13,7 +13,8 @@ Length distributions:
 - `uniform`: vLLM's random dataset, lengths uniform in [L(1-r), L(1+r)].
 - `fixed`: every request has the same lengths.
 - `trace`: a CSV with `input_len,output_len` and optionally `arrival_s` (vLLM's `prompt_len` and
-  Vidur's `num_prefill_tokens,num_decode_tokens,arrived_at` are read too), taken in file order.
+  Vidur's `num_prefill_tokens,num_decode_tokens,arrived_at` are read too): requests in the order
+  of their arrival times when the file has them (every row must), else in file order.
 """
 
 from __future__ import annotations
