@@ -94,6 +94,16 @@ def test_a_run_prints_its_console_table(run):
     assert f"{row['median_ttft_ms']:.2f}" in stdout and f"{100 * row['kv_token_util']:.1f}%" in stdout
 
 
+def test_a_run_s_title_names_what_it_measured():
+    from kvbench.reporting.console import run_table
+
+    served = {"scenario": "serve", "allocator": "paged", "model": "tiny", "hardware": "a100-40gb", "device": "cpu"}
+    assert "serve · paged · tiny · cpu · sharegpt ==" in run_table({**served, "workload": "sharegpt"}).splitlines()[0]
+    kernel = {**served, "scenario": "kernel", "backend": "triton_paged", "batch_spec": "2d64", "workload": "sharegpt"}
+    title = run_table(kernel).splitlines()[0]
+    assert "kernel · triton_paged · paged · tiny · cpu · 2d64" in title and "sharegpt" not in title
+
+
 def test_latencies_recomputed_from_requests_jsonl_equal_the_summary(run):
     _, row, requests = run
     assert len(requests) == row["completed"] == row["requests"]

@@ -93,10 +93,13 @@ def _value(row, column: str, fmt: str) -> str | None:
 
 def run_table(row: dict) -> str:
     """One run's result, one line per headline number."""
-    where = row.get("hardware") if row.get("scenario") == "simulate" else row.get("device")
-    title = " · ".join(
-        str(v) for v in (row.get("scenario"), row.get("allocator"), row.get("model"), where, row.get("workload")) if v
-    )
+    scenario = row.get("scenario")
+    where = "hardware" if scenario == "simulate" else "device"
+    if scenario == "kernel":  # a backend timed on one batch: no workload
+        named = ("scenario", "backend", "allocator", "model", where, "batch_spec")
+    else:
+        named = ("scenario", "allocator", "model", where, "workload")
+    title = " · ".join(str(row[k]) for k in named if row.get(k))
     lines = [f"== kvbench result: {title} ==".center(WIDTH, "=")]
     for section, specs in RUN_LINES:
         shown = [(label, text) for label, column, fmt in specs if (text := _value(row, column, fmt)) is not None]
