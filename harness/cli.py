@@ -78,6 +78,12 @@ def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
 
 def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None:
     if not multirun:
+        paper = OmegaConf.select(cfg, "report.paper")
+        if paper:  # written by SweepSummary, at a sweep's end: a single run would end without it
+            raise UserError(
+                f"report.paper={paper} compares a sweep with the paper when the sweep ends; run "
+                f"+experiment={paper} (the paper's sweep), or add -m"
+            )
         rows, status, reason = run_checked(cfg, out_dir), "ok", ""
     else:
         try:

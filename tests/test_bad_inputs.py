@@ -278,6 +278,7 @@ RUN_CASES = [
     (["+backend=flashinfer", "workload.num_requests=5"], "executor=roofline does not model backend=flashinfer"),
     (["+graph=full", "+backend=triton_paged"], "does not model backend=triton_paged or graph=full"),
     (["engine.async_scheduling=true"], "engine.async_scheduling=true is measured by scenario=serve"),
+    (["report.paper=fig2"], "report.paper=fig2 compares a sweep with the paper when the sweep ends"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
