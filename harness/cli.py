@@ -59,6 +59,22 @@ def point_overrides() -> dict:
     return columns
 
 
+# Config a scenario reads only if it is one of these: given on the command line to another, it
+# would be recorded as a column of a run it never shaped, so it is refused instead.
+READ_ONLY_BY = {"batch": ("kernel",), "executor": ("simulate",), "workload": ("simulate", "serve", "validate")}
+
+
+def refuse_unread_overrides(cfg: DictConfig) -> None:
+    scenario = str(cfg.scenario.name)
+    for item in HydraConfig.get().overrides.task:
+        key = item.lstrip("+~").partition("=")[0]
+        readers = READ_ONLY_BY.get(key.split(".")[0])
+        if readers and scenario not in readers:
+            raise UserError(
+                f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: drop it"
+            )
+
+
 def failed_rows(cfg: DictConfig) -> list[dict]:
     from kvbench.scenarios.run import identity
 
@@ -72,6 +88,7 @@ def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
     from kvbench.scenarios.run import run_point
 
     schema.validate(cfg)
+    refuse_unread_overrides(cfg)
     with sweep.deadline(float(cfg.sweep.point_timeout_s)), profiled(cfg, out_dir):
         return run_point(cfg)
 

@@ -279,6 +279,9 @@ RUN_CASES = [
     (["+graph=full", "+backend=triton_paged"], "does not model backend=triton_paged or graph=full"),
     (["engine.async_scheduling=true"], "engine.async_scheduling=true is measured by scenario=serve"),
     (["report.paper=fig2"], "report.paper=fig2 compares a sweep with the paper when the sweep ends"),
+    (["batch=4d1k"], "batch is read by scenario=kernel only; scenario=simulate would ignore it"),
+    (["scenario=serve", "model=tiny", "executor=calibrated"], "executor is read by scenario=simulate only"),
+    (["scenario=kernel", "model=tiny", "workload.rate=9"], "workload.rate is read by scenario=simulate or serve"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
