@@ -250,3 +250,50 @@ def test_the_readme_plugin_example_works_as_written(tmp_path):
         "error: allocator mine has no option 'spares'; did you mean spare_blocks? "
         "(it accepts: block_size, spare_blocks, watermark, prefix_caching)"
     ]
+
+
+def composed(tmp_path, monkeypatch, *args) -> tuple[list[str], list[str]]:
+    """The run modes Hydra composed a config for, and the one it ran (run or multirun, not run:
+    the experiment below would take minutes)."""
+    from hydra._internal.hydra import Hydra
+
+    modes, ran = [], []
+    compose = Hydra.compose_config
+
+    def counted(self, *a, **kw):
+        modes.append(str(kw.get("run_mode")))
+        return compose(self, *a, **kw)
+
+    monkeypatch.setattr(Hydra, "compose_config", counted)
+    monkeypatch.setattr(Hydra, "multirun", lambda self, **kw: ran.append("multirun"))
+    in_process(tmp_path, monkeypatch, *args)
+    return modes, ran
+
+
+def test_a_plain_run_composes_its_config_once(tmp_path, monkeypatch):
+    modes, ran = composed(tmp_path, monkeypatch, "workload.num_requests=5", "plots=false")
+    assert modes == ["RunMode.RUN"] and ran == []  # Hydra's get_mode would have composed one more
+    assert list(tmp_path.glob("results/runs/*/metrics.csv"))
+
+
+def test_an_experiment_still_takes_its_sweep_mode_from_its_config(tmp_path, monkeypatch):
+    modes, ran = composed(tmp_path, monkeypatch, "+experiment=fig2")
+    assert modes == ["RunMode.MULTIRUN"] and ran == ["multirun"]  # get_mode read hydra.mode from fig2.yaml
+
+
+@pytest.mark.parametrize(
+    "args, skipped",
+    [
+        (["model=tiny", "+allocator=paged", "workload.rate=4", "hydra/launcher=joblib", "hydra.run.dir=x"], True),
+        (["-m", "+experiment=fig2"], True),  # -m: the mode is MULTIRUN whatever the config says
+        (["+experiment=fig2"], False),
+        (["hydra.mode=MULTIRUN"], False),
+        (["hydra.searchpath=[file:///plugins]"], False),
+        (["+allocator=third_party"], False),  # a plugin's YAML, which might set the mode
+        (["--config-name", "other"], False),
+    ],
+)
+def test_the_mode_composition_is_skipped_only_where_no_config_can_set_the_mode(args, skipped):
+    from hydra._internal.utils import get_args_parser
+
+    assert cli.mode_is_the_command_lines(get_args_parser().parse_args(args)) is skipped
