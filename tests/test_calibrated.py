@@ -292,6 +292,12 @@ def test_a_grid_longer_than_the_model_is_refused(tmp_path):
         profile(tmp_path, "scenario.decode_context=[16,4096]")
 
 
+def test_a_grid_too_small_to_fit_says_how_many_shapes_the_fit_needs(tmp_path):
+    small = ["scenario.prefill_len=[16]", "scenario.prefill_seqs=[1]", "scenario.decode_batch=[1]"]
+    with pytest.raises(UserError, match=r"needs at least 5 measured shapes, and 3 of the grid's 3 ran"):
+        profile(tmp_path, *small, "scenario.decode_context=[16]")
+
+
 def test_repeats_below_one_are_refused(tmp_path):
     with pytest.raises(UserError, match="scenario.repeats=0 must be >= 1"):
         profile(tmp_path, "scenario.repeats=0")

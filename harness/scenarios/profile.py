@@ -165,8 +165,10 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between, statistic=statistic)
     if len(measured) < len(FEATURES) + 1:
         raise UserError(
-            f"only {len(measured)} of the grid's shapes fit scheduler.* and scenario.kv_cache_tokens="
-            f"{scenario.kv_cache_tokens}; widen them or the grid"
+            f"the step-time fit needs at least {len(FEATURES) + 1} measured shapes, and {len(measured)} of "
+            f"the grid's {len(shapes)} ran (a shape must fit scheduler.* and scenario.kv_cache_tokens="
+            f"{scenario.kv_cache_tokens}); give the grid more values (scenario.prefill_len, "
+            f"scenario.decode_batch, ...) or raise those limits"
         )
     identity = {
         "model": spec.name,
