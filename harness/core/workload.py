@@ -117,7 +117,10 @@ def _trace_columns(path: str, header) -> dict[str, str]:
 
 
 def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
-    """The rows of a length trace as (input_len, output_len, arrival_s or None, file line)."""
+    """The rows of a length trace as (input_len, output_len, arrival_s or None, file line).
+
+    kvbench's one table read with the csv module, not pandas (docs/design.md): row by row, so
+    an error names the bad row's line, and without pandas' import."""
     if not path:
         raise UserError("workload=trace needs workload.path=FILE.csv (columns input_len,output_len[,arrival_s])")
     if not os.path.isfile(path):
