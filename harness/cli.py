@@ -10,8 +10,10 @@ on; the sweep then exits 2 naming the first failure. Re-running a sweep into its
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -24,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench import schema, sweep
 from kvbench.errors import UserError, exit_with, one_line, reportable
 from kvbench.profiling import profiled
-from kvbench.reporting.results import IDENTITY, environment, safe_dirname, write_csv
+from kvbench.reporting.results import IDENTITY, environment, write_csv
 
 log = logging.getLogger("kvbench")
 
@@ -41,9 +43,19 @@ def _field_docs() -> str:
 OmegaConf.register_new_resolver("kvbench.field_docs", _field_docs, use_cache=True, replace=True)
 
 
+def point_dirname(overrides: str) -> str:
+    """A sweep point's directory name: its overrides, with every character a file name cannot
+    safely hold (a path's slashes) replaced, and a short hash of the original when anything was
+    replaced or cut, so two points never share a directory."""
+    safe = re.sub(r"[^A-Za-z0-9._=,+-]", "_", overrides)[:150]
+    if safe == overrides:
+        return safe
+    return f"{safe}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
+
+
 # hydra.sweep.subdir (conf/bench.yaml) names each point's directory through this resolver; a
 # joblib worker registers it too, when it imports this module to run the task function.
-OmegaConf.register_new_resolver("point_dirname", safe_dirname, replace=True)
+OmegaConf.register_new_resolver("point_dirname", point_dirname, replace=True)
 
 
 def point_overrides() -> dict:

@@ -1,10 +1,8 @@
 """Turn sweep directories into summary.csv, the comparison plots and a self-contained HTML page.
 
-`bench-report DIR [--out OUT] [--baseline NAME]` writes into DIR unless `--out` says otherwise;
-several directories are compared in `results/reports/A+B+...` (relative to the working
-directory, like Hydra's results/runs), so that no sweep's own summary.csv, plots and report are
-overwritten by the comparison. A sweep's end (the SweepSummary callback) writes the same three
-things into the sweep directory. The page opens with its verdict: each system's capacity at the latency
+`bench-report DIR... [--out OUT] [--baseline NAME]` writes into the first directory unless
+`--out` says otherwise; a sweep's end (the SweepSummary callback) writes the same three things
+into the sweep directory. The page opens with its verdict: each system's capacity at the latency
 target and its ratio to the baseline allocator's, the winner at each swept setting and its
 margin over the baseline, and why each failed point failed.
 """
@@ -29,7 +27,6 @@ from kvbench.reporting.results import (
     ok_rows,
     point_labels,
     read_csv,
-    safe_dirname,
     varying_keys,
     write_atomic,
     write_csv,
@@ -95,13 +92,6 @@ def load_sweeps(sweep_dirs: list[Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def comparison_dir(sweep_dirs: list[Path]) -> Path:
-    """Where the report of several sweeps goes by default: results/reports/A+B (each input's
-    directory name; a summary.csv counts by its folder's)."""
-    names = [(d.parent if d.is_file() else d).resolve().name or "root" for d in sweep_dirs]
-    return Path("results", "reports", safe_dirname("+".join(names)))
-
-
 def summarize(
     sweep_dirs, out_dir: Path | None = None, baseline: str | None = None, slo: float | None = None, plots: bool = True
 ) -> list[Path]:
@@ -111,7 +101,7 @@ def summarize(
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
     frame = in_paper_order(load_sweeps(sweep_dirs))
     chosen, asked, slo = verdict_settings(frame, sweep_dirs[0], baseline, slo)
-    out_dir = Path(out_dir or (sweep_dirs[0] if len(sweep_dirs) == 1 else comparison_dir(sweep_dirs)))
+    out_dir = Path(out_dir or sweep_dirs[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.csv"
     write_csv(summary, frame)
@@ -270,9 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html."
     )
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (or summary.csv files)")
-    parser.add_argument(
-        "--out", type=Path, help="where to write (default: DIR itself, or results/reports/A+B+... for several)"
-    )
+    parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
     parser.add_argument(
         "--baseline",
         help="the allocator the verdict's ratios are taken against "
@@ -286,12 +274,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        if args.out is None and len(args.dirs) == 1 and args.dirs[0].is_file():
+        if args.out is None and args.dirs[0].is_file():
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
         if args.slo is not None and not args.slo > 0:
             raise UserError(f"--slo {args.slo:g} must be a number > 0 (seconds per output token)")
         for path in summarize(args.dirs, args.out, args.baseline, args.slo):
             print(f"wrote {path}")
+        if args.out is None and len(args.dirs) > 1:
+            print(
+                f"{args.dirs[0]} now holds the comparison of all {len(args.dirs)} inputs (its points are "
+                f"untouched): `bench-report {args.dirs[0]}` writes its own report again, --out DIR puts "
+                f"a comparison elsewhere"
+            )
     except Exception as err:  # bad input or an unwritable --out: one line, exit 2
         if not reportable(err):
             raise

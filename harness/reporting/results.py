@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import csv
 import functools
-import hashlib
 import io
 import math
 import os
-import re
 import subprocess
 import tempfile
 from importlib import metadata
@@ -57,16 +55,6 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 def write_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode())
-
-
-def safe_dirname(overrides: str) -> str:
-    """A directory name for `overrides` (a sweep point's, or the sweeps a report compares): every
-    character a file name cannot safely hold (a path's slashes) replaced, and a short hash of the
-    original appended when anything was replaced or cut, so two points never share a directory."""
-    safe = re.sub(r"[^A-Za-z0-9._=,+-]", "_", overrides)[:150]
-    if safe == overrides:
-        return safe
-    return f"{safe}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
 
 
 def column_order(columns) -> list[str]:
