@@ -58,18 +58,24 @@ def point_dirname(overrides: str) -> str:
 OmegaConf.register_new_resolver("point_dirname", point_dirname, replace=True)
 
 
+def not_measured() -> list[str]:
+    """The keys that change how a point runs, not what it measures (conf/bench.yaml's
+    override_dirname.exclude_keys): in no point's name, column or fingerprint."""
+    return list(HydraConfig.get().job.config.override_dirname.exclude_keys)
+
+
+def split_override(item: str) -> tuple[str, str]:
+    """`+key=value`, `~key` or `key=value` as (key, value)."""
+    key, _, value = item.lstrip("+~").partition("=")
+    return key, value
+
+
 def point_overrides() -> dict:
     """The swept / overridden parameters of this point, as identity columns (the groups in
     IDENTITY have their own; another group chosen, such as +preset=vllm, is a column of its own)."""
     hydra_cfg = HydraConfig.get()
-    not_parameters = set(hydra_cfg.job.config.override_dirname.exclude_keys)  # e.g. progress
-    choices = set(hydra_cfg.runtime.choices) & set(IDENTITY)
-    columns = {}
-    for item in hydra_cfg.overrides.task:
-        key, _, value = item.lstrip("+~").partition("=")
-        if key not in choices and key not in not_parameters:
-            columns[key] = value
-    return columns
+    skipped = set(not_measured()) | (set(hydra_cfg.runtime.choices) & set(IDENTITY))
+    return {key: value for key, value in map(split_override, hydra_cfg.overrides.task) if key not in skipped}
 
 
 # Config a scenario reads only if it is one of these: given on the command line to another, it
@@ -79,8 +85,7 @@ READ_ONLY_BY = {"batch": ("kernel",), "executor": ("simulate",), "workload": ("s
 
 def refuse_unread_overrides(cfg: DictConfig) -> None:
     scenario = str(cfg.scenario.name)
-    for item in HydraConfig.get().overrides.task:
-        key = item.lstrip("+~").partition("=")[0]
+    for key, _ in map(split_override, HydraConfig.get().overrides.task):
         readers = READ_ONLY_BY.get(key.split(".")[0])
         if readers and scenario not in readers:
             raise UserError(
@@ -117,7 +122,7 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         rows, status, reason = run_checked(cfg, out_dir), "ok", ""
     else:
         try:
-            current = sweep.fingerprint(cfg)
+            current = sweep.fingerprint(cfg, not_measured())
         except Exception:  # a config that does not resolve: the schema check below says why
             current = {}
         skip, why = sweep.resume(out_dir, current) if current else (False, "")
@@ -179,8 +184,7 @@ def mode_is_the_command_lines(args) -> bool:
     if args.config_path or args.config_name or args.config_dir:
         return False
     conf = resources.files("kvbench.conf")
-    for item in args.overrides:
-        key, _, value = item.lstrip("+~").partition("=")
+    for key, value in map(split_override, args.overrides):
         if key.startswith(("hydra.mode", "hydra.searchpath")) or key == "experiment":
             return False
         group = conf / key

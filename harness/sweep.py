@@ -27,15 +27,23 @@ from kvbench.errors import UserError
 
 FINGERPRINT = "fingerprint.json"
 LOCK = ".kvbench.lock"
-NOT_MEASURED = ("progress", "plots", "profile", "sweep")  # keys that change how a point runs, not what it measures
 
 
-def fingerprint(cfg: DictConfig) -> dict:
+def fingerprint(cfg: DictConfig, not_measured=()) -> dict:
+    """What produced a point: its resolved config less the `not_measured` keys (dotted; the
+    sweep's hydra.job.config.override_dirname.exclude_keys, which also keep them out of the point's
+    name and columns), and the kvbench version and git sha."""
     from kvbench.reporting.results import environment
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("hydra", *NOT_MEASURED):
-        resolved.pop(key, None)
+    resolved.pop("hydra", None)
+    for key in not_measured:
+        *parents, leaf = key.split(".")
+        node = resolved
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
     text = json.dumps(resolved, sort_keys=True, default=str)
     env = environment()
     return {
