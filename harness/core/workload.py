@@ -192,7 +192,7 @@ def trace_requests(
             f"trace {path}: every row has more than max_model_len={max_len} tokens "
             f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len"
         )
-    if all(r[2] is not None for r in kept):
+    if kept[0][2] is not None:  # load_trace: every row has its arrival time, or none has
         kept.sort(key=lambda r: r[2])
         cutoff = math.inf if duration is None else duration
         kept = [r for r in kept if r[2] <= cutoff]
@@ -200,7 +200,7 @@ def trace_requests(
         if len(taken) < len(kept):
             cutoff = taken[-1][2]
         times = np.array([r[2] for r in taken], dtype=float)
-        dropped = sum(1 for r in too_long if r[2] is not None and r[2] <= cutoff)
+        dropped = sum(1 for r in too_long if r[2] <= cutoff)
     else:
         if count is not None and count > len(kept):
             raise UserError(
