@@ -174,8 +174,8 @@ def _main(cfg: DictConfig) -> None:
 
 def mode_is_the_command_lines(args) -> bool:
     """Whether the run mode follows from the command line alone: -m or not. Hydra otherwise
-    composes the whole config once more, only to read `hydra.mode` (about 0.17 s, a fifth of a
-    short run). In kvbench's configs only the experiment group sets it, so that composition
+    composes the whole config once more, only to read `hydra.mode` (about 0.1 s of a 0.8 s run,
+    docs/design.md). In kvbench's configs only the experiment group sets it, so that composition
     is skipped unless the command line chooses an experiment, sets hydra.mode or a search path,
     names another primary config, or chooses a group option that is not one of kvbench's own
     (a plugin's YAML might set the mode)."""

@@ -306,8 +306,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             base, cur = args.inputs
             sides = read_side(base), read_side(cur)  # each checked on its own first
-            if (Path(base).suffix == ".json") != (Path(cur).suffix == ".json"):
-                bench_file, results = (base, cur) if Path(base).suffix == ".json" else (cur, base)
+            benchmarks = ["benchmark" in side for side in sides]  # benchmark_frame's rows
+            if benchmarks[0] != benchmarks[1]:
+                bench_file, results = (base, cur) if benchmarks[0] else (cur, base)
                 raise UserError(
                     f"{bench_file} is a pytest-benchmark JSON file and {results} holds run results: "
                     f"compare two of one kind"
