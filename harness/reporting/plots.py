@@ -151,7 +151,8 @@ def latency_vs_rate(frame: pd.DataFrame):
 
 
 def draw_all(rows, out: Path) -> list[Path]:
-    """Every plot the rows support; scenarios without serving metrics contribute their own."""
+    """Every plot the rows support; scenarios without serving metrics contribute their own. A
+    single point gets its KV breakdown; the throughput / latency panels need two points to compare."""
     frame = ok_rows(table(rows))
     out = Path(out)
     written = []
@@ -159,7 +160,8 @@ def draw_all(rows, out: Path) -> list[Path]:
         serving = in_paper_order(frame[frame["kv_token_util"].notna()])
         if len(serving):
             written.append(save_figure(kv_breakdown(serving), out / "kv_breakdown.png"))
-            written.append(save_figure(throughput_latency(serving), out / "throughput_latency.png"))
+            if len(serving) > 1:  # one point's would be a bar per panel: the console table, drawn
+                written.append(save_figure(throughput_latency(serving), out / "throughput_latency.png"))
             if rate_axis(serving):
                 written.append(save_figure(latency_vs_rate(serving), out / "latency_vs_rate.png"))
     if "latency_us_p50" in frame:
