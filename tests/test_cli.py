@@ -298,3 +298,40 @@ def test_the_mode_composition_is_skipped_only_where_no_config_can_set_the_mode(a
     from hydra._internal.utils import get_args_parser
 
     assert cli.mode_is_the_command_lines(get_args_parser().parse_args(args)) is skipped
+
+
+def test_a_sweep_composes_each_points_config_once_and_still_checks_every_point_first(tmp_path, monkeypatch, capsys):
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.plugins.sweeper import Sweeper
+
+    composed, compose, check = [], ConfigLoaderImpl.load_sweep_config, Sweeper.validate_batch_is_legal
+
+    def counted(self, master_config, sweep_overrides):
+        composed.append(tuple(sweep_overrides))
+        return compose(self, master_config, sweep_overrides)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counted)
+    sweep = ["-m", "+allocator=contiguous,paged", "workload.num_requests=5", "plots=false"]
+    in_process(tmp_path, monkeypatch, *sweep, "hydra.sweep.dir=good")
+    assert len(composed) == len(set(composed)) == 2  # Hydra's check, then its launcher: 4 without the hand-over
+    assert sorted(p.parent.name for p in (tmp_path / "good").glob("*/metrics.csv")) == [
+        "+allocator=contiguous,workload.num_requests=5",
+        "+allocator=paged,workload.num_requests=5",
+    ]
+    assert ConfigLoaderImpl.load_sweep_config is counted and Sweeper.validate_batch_is_legal is check  # undone
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # the bad point is last: no point may run before the check
+        in_process(
+            tmp_path,
+            monkeypatch,
+            "-m",
+            "+allocator=paged,nonexistent",
+            "workload.num_requests=5",
+            "hydra.sweep.dir=bad",
+        )
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: unknown allocator 'nonexistent'; known: contiguous, hybrid, oracle, paged, pow2"
+    ]
+    assert not list((tmp_path / "bad").glob("*/metrics.csv"))
