@@ -10,6 +10,7 @@ on; the sweep then exits 2 naming the first failure. Re-running a sweep into its
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -173,12 +174,11 @@ def _main(cfg: DictConfig) -> None:
 
 
 def mode_is_the_command_lines(args) -> bool:
-    """Whether the run mode follows from the command line alone: -m or not. Hydra otherwise
-    composes the whole config once more, only to read `hydra.mode` (about 0.1 s of a 0.8 s run,
-    docs/design.md). In kvbench's configs only the experiment group sets it, so that composition
-    is skipped unless the command line chooses an experiment, sets hydra.mode or a search path,
-    names another primary config, or chooses a group option that is not one of kvbench's own
-    (a plugin's YAML might set the mode)."""
+    """Whether the run mode follows from the command line alone: -m or not (composing_once then
+    skips get_mode's composition). In kvbench's configs only the experiment group sets the mode,
+    so this holds unless the command line chooses an experiment, sets hydra.mode or a search
+    path, names another primary config, or chooses a group option that is not one of kvbench's
+    own (a plugin's YAML might set the mode)."""
     if args.multirun:  # a config's mode can only be MULTIRUN too (or RUN, which -m overrides)
         return True
     if args.config_path or args.config_name or args.config_dir:
@@ -193,18 +193,24 @@ def mode_is_the_command_lines(args) -> bool:
     return True
 
 
-def launch_what_was_checked():
-    """Hydra's sweeper composes every point's config to check a batch before it launches any
-    point, and its launcher then composes each point's config again to run it (about 0.15 s a
-    point: the README's sweep took 6.9 s with it, 6.3 s without; docs/design.md). Patched for
-    the duration of one `main`:
-    the check keeps what it composed, and the launcher takes each checked config once, so a bad
-    point still stops the sweep before its first point runs. A launcher that composes in
-    another process (joblib, submitit) composes there as before. Returns the undo."""
+@contextlib.contextmanager
+def composing_once(args):
+    """Hydra, for the length of one `main`, composing each config it runs once.
+
+    - Hydra's `get_mode` composes the whole config once more, only to read `hydra.mode`; that is
+      skipped where `mode_is_the_command_lines(args)` (about 0.1 s of a short run).
+    - Hydra's sweeper composes every point's config to check a batch before it launches any
+      point, and its launcher composed each again to run it (about 0.15 s a point: the README's
+      sweep took 6.9 s so, 6.3 s without). The check keeps what it composed and the launcher
+      takes each checked config once, so a bad point still stops a sweep before its first point
+      runs. A launcher that composes in another process (joblib, submitit) composes there.
+
+    docs/design.md has the measurements."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.hydra import Hydra
     from hydra.plugins.sweeper import Sweeper
 
-    check, compose = Sweeper.validate_batch_is_legal, ConfigLoaderImpl.load_sweep_config
+    compose = ConfigLoaderImpl.load_sweep_config
     checked: dict[tuple, object] = {}
 
     def validate_batch_is_legal(self, batch) -> None:
@@ -217,19 +223,25 @@ def launch_what_was_checked():
         config = checked.pop(tuple(sweep_overrides), None)
         return config if config is not None else compose(self, master_config, sweep_overrides)
 
-    Sweeper.validate_batch_is_legal, ConfigLoaderImpl.load_sweep_config = validate_batch_is_legal, load_sweep_config
-
-    def undo() -> None:
-        Sweeper.validate_batch_is_legal, ConfigLoaderImpl.load_sweep_config = check, compose
-        checked.clear()
-
-    return undo
+    patches = [
+        (Sweeper, "validate_batch_is_legal", validate_batch_is_legal),
+        (ConfigLoaderImpl, "load_sweep_config", load_sweep_config),
+    ]
+    if mode_is_the_command_lines(args):  # None: RUN, or MULTIRUN with -m (Hydra's _run_app)
+        patches.append((Hydra, "get_mode", lambda self, config_name, overrides: None))
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
     kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
-    from hydra._internal.hydra import Hydra
     from hydra._internal.utils import get_args_parser
 
     from kvbench.schema.hydra_errors import hydra_line
@@ -242,20 +254,15 @@ def main(argv: list[str] | None = None) -> None:
     parsed = flags.parse_args(sys.argv[1:])
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
-    compose_for_mode = Hydra.get_mode
-    if mode_is_the_command_lines(parsed):  # None: RUN, or MULTIRUN with -m (Hydra's _run_app)
-        Hydra.get_mode = lambda self, config_name, overrides: None
-    undo_launch = launch_what_was_checked()  # a sweep's; a single run composes no sweep config
     try:
-        _main()
+        with composing_once(parsed):
+            _main()
     except Exception as err:
         line = hydra_line(err)
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
         exit_with(UserError(line) if line is not None else err)
     finally:
-        Hydra.get_mode = compose_for_mode
-        undo_launch()
         if user_setting is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
