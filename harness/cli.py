@@ -30,6 +30,8 @@ from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
 
 log = logging.getLogger("kvbench")
+# the process that draws a single run's figure, for the length of a `main` given one (kvbench.launch)
+_figure_helper = None
 
 # ${kvbench.pid:} in a run directory's name keeps runs started in the same second apart
 OmegaConf.register_new_resolver("kvbench.pid", os.getpid, use_cache=True, replace=True)
@@ -145,6 +147,9 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         row.update(point_overrides())
         row.setdefault("device", "cpu")
         row.update(status=status, reason=reason, **env)
+    drawing = not multirun and cfg.plots is True
+    if drawing and _figure_helper is not None:
+        _figure_helper.send(rows, out_dir)  # drawn there while the row is written and printed here
     write_csv(out_dir / "metrics.csv", rows)
     if multirun and current:
         sweep.write_fingerprint(out_dir, current)
@@ -155,10 +160,14 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
 
         for row in rows:
             print(run_table(row))
-        if cfg.plots is True:
-            from kvbench.reporting.plots import draw_all
+        if drawing:
+            if _figure_helper is not None:
+                drawn = _figure_helper.drawn()
+            else:
+                from kvbench.reporting.run_figure import draw_run
 
-            for path in draw_all(rows, out_dir):
+                drawn = draw_run(rows, out_dir)
+            for path in drawn:
                 log.info("wrote %s", path)
 
 
@@ -239,9 +248,11 @@ def composing_once(args):
             setattr(owner, name, original)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, figure_helper=None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
-    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
+    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error). A single
+    run's figure is drawn by `figure_helper` (a launch.FigureHelper) where one is given."""
+    global _figure_helper
     from hydra._internal.utils import get_args_parser
 
     from kvbench.schema.hydra_errors import hydra_line
@@ -254,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     parsed = flags.parse_args(sys.argv[1:])
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
+    _figure_helper = figure_helper
     try:
         with composing_once(parsed):
             _main()
@@ -263,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         exit_with(UserError(line) if line is not None else err)
     finally:
+        _figure_helper = None
         if user_setting is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:

@@ -17,7 +17,7 @@ from kvbench.schema.docs import doc_of, schema_fields
 
 def bench(tmp_path, *args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
+        [sys.executable, "-m", "kvbench.launch", *args, "progress=false"],  # the `bench` script's own entry
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -8,9 +8,11 @@ and the other drawing modules import it through `pyplot()`)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvbench.arith import cdiv
 from kvbench.reporting.results import write_bytes_atomic
 
 if TYPE_CHECKING:
@@ -27,6 +29,14 @@ SYSTEM_COLORS = {
     "hybrid": "#2b8a3e",
 }
 LINE_STYLES = ("-", "--", ":", "-.")
+# (column, legend text, colour) of the KV breakdown's stacked shares, bottom to top
+KV_PARTS = [
+    ("kv_token_util", "token states", "#2b8a3e"),
+    ("kv_reserved_frac", "reserved", "#f08c00"),
+    ("kv_internal_frag_frac", "internal fragmentation", "#c92a2a"),
+    ("kv_rounding_frac", "rounding (blocks, buddy chunks)", "#e599f7"),
+    ("kv_external_frag_frac", "external fragmentation & free", "#868e96"),
+]
 
 
 def pyplot():
@@ -39,11 +49,13 @@ def pyplot():
     return plt
 
 
-def context_title(frame: pd.DataFrame) -> str:
-    """`opt-13b on a100-40gb, sharegpt workload (simulate)`: what every point of `frame` measured."""
+def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
+    """`opt-13b on a100-40gb, sharegpt workload (simulate)`: what every point of `frame` (a
+    DataFrame, or columns as lists) measured."""
 
     def values(column: str) -> str:
-        return "/".join(map(str, dict.fromkeys(frame[column].dropna()))) if column in frame else "?"
+        given = (v for v in frame[column] if v is not None and v == v) if column in frame else ()  # v != v: NaN
+        return "/".join(map(str, dict.fromkeys(given))) if column in frame else "?"
 
     return f"{values('model')} on {values('hardware')}, {values('workload')} workload ({values('scenario')})"
 
@@ -54,3 +66,48 @@ def save_figure(fig, path: Path) -> Path:
     pyplot().close(fig)
     write_bytes_atomic(path, buffer.getvalue())
     return path
+
+
+def legend_below(fig, ax) -> None:
+    """`ax`'s legend under the figure, five entries a row, the axes shrunk to make room."""
+    handles, labels = ax.get_legend_handles_labels()
+    rows = cdiv(len(labels), 5)
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 5), frameon=False)
+    fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
+
+
+def kv_figure(panels: list[tuple[str, list[str], list[list[float]]]], rates: bool, title: str):
+    """Where KV memory goes, as stacked bars: a panel per (name, bar labels, the per-cent share of
+    each of KV_PARTS per bar), two panels a row; `rates`: the bars are request rates, one panel
+    per system. A sweep's figure (plots.kv_breakdown) and a single run's (run_figure) both."""
+    plt = pyplot()
+    cols = min(len(panels), 2)
+    rows_n = cdiv(len(panels), cols)
+    # bars per panel: the rates swept, or every point in the one panel
+    bars = len({label for _, labels, _ in panels for label in labels}) if rates else len(panels[0][1])
+    width = min(MAX_WIDTH_IN, max(6.0, (0.45 * bars + 1.5) * cols + 2))
+    fig, axes = plt.subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
+    for ax, (name, labels, shares) in zip(axes.flat, panels):
+        at, bottom = range(len(labels)), [0.0] * len(labels)
+        for (_, text, color), values in zip(KV_PARTS, shares):
+            stack = ax.bar(at, values, 0.8, bottom=bottom, color=color, label=text)
+            shown = [f"{v:.0f}" if v >= 8 else "" for v in values]
+            ax.bar_label(stack, labels=shown, label_type="center", fontsize=7, color="white")
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xticks(at, labels, rotation=0 if rates else 20, ha="center" if rates else "right")
+        ax.set_xlim(-0.65, len(labels) - 0.35)
+        ax.set_ylim(0, 100)
+        ax.set_title(name, fontsize=10)
+        if rates:
+            ax.set_xlabel("request rate (req/s)")
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("% of KV slots (time-averaged)")
+    fig.suptitle(
+        f"Where KV memory goes: {title}\n"
+        "(the five categories of docs/paper.md; the paper files rounding under external & other)",
+        fontsize=11,
+    )
+    legend_below(fig, axes.flat[0])
+    return fig

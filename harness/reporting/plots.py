@@ -12,19 +12,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.arith import cdiv
-from kvbench.reporting.figures import LINE_STYLES, MAX_WIDTH_IN, SYSTEM_COLORS, context_title, pyplot, save_figure
+from kvbench.reporting.figures import (
+    KV_PARTS,
+    LINE_STYLES,
+    MAX_WIDTH_IN,
+    SYSTEM_COLORS,
+    context_title,
+    kv_figure,
+    legend_below,
+    pyplot,
+    save_figure,
+)
 from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, rate_axis, table, varying_keys
 
 plt = pyplot()
 
-KV_PARTS = [
-    ("kv_token_util", "token states", "#2b8a3e"),
-    ("kv_reserved_frac", "reserved", "#f08c00"),
-    ("kv_internal_frag_frac", "internal fragmentation", "#c92a2a"),
-    ("kv_rounding_frac", "rounding (blocks, buddy chunks)", "#e599f7"),
-    ("kv_external_frag_frac", "external fragmentation & free", "#868e96"),
-]
 # (column, axis label, log scale) of the throughput / latency figure
 PANELS = [
     ("request_throughput", "request throughput (req/s)", False),
@@ -72,46 +74,15 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
     ax.set_xlabel("")
 
 
-def _legend_below(fig, ax) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    rows = cdiv(len(labels), 5)
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 5), frameon=False)
-    fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
-
-
 def kv_breakdown(frame: pd.DataFrame):
     """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep."""
     x = rate_axis(frame)
-    groups = list(_series(frame)) if x else [("", None, "-", frame)]
-    cols = min(len(groups), 2)
-    rows_n = cdiv(len(groups), cols)
-    bars = frame.groupby(x).ngroups if x else len(frame)
-    width = min(MAX_WIDTH_IN, max(6.0, (0.45 * bars + 1.5) * cols + 2))
-    fig, axes = plt.subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
-    for ax, (name, _, _, rows) in zip(axes.flat, groups):
+    panels = []
+    for name, _, _, rows in _series(frame) if x else [("", None, "-", frame)]:
         labels = pd.to_numeric(rows[x]).map("{:g}".format) if x else point_labels(rows)
-        shares = rows[[key for key, _, _ in KV_PARTS]].apply(pd.to_numeric, errors="coerce").fillna(0) * 100
-        shares.columns = [text for _, text, _ in KV_PARTS]
-        shares.plot.bar(ax=ax, stacked=True, width=0.8, legend=False, color=[color for *_, color in KV_PARTS])
-        for bars in ax.containers:
-            shown = [f"{v:.0f}" if v >= 8 else "" for v in bars.datavalues]
-            ax.bar_label(bars, labels=shown, label_type="center", fontsize=7, color="white")
-        ax.set_xticks(range(len(rows)), list(labels), rotation=0 if x else 20, ha="center" if x else "right")
-        ax.set_ylim(0, 100)
-        ax.set_title(name, fontsize=10)
-        if x:
-            ax.set_xlabel("request rate (req/s)")
-    for ax in axes.flat[len(groups) :]:
-        ax.set_visible(False)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("% of KV slots (time-averaged)")
-    fig.suptitle(
-        f"Where KV memory goes: {context_title(frame)}\n"
-        "(the five categories of docs/paper.md; the paper files rounding under external & other)",
-        fontsize=11,
-    )
-    _legend_below(fig, axes.flat[0])
-    return fig
+        shares = [(pd.to_numeric(rows[key], errors="coerce").fillna(0) * 100).tolist() for key, _, _ in KV_PARTS]
+        panels.append((name, list(labels), shares))
+    return kv_figure(panels, rates=bool(x), title=context_title(frame))
 
 
 def throughput_latency(frame: pd.DataFrame):
@@ -130,7 +101,7 @@ def throughput_latency(frame: pd.DataFrame):
         if log and values.min() > 0 and values.max() > 20 * values.min():  # latencies that span decades
             ax.set_yscale("log")
     fig.suptitle(f"Throughput and latency: {context_title(frame)}", fontsize=11)
-    _legend_below(fig, axes.flat[0])
+    legend_below(fig, axes.flat[0])
     return fig
 
 

@@ -1,0 +1,119 @@
+"""A single run's figure: drawn from its row without pandas, the same figure a sweep draws for one
+point, and by the helper process `bench` starts, or by the run itself where the helper fails."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from kvbench import launch
+from kvbench.reporting import plots
+from kvbench.reporting.figures import pyplot
+from kvbench.reporting.run_figure import breakdown_of_row, draw_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+ROW = {
+    "scenario": "simulate",
+    "allocator": "pow2",
+    "model": "opt-13b",
+    "hardware": "a100-40gb",
+    "workload": "sharegpt",
+    "kv_token_util": 0.412,
+    "kv_reserved_frac": 0.301,
+    "kv_internal_frag_frac": 0.087,
+    "kv_rounding_frac": math.nan,  # drawn as 0, as the sweep's figure fills a missing share
+    "kv_external_frag_frac": 0.2,
+    "status": "ok",
+}
+
+
+def drawn(fig) -> dict:
+    """What a KV breakdown shows: each stack's heights and bottoms, the ticks, titles and legend."""
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    shown = {
+        "stacks": [[(bar.get_height(), bar.get_y()) for bar in stack] for stack in ax.containers],
+        "ticks": [t.get_text() for t in ax.get_xticklabels()],
+        "xlim": ax.get_xlim(),
+        "title": fig._suptitle.get_text(),
+        "legend": [t.get_text() for t in fig.legends[0].get_texts()],
+        "size": tuple(fig.get_size_inches()),
+    }
+    pyplot().close(fig)
+    return shown
+
+
+def test_a_single_runs_figure_is_the_sweeps_figure_of_its_one_point():
+    one = drawn(breakdown_of_row(ROW))
+    assert one == drawn(plots.kv_breakdown(pd.DataFrame([ROW])))
+    heights = [stack[0][0] for stack in one["stacks"]]
+    assert heights == pytest.approx([41.2, 30.1, 8.7, 0.0, 20.0])
+    assert one["ticks"] == ["pow2"] and "opt-13b on a100-40gb, sharegpt workload (simulate)" in one["title"]
+
+
+def test_a_single_run_draws_its_figure_without_loading_pandas(tmp_path):
+    code = (
+        "import sys; from pathlib import Path; from kvbench.reporting.run_figure import draw_run; "
+        f"print([p.name for p in draw_run([{ROW!r}], Path(sys.argv[1]))], 'pandas' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code.replace("nan", "float('nan')"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["['kv_breakdown.png']", "False"]
+    assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
+
+
+def test_rows_without_serving_metrics_draw_nothing_and_a_kernel_runs_rows_go_to_the_sweep_plots(tmp_path):
+    assert draw_run([{**ROW, "kv_token_util": math.nan}], tmp_path) == []
+    assert draw_run([{"scenario": "profile", "status": "ok"}], tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_helper_draws_the_job_it_is_sent_and_names_the_file(tmp_path):
+    helper = launch.FigureHelper.start()
+    helper.send([ROW], tmp_path)
+    assert helper.drawn() == [tmp_path / "kv_breakdown.png"]
+    assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
+    helper.close()
+    assert helper._process.returncode == 0
+
+
+def test_a_helper_that_died_leaves_the_run_to_draw_its_own_figure(tmp_path):
+    helper = launch.FigureHelper.start()
+    helper._process.kill()
+    helper._process.wait()
+    helper.send([ROW], tmp_path)
+    assert helper.drawn() == [tmp_path / "kv_breakdown.png"]
+    assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
+
+
+def test_a_helper_given_no_job_is_stopped_when_the_run_ends():
+    helper = launch.FigureHelper.start()
+    helper.close()
+    assert helper._process.poll() is not None
+
+
+@pytest.mark.parametrize(
+    "args, starts",
+    [
+        ([], True),
+        (["+allocator=paged", "workload.num_requests=10"], True),
+        (["plots=true"], True),
+        (["plots=false"], False),
+        (["plots=auto"], False),
+        (["-m", "+allocator=paged,pow2"], False),
+        (["--multirun", "+allocator=paged"], False),
+        (["--help"], False),
+        (["--cfg", "job"], False),
+        (["--info"], False),
+    ],
+)
+def test_the_command_line_decides_whether_a_helper_is_started(args, starts):
+    assert launch.draws_a_figure(args) is starts
