@@ -34,16 +34,18 @@ class SweepSummary(Callback):
             exit_with(err)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from kvbench.reporting.console import sweep_table
-        from kvbench.reporting.report import summarize
-        from kvbench.reporting.results import collect
-        from kvbench.reporting.winners import verdict_settings
+        from kvbench import launch
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        plots = config.get("plots", "auto") is not False
         try:
-            for path in summarize(sweep_dir, plots=config.get("plots", "auto") is not False):
-                log.info("wrote %s", path)
-            rows = collect(sweep_dir)
+            # done by the helper `bench` started, where there is one that did it (its imports
+            # loaded while the points ran); else, or where it failed, here
+            done = launch.helper_does({"job": "sweep", "dir": str(sweep_dir), "plots": plots})
+            if done is None:
+                from kvbench.reporting.report import end_of_sweep
+
+                done = end_of_sweep(sweep_dir, plots)
         except UserError as err:  # bad input (report.baseline not in the sweep, ...): its own line
             exit_with(err)
         except Exception as err:
@@ -58,18 +60,19 @@ class SweepSummary(Callback):
         finally:
             if self.lock is not None:
                 self.lock.release()
-        baseline, _, slo = verdict_settings(rows, sweep_dir)
-        print(sweep_table(rows, slo, baseline))
-        failed = rows[rows["status"] == "failed"] if "status" in rows else rows.iloc[:0]
-        for row in failed.itertuples():
-            log.warning("point %s failed: %s", row.point, row.reason)
-        if len(failed):
-            first = f"{failed['point'].iloc[0]}: {failed['reason'].iloc[0]}"
-            if len(failed) == len(rows):
+        for path in done["written"]:
+            log.info("wrote %s", path)
+        print(done["table"])
+        failed = done["failed"]
+        for point, reason in failed:
+            log.warning("point %s failed: %s", point, reason)
+        if failed:
+            first = f"{failed[0][0]}: {failed[0][1]}"
+            if len(failed) == done["rows"]:
                 exit_with(UserError(f"every point of the sweep failed; the first, {first}"))
             exit_with(
                 UserError(
-                    f"{len(failed)} of {len(rows)} points of the sweep failed (their rows are in "
+                    f"{len(failed)} of {done['rows']} points of the sweep failed (their rows are in "
                     f"summary.csv); the first, {first}"
                 )
             )

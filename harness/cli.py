@@ -24,14 +24,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench import schema, sweep
+from kvbench import launch, schema, sweep
 from kvbench.errors import UserError, exit_with, one_line, reportable
 from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
 
 log = logging.getLogger("kvbench")
-# the process that draws a single run's figure, for the length of a `main` given one (kvbench.launch)
-_figure_helper = None
 
 # ${kvbench.pid:} in a run directory's name keeps runs started in the same second apart
 OmegaConf.register_new_resolver("kvbench.pid", os.getpid, use_cache=True, replace=True)
@@ -148,8 +146,9 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         row.setdefault("device", "cpu")
         row.update(status=status, reason=reason, **env)
     drawing = not multirun and cfg.plots is True
-    if drawing and _figure_helper is not None:
-        _figure_helper.send(rows, out_dir)  # drawn there while the row is written and printed here
+    helper = launch.current() if drawing else None
+    if helper is not None:  # `bench`'s helper draws the figure while the row is written and printed here
+        helper.send({"job": "run", "rows": rows, "out": str(out_dir)})
     write_csv(out_dir / "metrics.csv", rows)
     if multirun and current:
         sweep.write_fingerprint(out_dir, current)
@@ -161,13 +160,12 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         for row in rows:
             print(run_table(row))
         if drawing:
-            if _figure_helper is not None:
-                drawn = _figure_helper.drawn()
-            else:
+            done = helper.result() if helper is not None else None
+            if done is None:
                 from kvbench.reporting.run_figure import draw_run
 
-                drawn = draw_run(rows, out_dir)
-            for path in drawn:
+                done = {"written": draw_run(rows, out_dir)}
+            for path in done["written"]:
                 log.info("wrote %s", path)
 
 
@@ -248,11 +246,9 @@ def composing_once(args):
             setattr(owner, name, original)
 
 
-def main(argv: list[str] | None = None, figure_helper=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
-    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error). A single
-    run's figure is drawn by `figure_helper` (a launch.FigureHelper) where one is given."""
-    global _figure_helper
+    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
     from hydra._internal.utils import get_args_parser
 
     from kvbench.schema.hydra_errors import hydra_line
@@ -265,7 +261,6 @@ def main(argv: list[str] | None = None, figure_helper=None) -> None:
     parsed = flags.parse_args(sys.argv[1:])
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
-    _figure_helper = figure_helper
     try:
         with composing_once(parsed):
             _main()
@@ -275,7 +270,6 @@ def main(argv: list[str] | None = None, figure_helper=None) -> None:
             raise
         exit_with(UserError(line) if line is not None else err)
     finally:
-        _figure_helper = None
         if user_setting is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:

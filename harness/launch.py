@@ -1,103 +1,95 @@
-"""The `bench` command's entry point: kvbench.cli.main, with the figure helper started first.
+"""The `bench` command's entry point: kvbench.cli.main, with a helper process started first.
 
-A single run ends by drawing its figure, and matplotlib takes about half a second to import,
-as long as a short simulated run. So before it imports Hydra this starts the helper
-(`python -m kvbench.reporting.run_figure`), which imports matplotlib on the other core while
-Hydra composes and the run simulates; the run then sends it the rows and waits for the files,
-so they are there when `bench` returns, as they were when it drew them itself. A 10-request run
-takes 0.8-0.9 s so instead of 1.7 s (docs/design.md has the measurements).
+What a run does last needs the slow imports: a single run draws its figure (matplotlib, about
+half a second, as long as a short simulated run), a sweep's end writes summary.csv, its plots
+and report.html and prints its table (pandas and matplotlib, about a second). So before it
+imports Hydra, `bench` starts a helper (`python -m kvbench.reporting.helper run|sweep`) that
+loads them on the other core while Hydra composes and the points run. At the end the run sends
+it the job (JSON on its stdin: a run's rows and folder, or the sweep's folder) and waits for the
+result (JSON on its stdout: the files written, a sweep's table and failed points), so everything
+is there when `bench` returns, as it was when the run did it itself.
 
-The config is not composed yet, so the command line decides: a helper is started unless the
-run is a sweep (which draws at its end, with pandas), asks for help or a config, or sets
-`plots` to anything but true. A helper the run does not use is stopped when `bench` ends. A run
-draws its figure itself wherever there is no helper: one that failed to start, died or timed
-out, a `plots: true` a config file set, and kvbench.cli.main called in-process.
+The config is not composed yet, so the command line decides: no helper for help or a printed
+config, nor for a single run that sets `plots` to anything but true. A helper the run does not
+use is stopped when `bench` ends. The run does the job itself wherever there is no helper, or
+the helper failed (it could not start, died, or answered anything but a result whose files
+exist): a job that fails in the helper fails again in the run, with the run's own error, and
+kvbench.cli.main called in-process (the tests) does everything itself. docs/design.md has the
+measurements.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import subprocess
 import sys
 from pathlib import Path
 
 log = logging.getLogger("kvbench")
-HELPER_TIMEOUT_S = 120  # a figure takes well under a second; a hung helper is given up on
-# Hydra's flags after which `bench` runs nothing, or a sweep
-NO_SINGLE_RUN = {"-m", "--multirun", "-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--version"}
-NO_SINGLE_RUN_PREFIXES = ("--cfg=", "--info=", "--shell-completion", "-sc")
+# Hydra's flags after which `bench` runs nothing
+RUNS_NOTHING = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--version"}
+RUNS_NOTHING_PREFIXES = ("--cfg=", "--info=", "--shell-completion", "-sc")
+SWEEP_FLAGS = {"-m", "--multirun"}
+
+_helper: Helper | None = None  # the helper of this process's `bench`, until its job is done
 
 
-def draws_a_figure(args: list[str]) -> bool:
-    """Whether `bench ARGS` is a single run that draws its figure, as far as the command line says."""
+def helper_kind(args: list[str]) -> str | None:
+    """The helper `bench ARGS` wants, as far as its command line says: `sweep`, `run` or none."""
+    if any(arg in RUNS_NOTHING or arg.startswith(RUNS_NOTHING_PREFIXES) for arg in args):
+        return None
+    if any(arg in SWEEP_FLAGS for arg in args):
+        return "sweep"  # its end writes summary.csv and report.html, plots or not
     for arg in args:
-        if arg in NO_SINGLE_RUN or arg.startswith(NO_SINGLE_RUN_PREFIXES):
-            return False
         key, _, value = arg.partition("=")
         if key.lstrip("+~") == "plots" and value.strip().lower() != "true":
-            return False
-    return True
+            return None  # a single run that draws nothing
+    return "run"
 
 
-class FigureHelper:
-    """The helper process, importing matplotlib from the start: `send` hands it the job, `drawn`
-    waits for the files, `close` stops it."""
+class Helper:
+    """The helper process, loading its imports from the start: `send` hands it the job,
+    `result` waits for what it did, `close` stops it."""
 
-    def __init__(self):
+    def __init__(self, kind: str):
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "kvbench.reporting.run_figure"],
+            [sys.executable, "-m", "kvbench.reporting.helper", kind],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        self._job = None  # (rows, folder) once sent
+        self.sent = False
 
-    @classmethod
-    def start(cls) -> FigureHelper | None:
-        try:
-            return cls()
-        except OSError as err:  # no process to be had: the run draws its figure itself
-            log.debug("no figure helper (%s)", err)
-            return None
-
-    def send(self, rows: list[dict], out: Path) -> None:
-        """Hand the helper its job, `rows` to draw in `out`; it draws while the run goes on."""
+    def send(self, job: dict) -> None:
+        """Hand the helper its one job; it works on it while the run goes on."""
         import json
 
-        self._job = rows, out
+        self.sent = True
         try:
-            self._process.stdin.write(json.dumps({"rows": rows, "out": str(out)}, default=_plain))
+            self._process.stdin.write(json.dumps(job, default=_plain))
             self._process.stdin.close()
         except (OSError, ValueError, TypeError) as err:  # a helper that died, a row JSON cannot hold
-            log.debug("the figure helper took no job (%s)", err)
+            log.debug("the helper took no job (%s)", err)
         self._process.stdin = None  # closed: communicate() must not flush it
 
-    def drawn(self) -> list[Path]:
-        """The files the helper wrote for the job sent; drawn here instead where it failed."""
-        try:
-            said, errors = self._process.communicate(timeout=HELPER_TIMEOUT_S)
-        except (OSError, ValueError, subprocess.SubprocessError) as err:
-            said, errors = "", str(err)
-        written = [Path(line) for line in said.splitlines() if line]
-        if self._process.returncode == 0 and all(path.is_file() for path in written):
-            return written
-        self._stop()
-        log.debug("the figure helper failed (%s); drawing here", (errors.strip().splitlines() or ["no output"])[-1])
-        from kvbench.reporting.run_figure import draw_run
+    def result(self) -> dict | None:
+        """What the helper did with the job sent, once it is done; None where it failed."""
+        import json
 
-        return draw_run(*self._job)
+        try:
+            said, errors = self._process.communicate()
+            done = json.loads(said) if self._process.returncode == 0 else None
+        except (OSError, ValueError, subprocess.SubprocessError) as err:
+            done, errors = None, str(err)
+        if isinstance(done, dict) and all(Path(path).is_file() for path in done.get("written", ())):
+            return done
+        self.close()
+        log.debug("the helper failed (%s); the run does its job itself", (errors.strip().splitlines() or ["?"])[-1])
+        return None
 
     def close(self) -> None:
-        """Stop the helper if it is still there: at once if it has no job (a run that ended
-        without drawing), else once it has written its files, so that none is left half-written."""
-        if self._job is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout=HELPER_TIMEOUT_S)
-        self._stop()
-
-    def _stop(self) -> None:
+        """Stop the helper if it is still there (a run that ended without handing it its job)."""
         if self._process.poll() is None:
             self._process.kill()
         self._process.wait()
@@ -108,16 +100,38 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
 
+def current() -> Helper | None:
+    """The helper of this process's `bench`, while its job is not yet handed over."""
+    return _helper if _helper is not None and not _helper.sent else None
+
+
+def helper_does(job: dict) -> dict | None:
+    """`job` done by the helper, where there is one and it did it; else None (do it yourself)."""
+    helper = current()
+    if helper is None:
+        return None
+    helper.send(job)
+    return helper.result()
+
+
 def main() -> None:
-    helper = FigureHelper.start() if draws_a_figure(sys.argv[1:]) else None
+    global _helper
+    kind = helper_kind(sys.argv[1:])
+    try:
+        _helper = Helper(kind) if kind else None
+    except OSError as err:  # no process to be had: the run does everything itself
+        log.debug("no helper (%s)", err)
     from kvbench import cli
 
     try:
-        cli.main(figure_helper=helper)
+        cli.main()
     finally:
-        if helper is not None:
-            helper.close()
+        if _helper is not None:
+            _helper.close()
+            _helper = None
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m kvbench.launch: the module cli imports holds the helper
+    from kvbench.launch import main as bench
+
+    bench()

@@ -76,44 +76,56 @@ def test_rows_without_serving_metrics_draw_nothing_and_a_kernel_runs_rows_go_to_
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_helper_draws_the_job_it_is_sent_and_names_the_file(tmp_path):
-    helper = launch.FigureHelper.start()
-    helper.send([ROW], tmp_path)
-    assert helper.drawn() == [tmp_path / "kv_breakdown.png"]
+def run_job(out) -> dict:
+    return {"job": "run", "rows": [ROW], "out": str(out)}
+
+
+def test_the_helper_draws_the_run_it_is_sent_and_names_the_file(tmp_path):
+    helper = launch.Helper("run")
+    helper.send(run_job(tmp_path))
+    assert helper.result() == {"written": [str(tmp_path / "kv_breakdown.png")]}
     assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
-    helper.close()
     assert helper._process.returncode == 0
 
 
-def test_a_helper_that_died_leaves_the_run_to_draw_its_own_figure(tmp_path):
-    helper = launch.FigureHelper.start()
+def test_a_helper_that_died_gives_no_result_and_the_run_draws_its_own_figure(tmp_path, monkeypatch):
+    helper = launch.Helper("run")
     helper._process.kill()
     helper._process.wait()
-    helper.send([ROW], tmp_path)
-    assert helper.drawn() == [tmp_path / "kv_breakdown.png"]
-    assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
+    monkeypatch.setattr(launch, "_helper", helper)
+    assert launch.helper_does(run_job(tmp_path)) is None
+    assert launch.current() is None  # its one job was handed over
+    assert not (tmp_path / "kv_breakdown.png").exists()
+
+
+def test_a_job_that_fails_in_the_helper_gives_no_result(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    helper = launch.Helper("run")
+    helper.send({"job": "run", "rows": [ROW], "out": str(tmp_path / "a-file")})
+    assert helper.result() is None
+    assert helper._process.returncode == 1
 
 
 def test_a_helper_given_no_job_is_stopped_when_the_run_ends():
-    helper = launch.FigureHelper.start()
+    helper = launch.Helper("sweep")
     helper.close()
     assert helper._process.poll() is not None
 
 
 @pytest.mark.parametrize(
-    "args, starts",
+    "args, kind",
     [
-        ([], True),
-        (["+allocator=paged", "workload.num_requests=10"], True),
-        (["plots=true"], True),
-        (["plots=false"], False),
-        (["plots=auto"], False),
-        (["-m", "+allocator=paged,pow2"], False),
-        (["--multirun", "+allocator=paged"], False),
-        (["--help"], False),
-        (["--cfg", "job"], False),
-        (["--info"], False),
+        ([], "run"),
+        (["+allocator=paged", "workload.num_requests=10"], "run"),
+        (["plots=true"], "run"),
+        (["plots=false"], None),
+        (["plots=auto"], None),
+        (["-m", "+allocator=paged,pow2"], "sweep"),
+        (["--multirun", "+allocator=paged", "plots=false"], "sweep"),  # its summary and report still
+        (["--help"], None),
+        (["--cfg", "job"], None),
+        (["-m", "--info"], None),
     ],
 )
-def test_the_command_line_decides_whether_a_helper_is_started(args, starts):
-    assert launch.draws_a_figure(args) is starts
+def test_the_command_line_decides_which_helper_is_started(args, kind):
+    assert launch.helper_kind(args) == kind

@@ -22,7 +22,7 @@ from kvbench.profiling import chrome_trace
 from kvbench.sweep import FINGERPRINT, PointTimeout, SweepLock, deadline
 
 SMALL = ["workload.duration_s=null", "progress=false"]
-BENCH = [sys.executable, "-m", "kvbench.cli"]
+BENCH = [sys.executable, "-m", "kvbench.launch"]  # the `bench` script's entry: its helper does the sweep's end
 
 
 def bench(cwd, *args):
@@ -124,6 +124,28 @@ def sweep_in_process(tmp_path, monkeypatch, *args):
         cli.main(["-m", *args, *SMALL, "hydra.sweep.dir=sweep"])
     finally:
         GlobalHydra.instance().clear()
+
+
+def test_the_helper_ends_a_sweep_as_the_sweep_does_itself(tmp_path, monkeypatch):
+    from kvbench import launch
+    from kvbench.reporting.report import end_of_sweep
+
+    with pytest.raises(SystemExit) as stop:  # block 300 is refused: the sweep ends with exit code 2
+        sweep_in_process(
+            tmp_path, monkeypatch, "+allocator=pow2,paged", "allocator.block_size=16,300", "workload.num_requests=20"
+        )
+    assert stop.value.code == 2
+    sweep = tmp_path / "sweep"
+    itself = end_of_sweep(sweep, plots=True)
+    assert itself["rows"] == 4 and len(itself["failed"]) == 2  # block 300 is refused
+    files = {name: (sweep / name).read_bytes() for name in ("summary.csv", "kv_breakdown.png")}
+    for name in ("summary.csv", "report.html", "kv_breakdown.png", "throughput_latency.png"):
+        (sweep / name).unlink()
+    helper = launch.Helper("sweep")
+    helper.send({"job": "sweep", "dir": str(sweep), "plots": True})
+    assert helper.result() == itself  # the same files named, the same table, the same failed points
+    assert {name: (sweep / name).read_bytes() for name in files} == files
+    assert (sweep / "report.html").is_file()
 
 
 def test_a_range_sweep_runs_one_point_per_value(tmp_path, monkeypatch):

@@ -115,6 +115,25 @@ def summarize(
     return [summary, *drawn, page]
 
 
+def end_of_sweep(sweep_dir: Path, plots: bool) -> dict:
+    """What a sweep leaves when it ends (callbacks.SweepSummary): summary.csv, its plots (unless
+    `plots` is False) and report.html written (`written`); the console table (`table`); its
+    number of rows (`rows`) and its failed points as [point, reason] (`failed`). Plain values,
+    as the figure helper sends them back (kvbench.launch)."""
+    from kvbench.reporting.console import sweep_table
+
+    written = summarize(sweep_dir, plots=plots)
+    rows = collect(sweep_dir)
+    baseline, _, slo = verdict_settings(rows, sweep_dir)
+    failed = rows[rows["status"] == "failed"] if "status" in rows else rows.iloc[:0]
+    return {
+        "written": [str(path) for path in written],
+        "table": sweep_table(rows, slo, baseline),
+        "rows": len(rows),
+        "failed": [[str(row.point), str(row.reason)] for row in failed.itertuples()],
+    }
+
+
 def _cell(value) -> str:
     if isinstance(value, (float, np.floating)) and np.isfinite(value) and value != int(value):
         return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"

@@ -1,22 +1,15 @@
-"""A single run's figure; run as a module, the helper process that draws it (kvbench.launch).
+"""A single run's figure, drawn from its row without pandas.
 
 A single run leaves one figure beside its metrics.csv, `kv_breakdown.png`: one stacked bar of
 where its KV memory went (figures.kv_figure, the sweep's figure for one point). It is drawn
 from the run's row with matplotlib alone: loading pandas for one row would cost more than a
 short simulated run. Any other rows (a kernel scenario's) go to plots.draw_all.
-
-matplotlib itself takes about half a second to import, as long as a short run's whole
-simulation: `bench` therefore starts `python -m kvbench.reporting.run_figure` as it starts
-(kvbench.launch), which imports matplotlib on another core while the run goes on, then reads
-the job (the rows and their folder, JSON on stdin), draws it and prints the files it wrote.
+`bench`'s helper process draws it (kvbench.launch, kvbench.reporting.helper), or the run itself.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 from pathlib import Path
 
 from kvbench.reporting.figures import KV_PARTS, context_title, kv_figure, save_figure
@@ -51,24 +44,3 @@ def draw_run(rows: list[dict], out: Path) -> list[Path]:
     from kvbench.reporting.plots import draw_all
 
     return draw_all(rows, out)
-
-
-def _serve() -> None:
-    """The helper's side: import matplotlib while the run goes on, then read the job, draw it,
-    name the files written, and leave without the interpreter's teardown. (Drawing a figure to
-    throw away while waiting, to load the fonts, came too late: a 10-request run sends its job
-    before that figure is done.)"""
-    from kvbench.reporting.figures import pyplot
-
-    pyplot()
-    job = sys.stdin.read()
-    if job:  # else the run ended without drawing
-        job = json.loads(job)
-        for path in draw_run(job["rows"], Path(job["out"])):
-            print(path)
-    sys.stdout.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    _serve()
