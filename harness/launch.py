@@ -10,7 +10,8 @@ result (JSON on its stdout: the files written, a sweep's table and failed points
 is there when `bench` returns, as it was when the run did it itself.
 
 The config is not composed yet, so the command line decides: no helper for help or a printed
-config, nor for a single run that sets `plots` to anything but true. A helper the run does not
+config, nor for a single run that sets `plots` to anything but true; and none on a single core,
+where the helper's imports would wait for the run's. A helper the run does not
 use is stopped when `bench` ends. The run does the job itself wherever there is no helper, or
 the helper failed (it could not start, died, or answered anything but a result whose files
 exist): a job that fails in the helper fails again in the run, with the run's own error, and
@@ -21,6 +22,7 @@ measurements.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,9 +116,16 @@ def helper_does(job: dict) -> dict | None:
     return helper.result()
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on: on one, a helper only adds its start (0.1 s, measured)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def main() -> None:
     global _helper
-    kind = helper_kind(sys.argv[1:])
+    kind = helper_kind(sys.argv[1:]) if usable_cpus() > 1 else None
     try:
         _helper = Helper(kind) if kind else None
     except OSError as err:  # no process to be had: the run does everything itself

@@ -9,6 +9,7 @@ import sys
 
 import pandas as pd
 import pytest
+from hydra.core.global_hydra import GlobalHydra
 
 from kvbench import launch
 from kvbench.reporting import plots
@@ -129,3 +130,35 @@ def test_a_helper_given_no_job_is_stopped_when_the_run_ends():
 )
 def test_the_command_line_decides_which_helper_is_started(args, kind):
     assert launch.helper_kind(args) == kind
+
+
+def run_bench(monkeypatch, tmp_path, cpus: int) -> list:
+    """`bench` (launch.main) in this process, as the console script runs it; the helpers started."""
+    started = []
+
+    class Recorded(launch.Helper):
+        def __init__(self, kind):
+            super().__init__(kind)
+            started.append(self)
+
+    monkeypatch.setattr(launch, "Helper", Recorded)
+    monkeypatch.setattr(launch, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(
+        sys, "argv", ["bench", "workload.num_requests=5", "progress=false", f"hydra.run.dir={tmp_path}"]
+    )
+    try:
+        launch.main()
+    finally:
+        GlobalHydra.instance().clear()
+    assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
+    return started
+
+
+def test_bench_on_two_cores_has_its_helper_draw_the_figure(monkeypatch, tmp_path):
+    (helper,) = run_bench(monkeypatch, tmp_path, cpus=2)
+    assert helper.sent and helper._process.returncode == 0  # it drew the figure and left
+    assert launch.current() is None
+
+
+def test_bench_on_one_core_draws_its_figure_itself(monkeypatch, tmp_path):
+    assert run_bench(monkeypatch, tmp_path, cpus=1) == []
