@@ -11,12 +11,11 @@ is there when `bench` returns, as it was when the run did it itself.
 
 The config is not composed yet, so the command line decides: no helper for help or a printed
 config, nor for a single run that sets `plots` to anything but true; and none on a single core,
-where the helper's imports would wait for the run's. A helper the run does not
-use is stopped when `bench` ends. The run does the job itself wherever there is no helper, or
-the helper failed (it could not start, died, or answered anything but a result whose files
-exist): a job that fails in the helper fails again in the run, with the run's own error, and
-kvbench.cli.main called in-process (the tests) does everything itself. docs/design.md has the
-measurements.
+where the helper's imports would wait for the run's. A helper the run does not use is stopped
+when `bench` ends. The run does the job itself wherever there is no helper, or the helper
+failed (it could not start, died, or answered anything but a result whose files exist): a job
+that fails in the helper fails again in the run, with the run's own error. kvbench.cli.main
+called in-process (the tests) does everything itself. docs/design.md has the measurements.
 """
 
 from __future__ import annotations
