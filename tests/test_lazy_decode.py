@@ -91,6 +91,29 @@ def test_steady_decodes_are_left_out_of_the_batch_but_counted():
     assert sum(steady for _, steady, _ in middle) > 0.8 * 64 * len(middle)
 
 
+def test_a_steady_decode_takes_each_new_block_without_being_brought_up_to_date():
+    """64 requests of 200 tokens at block 16 cross 12 or 13 block boundaries each. paged's short
+    path (grow_steady) takes each new block while the sequence stays steady: a sequence is
+    brought up to date once, when its output ends, not once per block (13 times before)."""
+    requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
+    allocator = PagedAllocator(64 * 240, 256, block_size=16)
+    scheduler = Scheduler(allocator, max_num_seqs=64, max_num_batched_tokens=4096)
+    calls = {"_unsteady": 0, "grow_steady": 0, "grow": 0}
+    for owner, name in ((scheduler, "_unsteady"), (allocator, "grow_steady"), (allocator, "grow")):
+        method = getattr(owner, name)
+
+        def counted(*args, _method=method, _name=name):
+            calls[_name] += 1
+            return _method(*args)
+
+        setattr(owner, name, counted)
+    row = Engine(scheduler, Totals(needs_sequences=False), progress=False).run(requests)
+    assert row["completed"] == 64 and row["preemptions"] == 0
+    assert calls["_unsteady"] == 64
+    assert 64 * 12 <= calls["grow_steady"] <= 64 * 13
+    assert calls["grow"] <= 2 * 64  # before the sequence is steady: its first decode steps
+
+
 def test_a_group_larger_than_the_budget_waits_while_steady_sequences_run():
     """A preempted group whose re-prefill exceeds the token budget runs alone, and only alone:
     steady sequences, though left out of `batch.seqs`, make the batch non-empty."""

@@ -16,9 +16,12 @@ counts them all.
 
 With a quiet allocator (`KVAllocator.quiet_room`: its `room_ran_out` does nothing; paged
 without prefix caching, the Orca allocators) a steady sequence is not met at its last step of
-room but at the next, where it asks grow for a new block; when grow grants it room again it
-stays steady, its counters as of that step's start with that step's token counted as one more
-step of room. At block 16 a decoding sequence is then touched once per block, not three times.
+room but at the next, where it asks for a new block; when it is granted room again it stays
+steady, that step's token counted as one more step of room. Where the allocator has the short
+path for it (`grow_steady`: paged takes the new block) the sequence is not even brought up to
+date: its counters stay as of the step it became steady, its room grows by the steps it took
+and the new block's. At block 16 a decoding sequence is then touched once per block, not three
+times, and a block costs one allocator call.
 """
 
 from __future__ import annotations
@@ -157,11 +160,26 @@ class LazyDecode:
         num_tokens = context_tokens = attention_pairs = took = crossed = 0
         others = []
         running_status = SeqStatus.RUNNING
+        grow_steady = allocator.grow_steady if quiet else None
         for seq in touched:
             if seq.status is not running_status:
                 continue  # preempted earlier in this step, by a sequence ahead of it
-            if seq.steady_since >= 0:  # its room or its output ends this step: one by one again
-                self._unsteady(seq)
+            since = seq.steady_since
+            if since >= 0:  # its room or its output ends this step
+                steps = step - since
+                if grow_steady is not None and seq.room == steps and seq.max_tokens - seq.num_tokens - steps > 1:
+                    # Its room is used up and its output goes on: with a new block it stays
+                    # steady, its counters still as of `since` (the branch below, without
+                    # bringing it up to date and back).
+                    # (With two tokens or more still to come the new block has room after this
+                    # step's token: the room granted is at least 1.)
+                    granted = grow_steady(seq, seq.num_computed + steps)
+                    if granted is not None:
+                        seq.room = steps + 1 + granted  # this step's token, then the new block's room
+                        expiry.setdefault(_meets_at(since, seq, quiet), []).append((since, seq))
+                        crossed += 1
+                        continue
+                self._unsteady(seq)  # one by one again
             room = seq.room
             # room: a steady sequence whose room ends now, or one not made steady (width > 1)
             if room and seq.num_computed + 1 == seq.num_tokens:

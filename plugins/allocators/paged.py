@@ -198,24 +198,7 @@ class PagedAllocator(KVAllocator):
         seq_id, before, bs = seq.seq_id, seq.num_computed, self.block_size
         table, pool = self.block_tables[seq_id], self.pool
         if num_tokens == 1 and len(table) * bs == before and bs > 1 and (pool.free or pool.evictable):
-            # The token starts a new block: a block on every decoding sequence's way, kept short.
-            # _settle and _update_reserved inlined: the room taken since it was last counted
-            # filled the old last block, and the new reservation replaces the settled one.
-            taken = self._granted.get(seq_id, 0) - room
-            if taken:
-                self.block_fill[table[-1]] += taken
-            block = pool.take()
-            table.append(block)
-            self.num_named_blocks += 1
-            self.block_fill[block] = 1
-            self._allocated += bs
-            self._token += 1
-            new = min(before + bs, seq.final_len) - before - 1
-            if new < 0:
-                new = 0
-            self._reserved += new - self._seq_reserved[seq_id] + taken
-            self._seq_reserved[seq_id] = new
-            seq.room = self._granted[seq_id] = min(new, bs - 1) if new and seq.group is None else 0
+            seq.room = self._new_last_block(seq, table, before, room)
             return True
         if self._granted.get(seq_id, 0) != room:  # room taken since it was last counted
             self._settle(seq)
@@ -274,6 +257,35 @@ class PagedAllocator(KVAllocator):
         if self.prefix_caching:
             self._cache_full_blocks(seq, after)
         return True
+
+    def _new_last_block(self, seq: Sequence, table: list[int], before: int, room: int) -> int:
+        """The token after `before` starts a new block: a block on every decoding sequence's
+        way, kept short. _settle and _update_reserved inlined: the room taken since it was last
+        counted (`room` is what is left of it) filled the old last block, and the new
+        reservation replaces the settled one. Returns the room granted in the new block."""
+        seq_id, bs = seq.seq_id, self.block_size
+        taken = self._granted.get(seq_id, 0) - room
+        if taken:
+            self.block_fill[table[-1]] += taken
+        block = self.pool.take()
+        table.append(block)
+        self.num_named_blocks += 1
+        self.block_fill[block] = 1
+        self._allocated += bs
+        self._token += 1
+        new = min(before + bs, seq.final_len) - before - 1
+        if new < 0:
+            new = 0
+        self._reserved += new - self._seq_reserved[seq_id] + taken
+        self._seq_reserved[seq_id] = new
+        self._granted[seq_id] = granted = min(new, bs - 1) if new and seq.group is None else 0
+        return granted
+
+    def grow_steady(self, seq: Sequence, num_computed: int) -> int | None:
+        table, pool, bs = self.block_tables[seq.seq_id], self.pool, self.block_size
+        if not self.quiet_room or len(table) * bs != num_computed or bs == 1 or not (pool.free or pool.evictable):
+            return None  # prefix caching names the block the room filled, in room_ran_out
+        return self._new_last_block(seq, table, num_computed, 0)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         self._settle(parent)
