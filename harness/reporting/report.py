@@ -98,6 +98,12 @@ def summarize(
     """Write summary.csv, every plot the rows support (unless `plots` is False) and report.html;
     return the paths. `baseline` (an allocator) and `slo` (s/token) default to the first sweep's
     report.baseline and report.slo_s_per_token."""
+    return _summarize(sweep_dirs, out_dir, baseline, slo, plots)[0]
+
+
+def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], pd.DataFrame, str | None, float]:
+    """summarize's files, and what they were made from: the rows (the paper's order), the
+    baseline and the latency target."""
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
     frame = in_paper_order(load_sweeps(sweep_dirs))
     chosen, asked, slo = verdict_settings(frame, sweep_dirs[0], baseline, slo)
@@ -112,20 +118,18 @@ def summarize(
         drawn = draw_all(frame, out_dir)
     page = out_dir / "report.html"
     write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo))
-    return [summary, *drawn, page]
+    return [summary, *drawn, page], frame, chosen, slo
 
 
 def end_of_sweep(sweep_dir: Path, plots: bool) -> dict:
     """What a sweep leaves when it ends (callbacks.SweepSummary): summary.csv, its plots (unless
     `plots` is False) and report.html written (`written`); the console table (`table`); its
-    number of rows (`rows`) and its failed points as [point, reason] (`failed`). Plain values,
-    as the figure helper sends them back (kvbench.launch)."""
+    number of rows (`rows`) and its failed points as [point, reason], in the order the points
+    ran (`failed`). Plain values, as the helper sends them back (kvbench.launch)."""
     from kvbench.reporting.console import sweep_table
 
-    written = summarize(sweep_dir, plots=plots)
-    rows = collect(sweep_dir)
-    baseline, _, slo = verdict_settings(rows, sweep_dir)
-    failed = rows[rows["status"] == "failed"] if "status" in rows else rows.iloc[:0]
+    written, rows, baseline, slo = _summarize(sweep_dir, None, None, None, plots)
+    failed = rows[rows["status"] == "failed"].sort_index() if "status" in rows else rows.iloc[:0]
     return {
         "written": [str(path) for path in written],
         "table": sweep_table(rows, slo, baseline),
