@@ -162,11 +162,12 @@ class KVAllocator(ABC):
     quiet_room: bool = False
 
     def grow_steady(self, seq: Sequence, num_computed: int) -> int | None:
-        """A quiet allocator's short path for lazy decode: `seq`, which has taken all its room
-        and holds `num_computed` computed tokens (its own counters lag behind: it is steady),
-        decodes one token that starts a new block. Does what grow(seq, 1) does then and returns
-        the room granted after that token; None, changing nothing, where grow would have to
-        do more (no free block, a block not full): the scheduler then calls grow itself."""
+        """A quiet allocator's short path for lazy decode, asked only while `quiet_room`: `seq`,
+        which has taken all its room and holds `num_computed` computed tokens (its own counters
+        lag behind: it is steady), decodes one token that starts a new block. Does what
+        grow(seq, 1) does then and returns the room granted after that token; None, changing
+        nothing, where grow would have to do more (no free block, a block not full): the
+        scheduler then calls grow itself."""
         return None
 
     supports_swap: ClassVar[bool] = False

@@ -282,9 +282,11 @@ class PagedAllocator(KVAllocator):
         return granted
 
     def grow_steady(self, seq: Sequence, num_computed: int) -> int | None:
-        table, pool, bs = self.block_tables[seq.seq_id], self.pool, self.block_size
-        if not self.quiet_room or len(table) * bs != num_computed or bs == 1 or not (pool.free or pool.evictable):
-            return None  # prefix caching names the block the room filled, in room_ran_out
+        # Asked only while quiet_room (no prefix cache to name the filled block) and of a steady
+        # sequence, which had room: so blocks hold more than one token (grow's `bs > 1`).
+        table, pool = self.block_tables[seq.seq_id], self.pool
+        if len(table) * self.block_size != num_computed or not (pool.free or pool.evictable):
+            return None
         return self._new_last_block(seq, table, num_computed, 0)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
