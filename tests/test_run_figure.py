@@ -3,6 +3,7 @@ point, and by the helper process `bench` starts, or by the run itself where the 
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def drawn(fig) -> dict:
         "stacks": [[(bar.get_height(), bar.get_y()) for bar in stack] for stack in ax.containers],
         "ticks": [t.get_text() for t in ax.get_xticklabels()],
         "xlim": ax.get_xlim(),
-        "title": fig._suptitle.get_text(),
+        "title": fig.get_suptitle(),
         "legend": [t.get_text() for t in fig.legends[0].get_texts()],
         "size": tuple(fig.get_size_inches()),
     }
@@ -57,11 +58,11 @@ def test_a_single_runs_figure_is_the_sweeps_figure_of_its_one_point():
 
 def test_a_single_run_draws_its_figure_without_loading_pandas(tmp_path):
     code = (
-        "import sys; from pathlib import Path; from kvbench.reporting.run_figure import draw_run; "
-        f"print([p.name for p in draw_run([{ROW!r}], Path(sys.argv[1]))], 'pandas' in sys.modules)"
+        "import json, sys; from pathlib import Path; from kvbench.reporting.run_figure import draw_run; "
+        "print([p.name for p in draw_run([json.loads(sys.argv[2])], Path(sys.argv[1]))], 'pandas' in sys.modules)"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code.replace("nan", "float('nan')"), str(tmp_path)],
+        [sys.executable, "-c", code, str(tmp_path), json.dumps(ROW)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -71,10 +72,16 @@ def test_a_single_run_draws_its_figure_without_loading_pandas(tmp_path):
     assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
 
 
-def test_rows_without_serving_metrics_draw_nothing_and_a_kernel_runs_rows_go_to_the_sweep_plots(tmp_path):
+def test_rows_without_serving_metrics_draw_nothing_and_a_kernel_runs_rows_go_to_the_sweep_plots(tmp_path, monkeypatch):
     assert draw_run([{**ROW, "kv_token_util": math.nan}], tmp_path) == []
     assert draw_run([{"scenario": "profile", "status": "ok"}], tmp_path) == []
     assert list(tmp_path.iterdir()) == []
+    handed = []
+    monkeypatch.setattr(plots, "draw_all", lambda rows, out: handed.append((rows, out)) or [])
+    kernel = [{"scenario": "kernel", "latency_us_p50": 12.5, "context_len": n} for n in (256, 1024)]
+    draw_run(kernel, tmp_path)
+    draw_run(kernel[:1], tmp_path)  # one kernel row too: not a KV breakdown
+    assert handed == [(kernel, tmp_path), (kernel[:1], tmp_path)]
 
 
 def run_job(out) -> dict:
