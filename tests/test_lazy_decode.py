@@ -71,12 +71,39 @@ def test_lazy_decode_decides_every_step_as_the_eager_loop(
     assert lazy[3] == eager[3]
 
 
+def count_calls(scheduler, allocator, *names) -> dict:
+    """Count the calls of the scheduler's or allocator's methods `names`; "grow_steady" counts
+    the sequences given a block by grow_steady and grow_steady_all (one call for several)."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        owner = scheduler if hasattr(scheduler, name) else allocator
+        method = getattr(owner, name)
+
+        def counted(*args, _method=method, _name=name):
+            calls[_name] += 1
+            return _method(*args)
+
+        setattr(owner, name, counted)
+    if "grow_steady" in names:
+        many = allocator.grow_steady_all
+
+        def counted_all(seqs, num_computed):
+            granted = many(seqs, num_computed)
+            calls["grow_steady"] += len(granted or ())
+            return granted
+
+        allocator.grow_steady_all = counted_all
+    return calls
+
+
 def test_steady_decodes_are_left_out_of_the_batch_but_counted():
     """64 requests decoding with room: most steps touch a few sequences and count the rest."""
     requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
     sizes = []
 
     class Watch(Totals):
+        quiet_step_s = None  # every step scheduled and executed, quiet or not
+
         def execute(self, batch):
             sizes.append((len(batch.seqs), batch.num_steady, batch.num_seqs))
             return super().execute(batch)
@@ -98,20 +125,30 @@ def test_a_steady_decode_takes_each_new_block_without_being_brought_up_to_date()
     requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
     allocator = PagedAllocator(64 * 240, 256, block_size=16)
     scheduler = Scheduler(allocator, max_num_seqs=64, max_num_batched_tokens=4096)
-    calls = {"_unsteady": 0, "grow_steady": 0, "grow": 0}
-    for owner, name in ((scheduler, "_unsteady"), (allocator, "grow_steady"), (allocator, "grow")):
-        method = getattr(owner, name)
-
-        def counted(*args, _method=method, _name=name):
-            calls[_name] += 1
-            return _method(*args)
-
-        setattr(owner, name, counted)
+    calls = count_calls(scheduler, allocator, "_unsteady", "grow_steady", "grow")
     row = Engine(scheduler, Totals(needs_sequences=False), progress=False).run(requests)
     assert row["completed"] == 64 and row["preemptions"] == 0
     assert calls["_unsteady"] == 64
     assert 64 * 12 <= calls["grow_steady"] <= 64 * 13
     assert calls["grow"] <= 2 * 64  # before the sequence is steady: its first decode steps
+
+
+def test_steps_that_only_give_steady_decodes_new_blocks_are_not_scheduled():
+    """The same 64 requests: after their first decode steps, a step meets a steady sequence
+    only to give it a new block, or when its output ends. The quiet stretch runs through the
+    first kind (Scheduler.cross_quietly), so schedule() is called at the admission and the
+    finishing steps, a few hundred times, not at each of the ~215 steps x 64 block crossings."""
+    requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
+    allocator = PagedAllocator(64 * 240, 256, block_size=16)
+    scheduler = Scheduler(allocator, max_num_seqs=64, max_num_batched_tokens=4096)
+    calls = count_calls(scheduler, allocator, "schedule", "grow_steady")
+    row = Engine(scheduler, Totals(needs_sequences=False), progress=False).run(requests)
+    assert row["completed"] == 64 and row["steps"] >= 200
+    assert 64 * 12 <= calls["grow_steady"] <= 64 * 13  # every block still taken one by one
+    assert calls["schedule"] < 0.5 * row["steps"]
+    lazy = decisions(Scheduler(PagedAllocator(64 * 240, 256, block_size=16), 64, 4096), requests, True)
+    eager = decisions(Scheduler(PagedAllocator(64 * 240, 256, block_size=16), 64, 4096), requests, False)
+    assert lazy == eager
 
 
 def test_a_group_larger_than_the_budget_waits_while_steady_sequences_run():

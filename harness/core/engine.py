@@ -146,24 +146,36 @@ class Engine:
         step is what schedule() and execute() would make of it, in their order: the arrivals
         queued, the decodes' room taken, the step's time from their totals, its clock and the
         recorder's row. With nobody waiting, the first arrival ends the stretch (it may be
-        admitted); behind a head that stays refused, arrivals only join the queue."""
+        admitted); behind a head that stays refused, arrivals only join the queue. A step that
+        meets steady sequences runs on when all it does is give them new blocks
+        (Scheduler.cross_quietly: the decodes that cross take no room); any other ends it."""
         stretch = self.scheduler.quiet_stretch()
         if stretch is None:
             return clock
-        steps, steady, base, waiting = stretch
+        step, met, steady, base, waiting = stretch
         scheduler, allocator = self.scheduler, self.allocator
         step_clocks, on_step, took_room = scheduler.step_clocks, self.recorder.on_step, allocator.took_room
+        cross_quietly = scheduler.cross_quietly
         perf_counter = time.perf_counter
-        for step in steps:
+        while True:
             if pending and pending[0].arrival_s <= clock:
                 if not waiting:
                     break
                 while pending and pending[0].arrival_s <= clock:
                     scheduler.add(self.new_sequence(pending.popleft()))
             wall = perf_counter()
-            took_room(steady)
+            took = steady
+            if step == met:
+                crossed = cross_quietly(step, waiting)
+                if crossed is None:
+                    break
+                crossed, met = crossed
+                took -= crossed
+            if took:
+                took_room(took)
             schedule_s = perf_counter() - wall
-            context = base + steady * (step + 1)
+            step += 1
+            context = base + steady * step
             dt = quiet_step_s(steady, context, context)
             clock += dt
             step_clocks.append(clock)

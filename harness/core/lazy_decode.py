@@ -27,6 +27,7 @@ times, and a block costs one allocator call.
 from __future__ import annotations
 
 from array import array
+from heapq import heappop, heappush
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,7 @@ class LazyDecode:
         self._num_steady = 0
         self._steady_base = 0  # sum over steady sequences of num_computed - steady_since
         self._expiry: dict[int, list] = {}  # step -> (steady_since, seq) whose room or output ends then
+        self._expiry_steps: list[int] = []  # a heap of _expiry's keys (and of some it no longer has)
 
     def _unsteady(self, seq: Sequence) -> None:
         """Bring steady `seq` up to the start of the current step and touch it one by one again."""
@@ -73,6 +75,23 @@ class LazyDecode:
             if seq.steady_since >= 0:
                 self._unsteady(seq)
         self._expiry.clear()
+        self._expiry_steps.clear()
+
+    def _meet_at(self, step: int, since: int, seq: Sequence) -> None:
+        """Meet steady `seq` (steady since step `since`) again at step `step`."""
+        bucket = self._expiry.get(step)
+        if bucket is None:
+            self._expiry[step] = [(since, seq)]
+            heappush(self._expiry_steps, step)
+        else:
+            bucket.append((since, seq))
+
+    def _next_meeting(self) -> int:
+        """The first step at which a steady sequence is met (`_expiry` has one)."""
+        steps, expiry = self._expiry_steps, self._expiry
+        while steps[0] not in expiry:  # met already
+            heappop(steps)
+        return steps[0]
 
     def _schedule_running_lazy(self, batch: Batch, budget: int) -> int:
         """`_schedule_running`'s decisions, touching only the running sequences that change."""
@@ -85,7 +104,13 @@ class LazyDecode:
             for seq in steady:
                 seq.steady_since = step
                 base += seq.num_computed
-                expiry.setdefault(_meets_at(step, seq, quiet), []).append((step, seq))
+                at = _meets_at(step, seq, quiet)
+                bucket = expiry.get(at)  # _meet_at, inlined: with prefix caching, once a block
+                if bucket is None:
+                    expiry[at] = [(step, seq)]
+                    heappush(self._expiry_steps, at)
+                else:
+                    bucket.append((step, seq))
             active.difference_update(steady)
             self._num_steady += len(steady)
             self._steady_base += base - step * len(steady)
@@ -119,23 +144,68 @@ class LazyDecode:
         batch.num_steady = steady
         return budget - num_tokens
 
-    def quiet_stretch(self) -> tuple[range, int, int, bool] | None:
-        """After a step that met nobody (every running sequence steady): the steps from the next
-        one on in which only the steady decodes can run, up to the next step at which one of
-        them is met; the steady count and base (a step's decode context is base + steady *
-        (step + 1)); and whether the waiting queue has a head that stays refused throughout, its
-        refusals counted here as `_schedule_waiting` would count them (else an arrival ends the
-        stretch). None when the next step may do more."""
+    def quiet_stretch(self) -> tuple[int, int, int, int, bool] | None:
+        """After a step that met nobody (every running sequence steady): the stretch of steps from
+        the next one on in which only the steady decodes can run, as (its first step, the first
+        step at which a steady sequence is met, the steady count and base: a step's decode
+        context is base + steady * (step + 1), and whether the waiting queue has a head that
+        stays refused until then, its refusals counted here as `_schedule_waiting` would count
+        them; else an arrival ends the stretch). The engine runs the stretch on through the
+        steps that meet steady sequences only to give them a new block (`cross_quietly`). None
+        when the next step may do more."""
         step = len(self.step_clocks)
         if self._active or self.swapped or not self._expiry:
             return None
-        steps = range(step, min(self._expiry))
-        if not steps:
-            return None
+        met = self._next_meeting()
         waiting = bool(self.waiting)
-        if waiting and not self._head_stays_refused(len(steps)):
+        if waiting and not self._head_stays_refused(met - step):
             return None
-        return steps, self._num_steady, self._steady_base, waiting
+        return step, met, self._num_steady, self._steady_base, waiting
+
+    def cross_quietly(self, step: int, waiting: bool) -> tuple[int, int] | None:
+        """In a quiet stretch, `step`, at which steady sequences are met: where every one of them
+        has used up its room and decodes on into a new block that the allocator gives them all
+        (`grow_steady_all`), take those blocks in running order as `_meet` would and return (how
+        many crossed, the next step at which a steady sequence is met); the step is then a
+        quiet one but for them. None, changing nothing that scheduling the step would not,
+        where the step must be scheduled.
+
+        `waiting`: the stretch runs behind a refused head. A step that crosses nobody (its
+        entries are stale) checks the head again up to the next meeting, as quiet_stretch
+        does; one that crosses relies on grow_steady_all's promise that the refusal stands."""
+        expiry = self._expiry
+        touched = []
+        for since, seq in expiry[step]:  # _meet's test for the short path, made before anything changes
+            if seq.steady_since == since:
+                steps = step - since
+                if seq.room != steps or seq.max_tokens - seq.num_tokens - steps <= 1:
+                    return None  # its output ends (or the allocator is not quiet: see _meets_at)
+                touched.append(seq)
+        if not touched:
+            del expiry[step]
+            met = self._next_meeting()
+            if waiting and not self._head_stays_refused(met - step):
+                return None  # scheduling the step finds nothing due: what it would have popped
+            return 0, met
+        touched.sort(key=RUN_ORDER)
+        computed = [seq.num_computed + step - seq.steady_since for seq in touched]
+        granted = self.allocator.grow_steady_all(touched, computed) if self.allocator.quiet_room else None
+        if granted is None:
+            return None
+        del expiry[step]
+        heap = self._expiry_steps
+        for seq, more in zip(touched, granted):
+            since = seq.steady_since
+            seq.room = room = step - since + 1 + more  # this step's token, then the new block's room
+            out = seq.max_tokens - seq.num_tokens
+            at = since + room if room < out else since + min(room, out) - 1  # _meets_at, quiet
+            bucket = expiry.get(at)  # _meet_at
+            if bucket is None:
+                expiry[at] = [(since, seq)]
+                heappush(heap, at)
+            else:
+                bucket.append((since, seq))
+        return len(touched), self._next_meeting()
 
     def _head_stays_refused(self, steps: int) -> bool:
         """Whether `_schedule_waiting` stops at the waiting head in each of the next `steps` steps
@@ -176,7 +246,13 @@ class LazyDecode:
                     granted = grow_steady(seq, seq.num_computed + steps)
                     if granted is not None:
                         seq.room = steps + 1 + granted  # this step's token, then the new block's room
-                        expiry.setdefault(_meets_at(since, seq, quiet), []).append((since, seq))
+                        at = _meets_at(since, seq, quiet)
+                        bucket = expiry.get(at)  # _meet_at, inlined on every block's way
+                        if bucket is None:
+                            expiry[at] = [(since, seq)]
+                            heappush(self._expiry_steps, at)
+                        else:
+                            bucket.append((since, seq))
                         crossed += 1
                         continue
                 self._unsteady(seq)  # one by one again
@@ -220,7 +296,7 @@ class LazyDecode:
                     active.discard(seq)
                     self._num_steady += 1
                     self._steady_base += seq.num_computed - step
-                    expiry.setdefault(_meets_at(step, seq, quiet), []).append((step, seq))
+                    self._meet_at(_meets_at(step, seq, quiet), step, seq)
                     crossed += 1
                     continue
                 seq.num_computed = context = seq.num_computed + n

@@ -273,12 +273,14 @@ class PagedAllocator(KVAllocator):
         self.block_fill[block] = 1
         self._allocated += bs
         self._token += 1
-        new = min(before + bs, seq.final_len) - before - 1
-        if new < 0:
+        new = seq.final_len - before - 1  # slots reserved in the new block: to its end, or to
+        if new >= bs:  # the sequence's final length
+            new = bs - 1
+        elif new < 0:
             new = 0
         self._reserved += new - self._seq_reserved[seq_id] + taken
         self._seq_reserved[seq_id] = new
-        self._granted[seq_id] = granted = min(new, bs - 1) if new and seq.group is None else 0
+        self._granted[seq_id] = granted = new if seq.group is None else 0
         return granted
 
     def grow_steady(self, seq: Sequence, num_computed: int) -> int | None:
@@ -288,6 +290,18 @@ class PagedAllocator(KVAllocator):
         if len(table) * self.block_size != num_computed or not (pool.free or pool.evictable):
             return None
         return self._new_last_block(seq, table, num_computed, 0)
+
+    def grow_steady_all(self, seqs: list[Sequence], num_computed: list[int]) -> list[int] | None:
+        # Taking blocks can only keep admission's pool.fits refusing, and refuses_again reads
+        # nothing else: the promise holds.
+        bs, tables = self.block_size, self.block_tables
+        if self.pool.num_free < len(seqs):
+            return None
+        for seq, before in zip(seqs, num_computed):
+            if len(tables[seq.seq_id]) * bs != before:
+                return None
+        new_last_block = self._new_last_block
+        return [new_last_block(seq, tables[seq.seq_id], before, 0) for seq, before in zip(seqs, num_computed)]
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         self._settle(parent)
