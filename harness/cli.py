@@ -30,6 +30,7 @@ from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
 
 log = logging.getLogger("kvbench")
+single_run_done = False  # a single run ended well: `bench` may leave at once (kvbench.launch.leave)
 
 # ${kvbench.pid:} in a run directory's name keeps runs started in the same second apart
 OmegaConf.register_new_resolver("kvbench.pid", os.getpid, use_cache=True, replace=True)
@@ -167,6 +168,8 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
                 done = {"written": draw_run(rows, out_dir)}
             for path in done["written"]:
                 log.info("wrote %s", path)
+        global single_run_done
+        single_run_done = status == "ok"
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")
@@ -253,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from kvbench.schema.hydra_errors import hydra_line
 
+    global single_run_done
+    single_run_done = False
     args = sys.argv[1:] if argv is None else list(argv)
     # argparse takes one run of overrides: `bench a=1 -m b=1,2` must reach Hydra as `-m a=1 b=1,2`.
     sys.argv[1:] = sorted(args, key=lambda arg: arg not in ("-m", "--multirun"))

@@ -140,8 +140,11 @@ def test_the_command_line_decides_which_helper_is_started(args, kind):
 
 
 def run_bench(monkeypatch, tmp_path, cpus: int) -> list:
-    """`bench` (launch.main) in this process, as the console script runs it; the helpers started."""
-    started = []
+    """`bench` (launch.main) in this process, as the console script runs it; the helpers started.
+    The run succeeds, so `bench` leaves without the interpreter's teardown (launch.leave, which
+    is recorded here instead: it would end the test process)."""
+    started, left = [], []
+    monkeypatch.setattr(launch, "leave", lambda: left.append(True))
 
     class Recorded(launch.Helper):
         def __init__(self, kind):
@@ -158,6 +161,7 @@ def run_bench(monkeypatch, tmp_path, cpus: int) -> list:
     finally:
         GlobalHydra.instance().clear()
     assert (tmp_path / "kv_breakdown.png").read_bytes()[:8] == PNG
+    assert left == [True]
     return started
 
 
@@ -169,3 +173,16 @@ def test_bench_on_two_cores_has_its_helper_draw_the_figure(monkeypatch, tmp_path
 
 def test_bench_on_one_core_draws_its_figure_itself(monkeypatch, tmp_path):
     assert run_bench(monkeypatch, tmp_path, cpus=1) == []
+
+
+def test_bench_leaves_at_once_only_where_torch_was_not_loaded(monkeypatch):
+    """launch.leave ends the process without the interpreter's teardown: flushed, exit code 0;
+    where torch was loaded (its worker pools shut down at exit) it leaves that to the teardown."""
+    exits = []
+    monkeypatch.setattr(launch.os, "_exit", exits.append)
+    monkeypatch.setitem(sys.modules, "torch", object())
+    launch.leave()
+    assert exits == []
+    monkeypatch.delitem(sys.modules, "torch")
+    launch.leave()
+    assert exits == [0]
