@@ -15,7 +15,8 @@ where the helper's imports would wait for the run's. A helper the run does not u
 when `bench` ends. The run does the job itself wherever there is no helper, or the helper
 failed (it could not start, died, or answered anything but a result whose files exist): a job
 that fails in the helper fails again in the run, with the run's own error. kvbench.cli.main
-called in-process (the tests) does everything itself. docs/design.md has the measurements.
+called in-process (the tests) does everything itself. After a single run that succeeded,
+`bench` ends without the interpreter's teardown (`leave`). docs/design.md has the measurements.
 """
 
 from __future__ import annotations

@@ -151,6 +151,28 @@ def test_steps_that_only_give_steady_decodes_new_blocks_are_not_scheduled():
     assert lazy == eager
 
 
+def test_a_step_whose_crossings_the_pool_cannot_all_take_is_scheduled_and_preempts_as_eagerly():
+    """The 64 requests in a pool that holds about half their blocks: the quiet stretch reaches
+    a step at which the free blocks do not cover every crossing; grow_steady_all refuses it,
+    changing nothing, and scheduling that step preempts exactly as the eager loop does."""
+    requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
+    refused = []
+    allocator = PagedAllocator(64 * 120, 256, block_size=16)
+    grow_steady_all = allocator.grow_steady_all
+
+    def watched(seqs, num_computed):
+        granted = grow_steady_all(seqs, num_computed)
+        refused.append(granted is None)
+        return granted
+
+    allocator.grow_steady_all = watched
+    lazy = decisions(Scheduler(allocator, 64, 4096), requests, True)
+    eager = decisions(Scheduler(PagedAllocator(64 * 120, 256, block_size=16), 64, 4096), requests, False)
+    assert eager[3]["preemptions"] > 0
+    assert any(refused) and not all(refused)
+    assert lazy == eager
+
+
 def test_a_group_larger_than_the_budget_waits_while_steady_sequences_run():
     """A preempted group whose re-prefill exceeds the token budget runs alone, and only alone:
     steady sequences, though left out of `batch.seqs`, make the batch non-empty."""

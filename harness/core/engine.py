@@ -118,13 +118,12 @@ class Engine:
             clock += dt
             step_clocks.append(clock)
             recorder.on_step(clock, dt, num_seqs, allocator, schedule_s)
-            if not batch.seqs:  # lazy decode: every sequence of the step was steady
-                if quiet_step_s is not None and not batch.preempted:
-                    clock = self._run_quiet_steps(clock, pending, quiet_step_s)
-                continue
-            done = self._advance(batch, result.tokens, clock)
-            if done and bar is not None:
-                bar.update(done)
+            if batch.seqs:
+                done = self._advance(batch, result.tokens, clock)
+                if done and bar is not None:
+                    bar.update(done)
+            if quiet_step_s is not None:
+                clock = self._run_quiet_steps(clock, pending, quiet_step_s)
         if bar is not None:
             bar.close()
         scheduler.settle()
@@ -141,12 +140,13 @@ class Engine:
         return row
 
     def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s) -> float:
-        """Run the steps after a quiet one in which nothing but the steady decodes can happen
-        (Scheduler.quiet_stretch) without building their batches, and return the clock. Each
-        step is what schedule() and execute() would make of it, in their order: the arrivals
-        queued, the decodes' room taken, the step's time from their totals, its clock and the
-        recorder's row. With nobody waiting, the first arrival ends the stretch (it may be
-        admitted); behind a head that stays refused, arrivals only join the queue. A step that
+        """After a step that left every running sequence steady, run the steps in which nothing
+        but the steady decodes can happen (Scheduler.quiet_stretch) without building their
+        batches, and return the clock. Each step is what schedule() and execute() would make of
+        it, in their order: the arrivals queued, the decodes' room taken, the step's time from
+        their totals, its clock and the recorder's row. An arrival that finds nobody waiting
+        ends the stretch unless it stays refused (it may be admitted); behind a head that stays
+        refused, arrivals only join the queue. A step that
         meets steady sequences runs on when all it does is give them new blocks
         (Scheduler.cross_quietly: the decodes that cross take no room); any other ends it."""
         stretch = self.scheduler.quiet_stretch()
@@ -159,10 +159,12 @@ class Engine:
         perf_counter = time.perf_counter
         while True:
             if pending and pending[0].arrival_s <= clock:
-                if not waiting:
-                    break
                 while pending and pending[0].arrival_s <= clock:
                     scheduler.add(self.new_sequence(pending.popleft()))
+                if not waiting:  # the first to wait: the stretch goes on while it stays refused
+                    if not scheduler.head_stays_refused(met - step):
+                        break
+                    waiting = True
             wall = perf_counter()
             took = steady
             if step == met:

@@ -21,7 +21,9 @@ steady, that step's token counted as one more step of room. Where the allocator 
 path for it (`grow_steady`: paged takes the new block) the sequence is not even brought up to
 date: its counters stay as of the step it became steady, its room grows by the steps it took
 and the new block's. At block 16 a decoding sequence is then touched once per block, not three
-times, and a block costs one allocator call.
+times, and a block costs one allocator call. A step whose meetings are all such crossings
+needs no schedule() at all: the engine's quiet stretch runs through it (`cross_quietly`, with
+`grow_steady_all`: the allocator's blocks for all of them, or none).
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ class LazyDecode:
         return budget - num_tokens
 
     def quiet_stretch(self) -> tuple[int, int, int, int, bool] | None:
-        """After a step that met nobody (every running sequence steady): the stretch of steps from
+        """After a step, where every running sequence is steady: the stretch of steps from
         the next one on in which only the steady decodes can run, as (its first step, the first
         step at which a steady sequence is met, the steady count and base: a step's decode
         context is base + steady * (step + 1), and whether the waiting queue has a head that
@@ -158,7 +160,7 @@ class LazyDecode:
             return None
         met = self._next_meeting()
         waiting = bool(self.waiting)
-        if waiting and not self._head_stays_refused(met - step):
+        if waiting and not self.head_stays_refused(met - step):
             return None
         return step, met, self._num_steady, self._steady_base, waiting
 
@@ -184,7 +186,7 @@ class LazyDecode:
         if not touched:
             del expiry[step]
             met = self._next_meeting()
-            if waiting and not self._head_stays_refused(met - step):
+            if waiting and not self.head_stays_refused(met - step):
                 return None  # scheduling the step finds nothing due: what it would have popped
             return 0, met
         touched.sort(key=RUN_ORDER)
@@ -207,7 +209,7 @@ class LazyDecode:
                 bucket.append((since, seq))
         return len(touched), self._next_meeting()
 
-    def _head_stays_refused(self, steps: int) -> bool:
+    def head_stays_refused(self, steps: int) -> bool:
         """Whether `_schedule_waiting` stops at the waiting head in each of the next `steps` steps
         in which only room is taken: its tests in its order, the allocator's last."""
         seq, budget = self.waiting[0], self.max_num_batched_tokens - self._num_steady
