@@ -123,7 +123,9 @@ class Engine:
                 if done and bar is not None:
                     bar.update(done)
             if quiet_step_s is not None:
-                clock = self._run_quiet_steps(clock, pending, quiet_step_s)
+                clock, done = self._run_quiet_steps(clock, pending, quiet_step_s)
+                if done and bar is not None:
+                    bar.update(done)
         if bar is not None:
             bar.close()
         scheduler.settle()
@@ -139,24 +141,27 @@ class Engine:
         row.setdefault("prefix_hit_rate", 0.0)
         return row
 
-    def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s) -> float:
+    def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s) -> tuple[float, int]:
         """After a step that left every running sequence steady, run the steps in which nothing
         but the steady decodes can happen (Scheduler.quiet_stretch) without building their
-        batches, and return the clock. Each step is what schedule() and execute() would make of
-        it, in their order: the arrivals queued, the decodes' room taken, the step's time from
-        their totals, its clock and the recorder's row. An arrival that finds nobody waiting
-        ends the stretch unless it stays refused (it may be admitted); behind a head that stays
-        refused, arrivals only join the queue. A step that
-        meets steady sequences runs on when all it does is give them new blocks
-        (Scheduler.cross_quietly: the decodes that cross take no room); any other ends it."""
+        batches; return the clock and how many requests finished. Each step is what schedule(),
+        execute() and _advance would make of it, in their order: the arrivals queued, the
+        decodes' room taken, the step's time from their totals, its clock and the recorder's
+        row. An arrival that finds nobody waiting ends the stretch unless it stays refused (it
+        may be admitted); behind a head that stays refused, arrivals only join the queue. A step
+        that meets steady sequences runs on when all it does is give some of them new blocks and
+        let others decode their last token (Scheduler.cross_quietly: those that cross take no
+        room); those are then brought up to date and retired, as _advance retires them, and the
+        stretch goes on only where quiet_stretch says so again. Any other meeting ends it."""
         stretch = self.scheduler.quiet_stretch()
         if stretch is None:
-            return clock
+            return clock, 0
         step, met, steady, base, waiting = stretch
-        scheduler, allocator = self.scheduler, self.allocator
-        step_clocks, on_step, took_room = scheduler.step_clocks, self.recorder.on_step, allocator.took_room
-        cross_quietly = scheduler.cross_quietly
+        scheduler, allocator, recorder = self.scheduler, self.allocator, self.recorder
+        step_clocks, on_step, took_room = scheduler.step_clocks, recorder.on_step, allocator.took_room
+        cross_quietly, next_meeting = scheduler.cross_quietly, scheduler.next_meeting
         perf_counter = time.perf_counter
+        done = 0
         while True:
             if pending and pending[0].arrival_s <= clock:
                 while pending and pending[0].arrival_s <= clock:
@@ -166,13 +171,12 @@ class Engine:
                         break
                     waiting = True
             wall = perf_counter()
-            took = steady
+            took, met_here = steady, None
             if step == met:
-                crossed = cross_quietly(step, waiting)
-                if crossed is None:
+                met_here = cross_quietly(step, waiting)  # (how many crossed, the ended)
+                if met_here is None:
                     break
-                crossed, met = crossed
-                took -= crossed
+                took -= met_here[0]
             if took:
                 took_room(took)
             schedule_s = perf_counter() - wall
@@ -182,7 +186,22 @@ class Engine:
             clock += dt
             step_clocks.append(clock)
             on_step(clock, dt, steady, allocator, schedule_s)
-        return clock
+            if met_here is not None:  # a step that met steady sequences
+                crossed, ended = met_here
+                if crossed and not ended:  # new blocks only: a head's refusal stands (grow_steady_all)
+                    met = next_meeting()
+                    continue
+                for seq in ended:  # retired as _advance retires them, then look again
+                    scheduler.bring_up_to_date(seq)  # its last token's time is this step's clock
+                    scheduler.finish(seq)
+                    seq.finish_s = clock
+                    recorder.on_finish(seq)
+                done += len(ended)
+                stretch = scheduler.quiet_stretch()
+                if stretch is None:
+                    break
+                step, met, steady, base, waiting = stretch
+        return clock, done
 
     def _advance(self, batch: Batch, tokens: list | None, clock: float) -> int:
         """Append each sampled token, fork requests whose prompt is done, step beams; retire

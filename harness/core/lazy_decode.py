@@ -71,6 +71,11 @@ class LazyDecode:
         seq.steady_since = -1
         self._active.add(seq)
 
+    def bring_up_to_date(self, seq: Sequence) -> None:
+        """Steady `seq`'s counters and token times through the last step the engine ran (a quiet
+        stretch's ended sequence, before the engine retires it)."""
+        self._unsteady(seq)
+
     def settle(self) -> None:
         """Bring every steady sequence up to date (before anyone reads their counters)."""
         for seq in self.running:
@@ -88,7 +93,7 @@ class LazyDecode:
         else:
             bucket.append((since, seq))
 
-    def _next_meeting(self) -> int:
+    def next_meeting(self) -> int:
         """The first step at which a steady sequence is met (`_expiry` has one)."""
         steps, expiry = self._expiry_steps, self._expiry
         while steps[0] not in expiry:  # met already
@@ -158,56 +163,65 @@ class LazyDecode:
         step = len(self.step_clocks)
         if self._active or self.swapped or not self._expiry:
             return None
-        met = self._next_meeting()
+        met = self.next_meeting()
         waiting = bool(self.waiting)
         if waiting and not self.head_stays_refused(met - step):
             return None
         return step, met, self._num_steady, self._steady_base, waiting
 
-    def cross_quietly(self, step: int, waiting: bool) -> tuple[int, int] | None:
-        """In a quiet stretch, `step`, at which steady sequences are met: where every one of them
-        has used up its room and decodes on into a new block that the allocator gives them all
-        (`grow_steady_all`), take those blocks in running order as `_meet` would and return (how
-        many crossed, the next step at which a steady sequence is met); the step is then a
-        quiet one but for them. None, changing nothing that scheduling the step would not,
-        where the step must be scheduled.
+    def cross_quietly(self, step: int, waiting: bool) -> tuple[int, list] | None:
+        """In a quiet stretch, `step`, at which steady sequences are met, run without scheduling
+        it where each of them either has used up its room and decodes on into a new block that
+        the allocator gives them all (`grow_steady_all`), or decodes its last token into its room
+        (a quiet allocator's room_ran_out does nothing). Take the new blocks in running order as
+        `_meet` would and return (how many crossed, the sequences whose output ends: still
+        steady, so that the step's totals count them; the engine brings them up to date and
+        retires them once the step's clock is known). None, changing nothing that scheduling
+        the step would not, where the step must be scheduled.
 
-        `waiting`: the stretch runs behind a refused head. A step that crosses nobody (its
-        entries are stale) checks the head again up to the next meeting, as quiet_stretch
-        does; one that crosses relies on grow_steady_all's promise that the refusal stands."""
-        expiry = self._expiry
-        touched = []
-        for since, seq in expiry[step]:  # _meet's test for the short path, made before anything changes
+        `waiting`: the stretch runs behind a waiting head, which must stay refused at this step
+        too: tested here, or, where blocks are taken, by grow_steady_all's promise that the
+        refusal tested when the stretch began stands. The engine tests the steps after this one
+        again (quiet_stretch)."""
+        expiry, allocator = self._expiry, self.allocator
+        touched, ending = [], []
+        for since, seq in expiry[step]:  # _meet's tests, made before anything changes
             if seq.steady_since == since:
                 steps = step - since
-                if seq.room != steps or seq.max_tokens - seq.num_tokens - steps <= 1:
-                    return None  # its output ends (or the allocator is not quiet: see _meets_at)
-                touched.append(seq)
-        if not touched:
-            del expiry[step]
-            met = self._next_meeting()
-            if waiting and not self.head_stays_refused(met - step):
-                return None  # scheduling the step finds nothing due: what it would have popped
-            return 0, met
-        touched.sort(key=RUN_ORDER)
-        computed = [seq.num_computed + step - seq.steady_since for seq in touched]
-        granted = self.allocator.grow_steady_all(touched, computed) if self.allocator.quiet_room else None
-        if granted is None:
+                after = seq.max_tokens - seq.num_tokens - steps  # tokens to come from this one on
+                if seq.room == steps and after > 1:
+                    touched.append(seq)  # the short path to a new block
+                elif seq.room > steps and after == 1:
+                    ending.append(seq)  # its last token, into its room
+                else:
+                    return None
+        if (touched or ending) and not allocator.quiet_room:
+            return None
+        if touched:  # the head's refusal stands: grow_steady_all's promise
+            touched.sort(key=RUN_ORDER)
+            computed = [seq.num_computed + step - seq.steady_since for seq in touched]
+            granted = allocator.grow_steady_all(touched, computed)
+            if granted is None:
+                return None
+        elif waiting and not self.head_stays_refused(1):
             return None
         del expiry[step]
-        heap = self._expiry_steps
-        for seq, more in zip(touched, granted):
-            since = seq.steady_since
-            seq.room = room = step - since + 1 + more  # this step's token, then the new block's room
-            out = seq.max_tokens - seq.num_tokens
-            at = since + room if room < out else since + min(room, out) - 1  # _meets_at, quiet
-            bucket = expiry.get(at)  # _meet_at
-            if bucket is None:
-                expiry[at] = [(since, seq)]
-                heappush(heap, at)
-            else:
-                bucket.append((since, seq))
-        return len(touched), self._next_meeting()
+        if touched:
+            heap = self._expiry_steps
+            for seq, more in zip(touched, granted):
+                since = seq.steady_since
+                seq.room = room = step - since + 1 + more  # this step's token, then the new block's room
+                out = seq.max_tokens - seq.num_tokens
+                at = since + room if room < out else since + min(room, out) - 1  # _meets_at, quiet
+                bucket = expiry.get(at)  # _meet_at
+                if bucket is None:
+                    expiry[at] = [(since, seq)]
+                    heappush(heap, at)
+                else:
+                    bucket.append((since, seq))
+        if len(ending) > 1:
+            ending.sort(key=RUN_ORDER)
+        return len(touched), ending
 
     def head_stays_refused(self, steps: int) -> bool:
         """Whether `_schedule_waiting` stops at the waiting head in each of the next `steps` steps

@@ -174,8 +174,9 @@ class KVAllocator(ABC):
         """grow_steady for each of `seqs` in order (`num_computed[i]` is the i-th one's), as one
         call: the rooms granted; None, changing nothing, where grow_steady would refuse one of
         them. An answer other than None also promises what lets the engine run the step that
-        gives these blocks without scheduling it (Engine._run_quiet_steps): refuses_again's
-        answer does not depend on `times`, and a refusal stands while blocks are taken this way.
+        gives these blocks without scheduling it (Engine._run_quiet_steps): refuses_again counts
+        nothing and its answer does not depend on `times`, and a refusal stands while blocks are
+        taken this way.
         None, the default, keeps such a step scheduled."""
         return None
 
