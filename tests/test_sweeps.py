@@ -56,8 +56,9 @@ def test_four_point_sweep_under_the_joblib_launcher(tmp_path):
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, stop):
-    # The third point is long enough to be interrupted (Ctrl-C, or killed) while it runs.
-    args = ["-m", "+allocator=paged", "workload.num_requests=40,41,5000", *SMALL, "hydra.sweep.dir=sweep"]
+    # The third point is long enough to be interrupted (Ctrl-C, or killed) while it runs: about 4 s
+    # alone, so that a loaded host that notices the second point late still signals during it.
+    args = ["-m", "+allocator=paged", "workload.num_requests=40,41,20000", *SMALL, "hydra.sweep.dir=sweep"]
     sweep = tmp_path / "sweep"
     # A shell that starts jobs in the background makes them ignore SIGINT: give it back.
     proc = subprocess.Popen(
@@ -85,7 +86,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, sto
     assert result.stdout.count("skipped") + result.stderr.count("skipped") == 2
     assert {p: p.stat().st_mtime_ns for p in finished} == mtimes
     rows = summary(sweep)
-    assert sorted(int(r["workload.num_requests"]) for r in rows) == [40, 41, 5000]
+    assert sorted(int(r["workload.num_requests"]) for r in rows) == [40, 41, 20000]
     assert all(r["status"] == "ok" for r in rows)
 
 
