@@ -96,8 +96,9 @@ class Recorder:
             self.input_len.append(r.prompt_len)
             self.output_len.append(r.output_len)
             self.itl.add(itl)
-            tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
-            self.num_good += meets_slos(self.goodput, ttft, tpot, e2el)
+            if self.goodput:  # request_goodput is a column only where SLOs are set
+                tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
+                self.num_good += meets_slos(self.goodput, ttft, tpot, e2el)
             if self.request_log is not None:
                 self.request_log.write(
                     {
