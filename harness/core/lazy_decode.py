@@ -207,18 +207,11 @@ class LazyDecode:
             return None
         del expiry[step]
         if touched:
-            heap = self._expiry_steps
+            meet_at = self._meet_at
             for seq, more in zip(touched, granted):
                 since = seq.steady_since
-                seq.room = room = step - since + 1 + more  # this step's token, then the new block's room
-                out = seq.max_tokens - seq.num_tokens
-                at = since + room if room < out else since + min(room, out) - 1  # _meets_at, quiet
-                bucket = expiry.get(at)  # _meet_at
-                if bucket is None:
-                    expiry[at] = [(since, seq)]
-                    heappush(heap, at)
-                else:
-                    bucket.append((since, seq))
+                seq.room = step - since + 1 + more  # this step's token, then the new block's room
+                meet_at(_meets_at(since, seq, True), since, seq)
         if len(ending) > 1:
             ending.sort(key=RUN_ORDER)
         return len(touched), ending
