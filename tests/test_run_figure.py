@@ -56,6 +56,18 @@ def test_a_single_runs_figure_is_the_sweeps_figure_of_its_one_point():
     assert one["ticks"] == ["pow2"] and "opt-13b on a100-40gb, sharegpt workload (simulate)" in one["title"]
 
 
+@pytest.mark.parametrize("allocator", ["pow2", "contiguous"])
+def test_a_single_runs_figure_holds_all_it_draws_so_it_is_saved_uncropped(allocator):
+    """draw_run saves it without bbox_inches="tight": nothing drawn (legend, titles, tick and
+    axis labels) may reach past the figure's edges, or the PNG would cut it off."""
+    fig = breakdown_of_row({**ROW, "allocator": allocator, "model": "qwen3-next-like", "hardware": "h100-sxm"})
+    fig.canvas.draw()
+    drawn_box = fig.get_tightbbox(fig.canvas.get_renderer())  # in inches, as the crop would take it
+    width, height = fig.get_size_inches()
+    pyplot().close(fig)
+    assert 0 <= drawn_box.x0 and drawn_box.x1 <= width and 0 <= drawn_box.y0 and drawn_box.y1 <= height
+
+
 def test_a_single_run_draws_its_figure_without_loading_pandas(tmp_path):
     code = (
         "import json, sys; from pathlib import Path; from kvbench.reporting.run_figure import draw_run; "

@@ -29,6 +29,9 @@ SYSTEM_COLORS = {
     "hybrid": "#2b8a3e",
 }
 LINE_STYLES = ("-", "--", ":", "-.")
+# The KV breakdown's legend (five entries in one row) and two-line title need about 8.4 in at
+# their font sizes: a breakdown at least this wide holds everything it draws, uncropped.
+KV_MIN_WIDTH_IN = 8.8
 # (column, legend text, colour) of the KV breakdown's stacked shares, bottom to top
 KV_PARTS = [
     ("kv_token_util", "token states", "#2b8a3e"),
@@ -60,9 +63,12 @@ def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
     return f"{values('model')} on {values('hardware')}, {values('workload')} workload ({values('scenario')})"
 
 
-def save_figure(fig, path: Path) -> Path:
+def save_figure(fig, path: Path, crop: bool = True) -> Path:
+    """`fig` as a PNG at `path`, written atomically. `crop`: the image is what is drawn
+    (bbox_inches="tight"), which takes a second render (0.04-0.05 s for a single run's figure);
+    a figure laid out to hold everything it draws (kv_figure) is saved as it is."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight" if crop else None)
     pyplot().close(fig)
     write_bytes_atomic(path, buffer.getvalue())
     return path
@@ -85,7 +91,7 @@ def kv_figure(panels: list[tuple[str, list[str], list[list[float]]]], rates: boo
     rows_n = cdiv(len(panels), cols)
     # bars per panel: the rates swept, or every point in the one panel
     bars = len({label for _, labels, _ in panels for label in labels}) if rates else len(panels[0][1])
-    width = min(MAX_WIDTH_IN, max(6.0, (0.45 * bars + 1.5) * cols + 2))
+    width = min(MAX_WIDTH_IN, max(KV_MIN_WIDTH_IN, (0.45 * bars + 1.5) * cols + 2))
     fig, axes = plt.subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
     for ax, (name, labels, shares) in zip(axes.flat, panels):
         at, bottom = range(len(labels)), [0.0] * len(labels)

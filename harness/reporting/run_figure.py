@@ -40,7 +40,8 @@ def draw_run(rows: list[dict], out: Path) -> list[Path]:
         value = row.get("kv_token_util")
         if row.get("status", "ok") != "ok" or not isinstance(value, (int, float)) or value != value:
             return []  # no serving metrics: nothing to draw
-        return [save_figure(breakdown_of_row(row), Path(out) / "kv_breakdown.png")]
+        # laid out to hold its legend and title: saved uncropped, one render (figures.save_figure)
+        return [save_figure(breakdown_of_row(row), Path(out) / "kv_breakdown.png", crop=False)]
     from kvbench.reporting.plots import draw_all
 
     return draw_all(rows, out)
