@@ -73,7 +73,8 @@ def test_lazy_decode_decides_every_step_as_the_eager_loop(
 
 def count_calls(scheduler, allocator, *names) -> dict:
     """Count the calls of the scheduler's or allocator's methods `names`; "grow_steady" counts
-    the sequences given a block by grow_steady and grow_steady_all (one call for several)."""
+    the blocks steady crossings take: grow_steady's, grow_steady_all's (one call for several
+    sequences and striding crossings) and take_striding's (the striding crossings of a step)."""
     calls = dict.fromkeys(names, 0)
     for name in names:
         owner = scheduler if hasattr(scheduler, name) else allocator
@@ -87,12 +88,19 @@ def count_calls(scheduler, allocator, *names) -> dict:
     if "grow_steady" in names:
         many = allocator.grow_steady_all
 
-        def counted_all(seqs, num_computed):
-            granted = many(seqs, num_computed)
-            calls["grow_steady"] += len(granted or ())
+        def counted_all(seqs, num_computed, striding=0):
+            granted = many(seqs, num_computed, striding)
+            calls["grow_steady"] += 0 if granted is None else len(granted) + striding
             return granted
 
-        allocator.grow_steady_all = counted_all
+        strides = allocator.take_striding
+
+        def counted_strides(count):
+            taken = strides(count)
+            calls["grow_steady"] += count if taken else 0
+            return taken
+
+        allocator.grow_steady_all, allocator.take_striding = counted_all, counted_strides
     return calls
 
 
@@ -151,21 +159,50 @@ def test_steps_that_only_give_steady_decodes_new_blocks_are_not_scheduled():
     assert lazy == eager
 
 
+def test_a_sequence_that_decodes_through_whole_blocks_strides_and_gets_their_blocks_when_met():
+    """The same 64 requests: after a steady sequence's first crossing into a block it will fill,
+    its next crossings (one every 16 steps) are counted in bulk, a step's all at once
+    (take_striding), and the blocks are handed to it once, when it is next met (its last
+    block, or its end). Every block is still taken and counted, and decisions are the eager
+    loop's."""
+    requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
+    allocator = PagedAllocator(64 * 240, 256, block_size=16)
+    scheduler = Scheduler(allocator, max_num_seqs=64, max_num_batched_tokens=4096)
+    calls = count_calls(scheduler, allocator, "grow_steady", "hand_striding", "_start_stride")
+    handed = []
+    hand = allocator.hand_striding
+    allocator.hand_striding = lambda seq, count: (handed.append(count), hand(seq, count))[1]
+    row = Engine(scheduler, Totals(needs_sequences=False), progress=False).run(requests)
+    assert row["completed"] == 64 and row["preemptions"] == 0
+    assert 64 * 12 <= calls["grow_steady"] <= 64 * 13  # every block, counted
+    assert 64 <= calls["_start_stride"] <= 3 * 64  # a sequence starts striding once or twice...
+    assert len(handed) <= 2 * 64 and sum(handed) >= 64 * 10  # ...and gets its ~11 blocks at once
+    assert not allocator._striding and allocator.pool.num_free == allocator.num_blocks
+
+
 def test_a_step_whose_crossings_the_pool_cannot_all_take_is_scheduled_and_preempts_as_eagerly():
     """The 64 requests in a pool that holds about half their blocks: the quiet stretch reaches
-    a step at which the free blocks do not cover every crossing; grow_steady_all refuses it,
+    a step at which the free blocks do not cover every crossing; grow_steady_all or
+    take_striding refuses it,
     changing nothing, and scheduling that step preempts exactly as the eager loop does."""
     requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
     refused = []
     allocator = PagedAllocator(64 * 120, 256, block_size=16)
     grow_steady_all = allocator.grow_steady_all
 
-    def watched(seqs, num_computed):
-        granted = grow_steady_all(seqs, num_computed)
+    take_striding = allocator.take_striding
+
+    def watched(seqs, num_computed, striding=0):
+        granted = grow_steady_all(seqs, num_computed, striding)
         refused.append(granted is None)
         return granted
 
-    allocator.grow_steady_all = watched
+    def watched_strides(count):
+        taken = take_striding(count)
+        refused.append(not taken)
+        return taken
+
+    allocator.grow_steady_all, allocator.take_striding = watched, watched_strides
     lazy = decisions(Scheduler(allocator, 64, 4096), requests, True)
     eager = decisions(Scheduler(PagedAllocator(64 * 120, 256, block_size=16), 64, 4096), requests, False)
     assert eager[3]["preemptions"] > 0

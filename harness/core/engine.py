@@ -160,6 +160,8 @@ class Engine:
         scheduler, allocator, recorder = self.scheduler, self.allocator, self.recorder
         step_clocks, on_step, took_room = scheduler.step_clocks, recorder.on_step, allocator.took_room
         cross_quietly, next_meeting = scheduler.cross_quietly, scheduler.next_meeting
+        striders, period = scheduler.striding()
+        take_striding = allocator.take_striding
         perf_counter = time.perf_counter
         done = 0
         while True:
@@ -177,6 +179,12 @@ class Engine:
                 if met_here is None:
                     break
                 took -= met_here[0]
+            else:
+                striding = len(striders[step % period])
+                if striding:  # striding sequences cross into new blocks (counted in bulk)
+                    if not take_striding(striding):
+                        break
+                    took -= striding
             if took:
                 took_room(took)
             schedule_s = perf_counter() - wall

@@ -54,10 +54,16 @@ class LazyDecode:
         self._steady_base = 0  # sum over steady sequences of num_computed - steady_since
         self._expiry: dict[int, list] = {}  # step -> (steady_since, seq) whose room or output ends then
         self._expiry_steps: list[int] = []  # a heap of _expiry's keys (and of some it no longer has)
+        # the striding sequences (Sequence.stride_start), by the phase of their crossings:
+        # _striders[step % _period] cross into a new block at `step`
+        self._period = self.allocator.stride or 1
+        self._striders: list[set[Sequence]] = [set() for _ in range(self._period)]
 
     def _unsteady(self, seq: Sequence) -> None:
         """Bring steady `seq` up to the start of the current step and touch it one by one again."""
         since, now = seq.steady_since, len(self.step_clocks)
+        if seq.stride_start >= 0:
+            self._end_stride(seq, now)
         self._num_steady -= 1
         self._steady_base -= seq.num_computed - since
         steps = now - since
@@ -70,6 +76,32 @@ class LazyDecode:
                 seq.first_token_s = self.step_clocks[since]
         seq.steady_since = -1
         self._active.add(seq)
+
+    def _start_stride(self, seq: Sequence, step: int, num_computed: int) -> None:
+        """Steady `seq` just crossed into a new block at `step` (grow_steady, at `num_computed`
+        tokens): where the allocator counts its next crossings in bulk, it strides through them,
+        met next only after the last (its room grown by theirs)."""
+        ahead = self.allocator.crossings_ahead(seq, num_computed)
+        if ahead:
+            seq.room += ahead * self._period
+            seq.stride_start, seq.stride_len, seq.stride_done = step, ahead, 0
+            self._striders[step % self._period].add(seq)
+
+    def _end_stride(self, seq: Sequence, now: int) -> None:
+        """Striding `seq` is met at step `now`: hand it the blocks of its crossings before `now`
+        and give it the room it has, and it is an ordinary steady sequence again."""
+        start, period = seq.stride_start, self._period
+        done = max(seq.stride_done, min(seq.stride_len, (now - 1 - start) // period))
+        if done > seq.stride_done:
+            self.allocator.hand_striding(seq, done - seq.stride_done)
+        seq.room -= (seq.stride_len - done) * period
+        seq.stride_start = -1
+        self._striders[start % period].discard(seq)
+
+    def striding(self) -> tuple[list[set[Sequence]], int]:
+        """The striding sequences by the phase of their crossings, and the period: those of
+        `striding[step % period]` cross into a new block at `step`."""
+        return self._striders, self._period
 
     def bring_up_to_date(self, seq: Sequence) -> None:
         """Steady `seq`'s counters and token times through the last step the engine ran (a quiet
@@ -134,8 +166,12 @@ class LazyDecode:
         # Met this step: the sequences not steady, and the steady ones whose expiry is now. A
         # step that meets none (an Orca allocator's, mostly) is the bulk count below alone.
         due = expiry.pop(step, None)
-        if due or active:
+        striders = self._striders[step % self._period]
+        if due or active or striders:
             touched = [seq for since, seq in due if seq.steady_since == since] if due else []
+            if striders:  # their crossings now, but the last after their last (that one is due)
+                period = self._period
+                touched += [seq for seq in striders if seq.stride_start + seq.stride_len * period >= step]
             touched += active
             num_tokens, context_tokens, attention_pairs, took, crossed = self._meet(batch, touched, step, quiet)
         else:
@@ -185,8 +221,10 @@ class LazyDecode:
         again (quiet_stretch)."""
         expiry, allocator = self._expiry, self.allocator
         touched, ending = [], []
-        for since, seq in expiry[step]:  # _meet's tests, made before anything changes
+        for since, seq in expiry.get(step, ()):  # _meet's tests, made before anything changes
             if seq.steady_since == since:
+                if seq.stride_start >= 0:  # met after its last striding crossing: its blocks first
+                    self._end_stride(seq, step)
                 steps = step - since
                 after = seq.max_tokens - seq.num_tokens - steps  # tokens to come from this one on
                 if seq.room == steps and after > 1:
@@ -197,24 +235,26 @@ class LazyDecode:
                     return None
         if (touched or ending) and not allocator.quiet_room:
             return None
-        if touched:  # the head's refusal stands: grow_steady_all's promise
+        striding = len(self._striders[step % self._period])  # those met above no longer stride
+        if touched or striding:  # the head's refusal stands: grow_steady_all's promise
             touched.sort(key=RUN_ORDER)
             computed = [seq.num_computed + step - seq.steady_since for seq in touched]
-            granted = allocator.grow_steady_all(touched, computed)
+            granted = allocator.grow_steady_all(touched, computed, striding)
             if granted is None:
                 return None
         elif waiting and not self.head_stays_refused(1):
             return None
-        del expiry[step]
+        expiry.pop(step, None)
         if touched:
-            meet_at = self._meet_at
-            for seq, more in zip(touched, granted):
+            meet_at, start_stride = self._meet_at, self._start_stride
+            for seq, before, more in zip(touched, computed, granted):
                 since = seq.steady_since
                 seq.room = step - since + 1 + more  # this step's token, then the new block's room
+                start_stride(seq, step, before)
                 meet_at(_meets_at(since, seq, True), since, seq)
         if len(ending) > 1:
             ending.sort(key=RUN_ORDER)
-        return len(touched), ending
+        return len(touched) + striding, ending
 
     def head_stays_refused(self, steps: int) -> bool:
         """Whether `_schedule_waiting` stops at the waiting head in each of the next `steps` steps
@@ -240,11 +280,26 @@ class LazyDecode:
         others = []
         running_status = SeqStatus.RUNNING
         grow_steady = allocator.grow_steady if quiet else None
+        period = self._period
         for seq in touched:
             if seq.status is not running_status:
                 continue  # preempted earlier in this step, by a sequence ahead of it
             since = seq.steady_since
-            if since >= 0:  # its room or its output ends this step
+            if since >= 0:  # its room or its output ends this step, or it strides
+                start = seq.stride_start
+                if start >= 0:
+                    crossing, off = divmod(step - start, period)
+                    if not off and crossing <= seq.stride_len:
+                        # a crossing that striding counts in bulk, at a step that is scheduled:
+                        # its block now, in running order (its earlier ones first)
+                        if crossing - 1 > seq.stride_done:
+                            allocator.hand_striding(seq, crossing - 1 - seq.stride_done)
+                            seq.stride_done = crossing - 1
+                        if grow_steady(seq, seq.num_computed + step - since) is not None:
+                            seq.stride_done = crossing
+                            crossed += 1
+                            continue
+                    self._end_stride(seq, step)  # no block to be had, or met where it ends
                 steps = step - since
                 if grow_steady is not None and seq.room == steps and seq.max_tokens - seq.num_tokens - steps > 1:
                     # Its room is used up and its output goes on: with a new block it stays
@@ -255,6 +310,7 @@ class LazyDecode:
                     granted = grow_steady(seq, seq.num_computed + steps)
                     if granted is not None:
                         seq.room = steps + 1 + granted  # this step's token, then the new block's room
+                        self._start_stride(seq, step, seq.num_computed + steps)
                         at = _meets_at(since, seq, quiet)
                         bucket = expiry.get(at)  # _meet_at, inlined on every block's way
                         if bucket is None:
@@ -305,6 +361,7 @@ class LazyDecode:
                     active.discard(seq)
                     self._num_steady += 1
                     self._steady_base += seq.num_computed - step
+                    self._start_stride(seq, step, seq.num_computed)
                     self._meet_at(_meets_at(step, seq, quiet), step, seq)
                     crossed += 1
                     continue

@@ -76,6 +76,14 @@ class Sequence:
     # Lazy decode (Scheduler.lazy): the step from which the scheduler advances this sequence in
     # bulk (its counters and token_times are as of that step's start), -1 when it does not.
     steady_since: int = -1
+    # Striding (lazy decode, an allocator with `stride`): a steady sequence that decodes through
+    # whole blocks crosses into a new one every `stride` steps. From its crossing at step
+    # `stride_start` on, its next `stride_len` crossings are counted in bulk; the blocks of the
+    # first `stride_done` of them are in its table, the others are handed to it when it is next
+    # met (LazyDecode._end_stride). -1: not striding.
+    stride_start: int = -1
+    stride_len: int = 0
+    stride_done: int = 0
     run_order: int = 0  # when it joined the running list: the running list is in this order
     # the request's final_len, max_tokens and width, read on every step
     final_len: int = field(init=False)

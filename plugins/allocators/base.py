@@ -170,15 +170,39 @@ class KVAllocator(ABC):
         scheduler then calls grow itself."""
         return None
 
-    def grow_steady_all(self, seqs: list[Sequence], num_computed: list[int]) -> list[int] | None:
-        """grow_steady for each of `seqs` in order (`num_computed[i]` is the i-th one's), as one
-        call: the rooms granted; None, changing nothing, where grow_steady would refuse one of
-        them. An answer other than None also promises what lets the engine run the step that
-        gives these blocks without scheduling it (Engine._run_quiet_steps): refuses_again counts
-        nothing and its answer does not depend on `times`, and a refusal stands while blocks are
-        taken this way.
+    def grow_steady_all(self, seqs: list[Sequence], num_computed: list[int], striding: int = 0) -> list[int] | None:
+        """grow_steady for each of `seqs` in order (`num_computed[i]` is the i-th one's), and
+        `striding` striding crossings (take_striding), as one call: the rooms granted; None,
+        changing nothing, where grow_steady would refuse one of them or the pool cannot give
+        them all. An answer other than None also promises what lets the engine run the step
+        that gives these blocks without scheduling it (Engine._run_quiet_steps): refuses_again
+        counts nothing and its answer does not depend on `times`, and a refusal stands while
+        blocks are taken this way.
         None, the default, keeps such a step scheduled."""
         return None
+
+    # Striding: the steps between a steady sequence's block crossings where the allocator can
+    # count its crossings in bulk (paged without prefix caching: its block size); 0 where not.
+    # Lazy decode then meets a sequence that decodes through whole blocks once, not per block.
+    stride: int = 0
+
+    def crossings_ahead(self, seq: Sequence, num_computed: int) -> int:
+        """After grow_steady started a new block for steady `seq` at `num_computed` tokens: how
+        many crossings alike follow every `stride` steps (each into a block that the sequence
+        will fill, granting a whole block's room), which take_striding may count in bulk."""
+        return 0
+
+    def take_striding(self, count: int) -> bool:
+        """`count` striding sequences cross into a new block this step: take the blocks and count
+        them (tokens, reservations) as grow_steady would, but hand each block to its sequence
+        only later (hand_striding). False, changing nothing, where the pool cannot give them
+        all; the grow_steady_all promise holds for these blocks too."""
+        return False
+
+    def hand_striding(self, seq: Sequence, count: int) -> None:
+        """Give striding `seq` the blocks of its next `count` crossings, which take_striding
+        already took and counted: its table, and each block's fill, as grow_steady leaves them."""
+        raise NotImplementedError(f"{self.name} does not stride")
 
     supports_swap: ClassVar[bool] = False
 

@@ -27,6 +27,8 @@ same block size, a block shared within the request once, and copied back when it
 
 from __future__ import annotations
 
+from collections import deque
+
 from kvbench.arith import cdiv
 from kvbench.core.sequence import Sequence
 from kvbench.errors import UserError
@@ -65,6 +67,9 @@ class PagedAllocator(KVAllocator):
         self._granted: dict[int, int] = {}  # seq_id -> its room when last counted
         self.prefix_caching = bool(prefix_caching)
         self.quiet_room = not self.prefix_caching  # room_ran_out names blocks only for the cache
+        # striding needs blocks of more than one token (grow_steady's) and no cache to name them
+        self.stride = block_size if self.quiet_room and block_size > 1 else 0
+        self._striding: deque[int] = deque()  # blocks take_striding took, not yet handed out
         self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
         self.enable_swap(0)
@@ -291,17 +296,58 @@ class PagedAllocator(KVAllocator):
             return None
         return self._new_last_block(seq, table, num_computed, 0)
 
-    def grow_steady_all(self, seqs: list[Sequence], num_computed: list[int]) -> list[int] | None:
+    def grow_steady_all(self, seqs: list[Sequence], num_computed: list[int], striding: int = 0) -> list[int] | None:
         # Taking blocks can only keep admission's pool.fits refusing, and refuses_again reads
         # nothing else: the promise holds.
         bs, tables = self.block_size, self.block_tables
-        if self.pool.num_free < len(seqs):
+        if self.pool.num_free < len(seqs) + striding:
             return None
         for seq, before in zip(seqs, num_computed):
             if len(tables[seq.seq_id]) * bs != before:
                 return None
         new_last_block = self._new_last_block
-        return [new_last_block(seq, tables[seq.seq_id], before, 0) for seq, before in zip(seqs, num_computed)]
+        granted = [new_last_block(seq, tables[seq.seq_id], before, 0) for seq, before in zip(seqs, num_computed)]
+        if striding:
+            self.take_striding(striding)
+        return granted
+
+    # Striding. A steady sequence that grow_steady gave a block it will fill (a whole block's
+    # room, bs - 1, granted) crosses again bs steps later, and there, of _new_last_block's work,
+    # only the totals change alike for every such sequence: a block allocated, its first token,
+    # a new block's reservation (the old one was all taken as room). take_striding counts those
+    # for all the crossings of a step and takes their blocks; hand_striding later appends them
+    # to the sequence's table with the fills _new_last_block would have left (the old last block
+    # full, each handed block but the newest full, the newest holding one token). Its
+    # reservation and granted room stay bs - 1 throughout, as _new_last_block leaves them.
+    def crossings_ahead(self, seq: Sequence, num_computed: int) -> int:
+        if not self.stride:
+            return 0
+        # the crossing at num_computed + k*bs is alike while the sequence fills that block whole
+        return max(0, (seq.final_len - num_computed) // self.block_size - 1)
+
+    def take_striding(self, count: int) -> bool:
+        pool, bs = self.pool, self.block_size
+        if pool.num_free < count:
+            return False
+        take, append = pool.take, self._striding.append
+        for _ in range(count):  # one to three a step, mostly: take_blocks' lists cost more
+            append(take())
+        self._allocated += bs * count
+        self._token += count
+        self._reserved += (bs - 1) * count
+        self.num_named_blocks += count
+        return True
+
+    def hand_striding(self, seq: Sequence, count: int) -> None:
+        table, fill, bs, taken = self.block_tables[seq.seq_id], self.block_fill, self.block_size, self._striding
+        fill[table[-1]] += self._granted[seq.seq_id]  # its room in its last block, all taken (bs - 1)
+        for _ in range(count - 1):
+            block = taken.popleft()
+            fill[block] = bs
+            table.append(block)
+        block = taken.popleft()
+        fill[block] = 1
+        table.append(block)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         self._settle(parent)
