@@ -24,6 +24,13 @@ and the new block's. At block 16 a decoding sequence is then touched once per bl
 times, and a block costs one allocator call. A step whose meetings are all such crossings
 needs no schedule() at all: the engine's quiet stretch runs through it (`cross_quietly`, with
 `grow_steady_all`: the allocator's blocks for all of them, or none).
+
+Where the allocator strides (`KVAllocator.stride`: paged without prefix caching), a steady
+sequence that crossed into a block it will fill is not met at its next crossings either, up to
+the one into its last block: the sequences striding are kept by the phase of their crossings
+(step mod block size), a step's crossings are taken in bulk (`take_striding`), and the blocks
+are handed to the sequence when it is next met (`_end_stride`). A scheduled step gives them in
+running order, one by one, so a refused block preempts as the eager loop does.
 """
 
 from __future__ import annotations
