@@ -178,6 +178,9 @@ def test_a_sequence_that_decodes_through_whole_blocks_strides_and_gets_their_blo
     assert 64 <= calls["_start_stride"] <= 3 * 64  # a sequence starts striding once or twice...
     assert len(handed) <= 2 * 64 and sum(handed) >= 64 * 10  # ...and gets its ~11 blocks at once
     assert not allocator._striding and allocator.pool.num_free == allocator.num_blocks
+    lazy = decisions(Scheduler(PagedAllocator(64 * 240, 256, block_size=16), 64, 4096), requests, True)
+    eager = decisions(Scheduler(PagedAllocator(64 * 240, 256, block_size=16), 64, 4096), requests, False)
+    assert lazy == eager
 
 
 def test_a_step_whose_crossings_the_pool_cannot_all_take_is_scheduled_and_preempts_as_eagerly():

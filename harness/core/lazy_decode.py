@@ -228,7 +228,7 @@ class LazyDecode:
         again (quiet_stretch)."""
         expiry, allocator = self._expiry, self.allocator
         touched, ending = [], []
-        for since, seq in expiry.get(step, ()):  # _meet's tests, made before anything changes
+        for since, seq in expiry[step]:  # _meet's tests, made before anything changes
             if seq.steady_since == since:
                 if seq.stride_start >= 0:  # met after its last striding crossing: its blocks first
                     self._end_stride(seq, step)
@@ -251,7 +251,7 @@ class LazyDecode:
                 return None
         elif waiting and not self.head_stays_refused(1):
             return None
-        expiry.pop(step, None)
+        del expiry[step]
         if touched:
             meet_at, start_stride = self._meet_at, self._start_stride
             for seq, before, more in zip(touched, computed, granted):
@@ -306,7 +306,10 @@ class LazyDecode:
                             seq.stride_done = crossing
                             crossed += 1
                             continue
-                    self._end_stride(seq, step)  # no block to be had, or met where it ends
+                    # Met where it ends or at its last block, or no block to be had: then the
+                    # branch below asks grow_steady once more, which refuses again (rare, and
+                    # cheaper than a test on every steady sequence met).
+                    self._end_stride(seq, step)
                 steps = step - since
                 if grow_steady is not None and seq.room == steps and seq.max_tokens - seq.num_tokens - steps > 1:
                     # Its room is used up and its output goes on: with a new block it stays
