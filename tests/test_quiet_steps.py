@@ -49,3 +49,29 @@ def test_with_nobody_waiting_an_arrival_ends_the_stretch():
     scheduled, steps_one_by_one, _ = run("oracle", False, *overrides)
     assert stretched == scheduled and steps == steps_one_by_one
     assert executed < len(steps[0])
+
+
+SPECS = [("opt-13b", "a100-40gb"), ("llama-3-70b", "h100-sxm"), ("opt-175b", "a100-80gb"), ("small", "h200")]
+
+
+@pytest.mark.parametrize("model,hardware", SPECS)
+def test_a_quiet_steps_time_is_the_bit_identical_float_step_time_gives(model, hardware):
+    """The executor's quiet_step_s drops step_time's window and state terms (zeros for a
+    full-attention model); each duration must still be the very float step_time returns, from
+    the first step's weights-bound time to contexts past the compute-bound knee."""
+    import random
+
+    from kvbench.executors.cost_model import CostModelExecutor
+    from kvbench.scenarios.build import load_specs
+
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        e = CostModelExecutor(*load_specs(compose("bench", overrides=[f"model={model}", f"hardware={hardware}"])))
+    rng = random.Random(0)
+    cases = [(1, 0), (256, 0)] + [(rng.randint(1, 1024), rng.randint(0, 10 ** rng.randint(1, 8))) for _ in range(2000)]
+    assert not [(n, c) for n, c in cases if e.quiet_step_s(n, c, c).hex() != e.step_time(n, c, c).hex()]
+
+    def memory_s(n, c):
+        return (e.weight_bytes + e.kv_bytes_per_token * (c + n)) / e.bytes_per_s + e.step_overhead_s
+
+    # steps on both sides of the roofline's knee
+    assert {e.quiet_step_s(n, c, c) == memory_s(n, c) for n, c in cases} == {True, False}

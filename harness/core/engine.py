@@ -13,6 +13,7 @@ simulator has no logits, so its beams pick their parents with a seeded RNG.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from itertools import islice, repeat
@@ -97,6 +98,7 @@ class Engine:
         step_clocks = scheduler.step_clocks
         quiet_step_s = getattr(executor, "quiet_step_s", None) if scheduler.lazy else None
         recorder.watch(allocator)
+        record_quiet = recorder.quiet_step_recorder(allocator)
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
                 scheduler.add(self.new_sequence(pending.popleft()))
@@ -123,7 +125,7 @@ class Engine:
                 if done and bar is not None:
                     bar.update(done)
             if quiet_step_s is not None:
-                clock, done = self._run_quiet_steps(clock, pending, quiet_step_s)
+                clock, done = self._run_quiet_steps(clock, pending, quiet_step_s, record_quiet)
                 if done and bar is not None:
                     bar.update(done)
         if bar is not None:
@@ -141,7 +143,7 @@ class Engine:
         row.setdefault("prefix_hit_rate", 0.0)
         return row
 
-    def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s) -> tuple[float, int]:
+    def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s, record) -> tuple[float, int]:
         """After a step that left every running sequence steady, run the steps in which nothing
         but the steady decodes can happen (Scheduler.quiet_stretch) without building their
         batches; return the clock and how many requests finished. Each step is what schedule(),
@@ -152,22 +154,25 @@ class Engine:
         that meets steady sequences runs on when all it does is give some of them new blocks and
         let others decode their last token (Scheduler.cross_quietly: those that cross take no
         room); those are then brought up to date and retired, as _advance retires them, and the
-        stretch goes on only where quiet_stretch says so again. Any other meeting ends it."""
+        stretch goes on only where quiet_stretch says so again. Any other meeting ends it.
+        `record` is the recorder's on_step for these steps (Recorder.quiet_step_recorder)."""
         stretch = self.scheduler.quiet_stretch()
         if stretch is None:
             return clock, 0
         step, met, steady, base, waiting = stretch
         scheduler, allocator, recorder = self.scheduler, self.allocator, self.recorder
-        step_clocks, on_step, took_room = scheduler.step_clocks, recorder.on_step, allocator.took_room
+        step_clocks, took_room = scheduler.step_clocks, allocator.took_room
         cross_quietly, next_meeting = scheduler.cross_quietly, scheduler.next_meeting
         striders, period = scheduler.striding()
         take_striding = allocator.take_striding
         perf_counter = time.perf_counter
         done = 0
+        arrival = pending[0].arrival_s if pending else math.inf  # the next arrival's
         while True:
-            if pending and pending[0].arrival_s <= clock:
+            if arrival <= clock:
                 while pending and pending[0].arrival_s <= clock:
                     scheduler.add(self.new_sequence(pending.popleft()))
+                arrival = pending[0].arrival_s if pending else math.inf
                 if not waiting:  # the first to wait: the stretch goes on while it stays refused
                     if not scheduler.head_stays_refused(met - step):
                         break
@@ -193,7 +198,7 @@ class Engine:
             dt = quiet_step_s(steady, context, context)
             clock += dt
             step_clocks.append(clock)
-            on_step(clock, dt, steady, allocator, schedule_s)
+            record(clock, dt, steady, schedule_s)
             if met_here is not None:  # a step that met steady sequences
                 crossed, ended = met_here
                 if crossed and not ended:  # new blocks only: a head's refusal stands (grow_steady_all)

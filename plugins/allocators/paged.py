@@ -33,7 +33,7 @@ from kvbench.arith import cdiv
 from kvbench.core.sequence import Sequence
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes, hash_block
+from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes, hash_block, set_all
 
 
 class PagedAllocator(KVAllocator):
@@ -250,10 +250,9 @@ class PagedAllocator(KVAllocator):
             self._allocated += new_blocks * bs
             self.num_named_blocks += new_blocks
         block_fill, last = self.block_fill, (after - 1) // bs
-        added = 0
-        for block in table[before // bs : last]:  # the blocks it fills
-            added += bs - block_fill[block]
-            block_fill[block] = bs
+        filled = table[before // bs : last]  # the blocks it fills
+        added = bs * len(filled) - sum(map(block_fill.__getitem__, filled))
+        set_all(block_fill, filled, bs)
         block = table[last]  # and the one it ends in
         added += after - last * bs - block_fill[block]
         block_fill[block] = after - last * bs
