@@ -169,10 +169,18 @@ def test_a_sequence_that_decodes_through_whole_blocks_strides_and_gets_their_blo
     allocator = PagedAllocator(64 * 240, 256, block_size=16)
     scheduler = Scheduler(allocator, max_num_seqs=64, max_num_batched_tokens=4096)
     calls = count_calls(scheduler, allocator, "grow_steady", "hand_striding", "_start_stride")
-    handed = []
+    handed, fills = [], set()
     hand = allocator.hand_striding
-    allocator.hand_striding = lambda seq, count: (handed.append(count), hand(seq, count))[1]
+
+    def watched_hand(seq, count):
+        hand(seq, count)
+        handed.append(count)
+        table = allocator.block_tables[seq.seq_id]  # each block's fill as the crossings left it:
+        fills.add((*{allocator.block_fill[b] for b in table[:-1]}, allocator.block_fill[table[-1]]))
+
+    allocator.hand_striding = watched_hand
     row = Engine(scheduler, Totals(needs_sequences=False), progress=False).run(requests)
+    assert fills == {(16, 1)}  # every block full but the newest, which holds its first token
     assert row["completed"] == 64 and row["preemptions"] == 0
     assert 64 * 12 <= calls["grow_steady"] <= 64 * 13  # every block, counted
     assert 64 <= calls["_start_stride"] <= 3 * 64  # a sequence starts striding once or twice...

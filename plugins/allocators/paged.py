@@ -28,6 +28,7 @@ same block size, a block shared within the request once, and copied back when it
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat, starmap
 
 from kvbench.arith import cdiv
 from kvbench.core.sequence import Sequence
@@ -328,9 +329,10 @@ class PagedAllocator(KVAllocator):
         pool, bs = self.pool, self.block_size
         if pool.num_free < count:
             return False
-        take, append = pool.take, self._striding.append
-        for _ in range(count):  # one to three a step, mostly: take_blocks' lists cost more
-            append(take())
+        if count == 1:  # most steps of a quiet stretch: one or two
+            self._striding.append(pool.take())
+        else:
+            self._striding.extend(pool.take_blocks(count))  # as count take() calls hand them out
         self._allocated += bs * count
         self._token += count
         self._reserved += (bs - 1) * count
@@ -340,13 +342,15 @@ class PagedAllocator(KVAllocator):
     def hand_striding(self, seq: Sequence, count: int) -> None:
         table, fill, bs, taken = self.block_tables[seq.seq_id], self.block_fill, self.block_size, self._striding
         fill[table[-1]] += self._granted[seq.seq_id]  # its room in its last block, all taken (bs - 1)
-        for _ in range(count - 1):
+        if count == 1:
             block = taken.popleft()
-            fill[block] = bs
+            fill[block] = 1
             table.append(block)
-        block = taken.popleft()
-        fill[block] = 1
-        table.append(block)
+            return
+        blocks = list(starmap(taken.popleft, repeat((), count)))  # in C, as block_pool does
+        set_all(fill, blocks, bs)
+        fill[blocks[-1]] = 1
+        table += blocks
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         self._settle(parent)
