@@ -98,7 +98,6 @@ class Engine:
         step_clocks = scheduler.step_clocks
         quiet_step_s = getattr(executor, "quiet_step_s", None) if scheduler.lazy else None
         recorder.watch(allocator)
-        record_quiet = recorder.quiet_step_recorder(allocator)
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
                 scheduler.add(self.new_sequence(pending.popleft()))
@@ -125,7 +124,7 @@ class Engine:
                 if done and bar is not None:
                     bar.update(done)
             if quiet_step_s is not None:
-                clock, done = self._run_quiet_steps(clock, pending, quiet_step_s, record_quiet)
+                clock, done = self._run_quiet_steps(clock, pending, quiet_step_s)
                 if done and bar is not None:
                     bar.update(done)
         if bar is not None:
@@ -143,7 +142,7 @@ class Engine:
         row.setdefault("prefix_hit_rate", 0.0)
         return row
 
-    def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s, record) -> tuple[float, int]:
+    def _run_quiet_steps(self, clock: float, pending: deque, quiet_step_s) -> tuple[float, int]:
         """After a step that left every running sequence steady, run the steps in which nothing
         but the steady decodes can happen (Scheduler.quiet_stretch) without building their
         batches; return the clock and how many requests finished. Each step is what schedule(),
@@ -154,14 +153,13 @@ class Engine:
         that meets steady sequences runs on when all it does is give some of them new blocks and
         let others decode their last token (Scheduler.cross_quietly: those that cross take no
         room); those are then brought up to date and retired, as _advance retires them, and the
-        stretch goes on only where quiet_stretch says so again. Any other meeting ends it.
-        `record` is the recorder's on_step for these steps (Recorder.quiet_step_recorder)."""
+        stretch goes on only where quiet_stretch says so again. Any other meeting ends it."""
         stretch = self.scheduler.quiet_stretch()
         if stretch is None:
             return clock, 0
         step, met, steady, base, waiting = stretch
         scheduler, allocator, recorder = self.scheduler, self.allocator, self.recorder
-        step_clocks, took_room = scheduler.step_clocks, allocator.took_room
+        step_clocks, on_step, took_room = scheduler.step_clocks, recorder.on_step, allocator.took_room
         cross_quietly, next_meeting = scheduler.cross_quietly, scheduler.next_meeting
         striders, period = scheduler.striding()
         take_striding = allocator.take_striding
@@ -198,7 +196,7 @@ class Engine:
             dt = quiet_step_s(steady, context, context)
             clock += dt
             step_clocks.append(clock)
-            record(clock, dt, steady, schedule_s)
+            on_step(clock, dt, steady, allocator, schedule_s)
             if met_here is not None:  # a step that met steady sequences
                 crossed, ended = met_here
                 if crossed and not ended:  # new blocks only: a head's refusal stands (grow_steady_all)

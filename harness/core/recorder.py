@@ -72,25 +72,6 @@ class Recorder:
             self.kv.append(allocator.kv_slots())
         self.schedule_s.append(schedule_s)
 
-    def quiet_step_recorder(self, allocator):
-        """on_step for the engine's quiet steps, one on most simulated steps, with its lookups
-        made once: `record(end_s, dt, batch_size, schedule_s)` appends what on_step appends."""
-        if self._by_kind:
-            return lambda end_s, dt, batch_size, schedule_s: self.on_step(end_s, dt, batch_size, allocator, schedule_s)
-        step_end, step_dt, sizes, kv, schedule = (
-            values.append for values in (self.step_end, self.step_dt, self.batch_size, self.kv, self.schedule_s)
-        )
-        kv_slots = allocator.kv_slots
-
-        def record(end_s: float, dt: float, batch_size: int, schedule_s: float) -> None:
-            step_end(end_s)
-            step_dt(dt)
-            sizes(batch_size)
-            kv(kv_slots())
-            schedule(schedule_s)
-
-        return record
-
     def on_finish(self, seq: Sequence) -> None:
         self.num_finished += 1
         self.generated += seq.num_generated

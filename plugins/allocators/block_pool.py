@@ -29,17 +29,7 @@ found; that is acceptable for a benchmark whose prompts are generated, not adver
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from itertools import repeat, starmap
 from operator import itemgetter
-
-_consume = deque(maxlen=0).extend  # runs an iterator to its end, in C
-
-
-def set_all(values: list, indices, value) -> None:
-    """`values[i] = value` for each i in `indices`: a loop in C, not in bytecode (a prompt's
-    blocks, a finished sequence's)."""
-    _consume(map(values.__setitem__, indices, repeat(value)))
-
 
 # The parent hash of a sequence's first block; managers that share a pool chain from
 # ROOT_HASH + i. Small non-negative ints hash to themselves (-1 and -2 would both hash to -2).
@@ -111,12 +101,13 @@ class BlockPool:
 
     def take_blocks(self, count: int) -> list[int]:
         """`count` blocks, as `count` calls of take() hand them out (a prompt's blocks)."""
-        free = self.free
+        free, ref_count, fill = self.free, self.ref_count, self.fill
         if len(free) < count:
             return [self.take() for _ in range(count)]
-        blocks = list(starmap(free.popleft, repeat((), count)))
-        set_all(self.ref_count, blocks, 1)
-        set_all(self.fill, blocks, 0)
+        blocks = [free.popleft() for _ in range(count)]
+        for block in blocks:
+            ref_count[block] = 1
+            fill[block] = 0
         return blocks
 
     def drop_blocks(self, blocks: list[int] | tuple[int, ...]) -> tuple[int, int]:
@@ -130,7 +121,8 @@ class BlockPool:
         if count > 1 and block_hash[blocks[-1]] is None:
             of = itemgetter(*blocks)
             if of(block_hash).count(None) == count and of(ref_count).count(1) == count:
-                set_all(ref_count, blocks, 0)
+                for block in blocks:
+                    ref_count[block] = 0
                 self.free.extend(blocks)
                 return count, sum(of(fill))
         freed = freed_fill = 0

@@ -28,13 +28,12 @@ same block size, a block shared within the request once, and copied back when it
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat, starmap
 
 from kvbench.arith import cdiv
 from kvbench.core.sequence import Sequence
 from kvbench.errors import UserError
 from kvbench.plugins.allocators.base import KVAllocator
-from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes, hash_block, set_all
+from kvbench.plugins.allocators.block_pool import ROOT_HASH, BlockPool, extend_hashes, hash_block
 
 
 class PagedAllocator(KVAllocator):
@@ -251,9 +250,10 @@ class PagedAllocator(KVAllocator):
             self._allocated += new_blocks * bs
             self.num_named_blocks += new_blocks
         block_fill, last = self.block_fill, (after - 1) // bs
-        filled = table[before // bs : last]  # the blocks it fills
-        added = bs * len(filled) - sum(map(block_fill.__getitem__, filled))
-        set_all(block_fill, filled, bs)
+        added = 0
+        for block in table[before // bs : last]:  # the blocks it fills
+            added += bs - block_fill[block]
+            block_fill[block] = bs
         block = table[last]  # and the one it ends in
         added += after - last * bs - block_fill[block]
         block_fill[block] = after - last * bs
@@ -329,10 +329,9 @@ class PagedAllocator(KVAllocator):
         pool, bs = self.pool, self.block_size
         if pool.num_free < count:
             return False
-        if count == 1:  # most steps of a quiet stretch: one or two
-            self._striding.append(pool.take())
-        else:
-            self._striding.extend(pool.take_blocks(count))  # as count take() calls hand them out
+        take, append = pool.take, self._striding.append
+        for _ in range(count):  # one to three a step, mostly: take_blocks' lists cost more
+            append(take())
         self._allocated += bs * count
         self._token += count
         self._reserved += (bs - 1) * count
@@ -342,15 +341,13 @@ class PagedAllocator(KVAllocator):
     def hand_striding(self, seq: Sequence, count: int) -> None:
         table, fill, bs, taken = self.block_tables[seq.seq_id], self.block_fill, self.block_size, self._striding
         fill[table[-1]] += self._granted[seq.seq_id]  # its room in its last block, all taken (bs - 1)
-        if count == 1:
+        for _ in range(count - 1):
             block = taken.popleft()
-            fill[block] = 1
+            fill[block] = bs
             table.append(block)
-            return
-        blocks = list(starmap(taken.popleft, repeat((), count)))  # in C, as block_pool does
-        set_all(fill, blocks, bs)
-        fill[blocks[-1]] = 1
-        table += blocks
+        block = taken.popleft()
+        fill[block] = 1
+        table.append(block)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         self._settle(parent)
