@@ -371,7 +371,7 @@ REPORT_CASES = [
     (["FILES/emptydir"], "emptydir has no results"),
     (["FILES/good.csv"], "good.csv is a file: give --out DIR"),
     (["FILES/binary.csv", "--out", "FILES/out-b"], "binary.csv is not a readable CSV file"),
-    (["FILES/badsweep"], "badsweep: a */metrics.csv in it is not a readable CSV file"),
+    (["FILES/badsweep"], "badsweep/p1/metrics.csv is not a readable CSV file"),
     (["FILES/good.csv", "--out", "FILES/good.csv"], "good.csv: a file is where a directory should be"),
     (["FILES/good.csv", "--out", "/proc/kvbench-report"], "/proc/kvbench-report"),
     (["FILES/good.csv", "--bogus"], "unrecognized arguments: --bogus"),

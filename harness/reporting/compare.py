@@ -16,7 +16,6 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
@@ -41,31 +40,15 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
     try:
         data = json.loads(Path(path).read_text())
         machine = data.get("machine_info", {})
-        env = {
-            "python": machine.get("python_version", ""),
-            "cpu": machine.get("cpu", {}).get("brand_raw", ""),
-            "torch": machine.get("torch", ""),
-        }
+        cpu = machine.get("cpu", {}).get("brand_raw", "")
+        env = {"python": machine.get("python_version", ""), "cpu": cpu, "torch": machine.get("torch", "")}
         rows = []
         for bench in data["benchmarks"]:
-            runs = bench.get("runs") or [bench["stats"]]
-            samples = {metric: [float(r[key]) for r in runs] for metric, key in BENCHMARK_STATS.items()}
-            counts = {
-                k: v
-                for k, v in (bench.get("extra_info") or {}).items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-            rows.append(
-                {
-                    "benchmark": bench["fullname"],
-                    **{m: pd.Series(v).median() for m, v in samples.items()},
-                    "runs": len(runs),
-                    **counts,
-                    "status": "ok",
-                    SAMPLES: samples,
-                    **env,
-                }
-            )
+            runs = pd.DataFrame(bench.get("runs") or [bench["stats"]])[list(BENCHMARK_STATS.values())]
+            runs = runs.astype(float).set_axis(list(BENCHMARK_STATS), axis=1)
+            counts = {k: v for k, v in (bench.get("extra_info") or {}).items() if type(v) in (int, float)}
+            meta = {"status": "ok", SAMPLES: runs.to_dict("list"), **env}
+            rows.append({"benchmark": bench["fullname"], **runs.median(), "runs": len(runs), **counts, **meta})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # AttributeError: a list, not an object
         raise UserError(f"{path} is not a pytest-benchmark JSON file ({err})") from None
     return pd.DataFrame(rows)
@@ -96,12 +79,13 @@ def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 
 def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
-    """Both sides merged on the identity columns: (merged, identity, the identity columns that vary)."""
+    """Both sides merged on the identity columns, the baseline's points first, each side in its
+    own order: (merged, identity, the identity columns that vary)."""
     columns = _identity(policy, (baseline, current))
     union = list(dict.fromkeys([*baseline.columns, *current.columns]))
     sides = []
     for name, frame in (("baseline", baseline), ("current", current)):
-        frame = frame.reindex(columns=union)
+        frame = frame.reindex(columns=union)  # every column on both sides, so every one is suffixed
         frame[columns] = identity_text(frame, columns)
         twice = frame[frame.duplicated(columns, keep=False)]
         if not twice.empty:
@@ -109,22 +93,16 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
                 f"the {name} has two rows for the point {_label(twice.iloc[0], columns)}; compare "
                 f"one sweep at a time, or sweeps that differ in a recorded parameter"
             )
-        sides.append(frame)
-    both = pd.concat(sides)[columns]
-    varying = [c for c in columns if both[c].nunique() > 1]
-    base, cur = (side.set_index(columns) for side in sides)
-    points = base.index.union(cur.index, sort=False)
-    where = np.select([~points.isin(cur.index), ~points.isin(base.index)], ["left_only", "right_only"], "both")
-    # one concat: read_csv leaves a block per column, and inserting a column (merge's indicator)
-    # into two such frames side by side warns of a fragmented frame
-    halves = [side.reindex(points).add_suffix(suffix) for side, suffix in ((base, BASE), (cur, CUR))]
-    merged = pd.concat([points.to_frame(), *halves, pd.Series(where, index=points, name="_merge")], axis=1)
-    merged = merged.reset_index(drop=True)
+        sides.append(frame.assign(_order=range(len(frame))).copy())  # copy: one block a dtype, not a column
+    base, cur = sides
+    varying = [c for c in columns if pd.concat([base[c], cur[c]]).nunique() > 1]
+    merged = base.merge(cur, on=columns, how="outer", suffixes=(BASE, CUR), indicator=True, sort=False)
+    merged = merged.sort_values([f"_order{BASE}", f"_order{CUR}"], ignore_index=True)  # outer merges sort keys
     if not (merged["_merge"] == "both").any():
         raise UserError(
             f"no point of the current run matches the baseline on {', '.join(columns)}; "
-            f"baseline has {_label(sides[0].iloc[0], varying or columns)}, "
-            f"current has {_label(sides[1].iloc[0], varying or columns)}"
+            f"baseline has {_label(base.iloc[0], varying or columns)}, "
+            f"current has {_label(cur.iloc[0], varying or columns)}"
         )
     return merged, columns, varying
 

@@ -63,16 +63,10 @@ def load_rows(path: Path) -> pd.DataFrame:
     """A sweep's point rows (fresh from */metrics.csv), a run's metrics.csv, or a summary.csv."""
     path = Path(path)
     if path.is_file():
-        try:
-            return read_csv(path)
-        except (UnicodeDecodeError, ValueError) as err:  # csv.Error is a ValueError too
-            raise UserError(f"{path} is not a readable CSV file ({type(err).__name__})") from None
+        return read_csv(path)
     if not path.is_dir():
         raise UserError(f"{path} {'is not a regular file or a directory' if path.exists() else 'does not exist'}")
-    try:
-        frame = collect(path)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise UserError(f"{path}: a */metrics.csv in it is not a readable CSV file ({type(err).__name__})") from None
+    frame = collect(path)
     for name in ("metrics.csv", "summary.csv"):
         if frame.empty and (path / name).is_file():
             frame = read_csv(path / name)

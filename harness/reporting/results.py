@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import kvbench
+from kvbench.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,7 +103,10 @@ def write_csv(path: Path, rows) -> None:
 def read_csv(path: Path) -> pd.DataFrame:
     import pandas as pd
 
-    return pd.read_csv(path)
+    try:
+        return pd.read_csv(path)
+    except (UnicodeDecodeError, ValueError) as err:  # csv.Error is a ValueError too
+        raise UserError(f"{path} is not a readable CSV file ({type(err).__name__})") from None
 
 
 def collect(sweep_dir: Path) -> pd.DataFrame:
