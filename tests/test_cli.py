@@ -1,11 +1,16 @@
 """The `bench` command as a user meets it: one run, its help, and one-line errors with exit code 2."""
 
+import contextlib
 import csv
 import errno
+import fcntl
 import os
+import pty
 import shlex
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -111,7 +116,10 @@ def test_bad_input_through_the_console_entry_point_is_one_line_with_exit_code_2(
 
 
 def test_an_error_after_a_progress_bar_starts_its_own_line(tmp_path):
-    # the bar is drawn when the run starts; the engine then finds no prompt fits a step
+    # the bar is drawn when the run starts (stderr a terminal: there is no bar in a pipe); the
+    # engine then finds no prompt fits a step
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new one is 0 wide
     result = subprocess.run(
         [
             sys.executable,
@@ -122,13 +130,21 @@ def test_an_error_after_a_progress_bar_starts_its_own_line(tmp_path):
             "progress=true",
         ],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
         timeout=120,
     )
+    os.close(follower)
+    said = b""
+    with contextlib.suppress(OSError):  # EIO once the terminal's last writer is gone
+        while chunk := os.read(leader, 1 << 16):
+            said += chunk
+    os.close(leader)
+    stderr = said.decode()
     assert result.returncode == 2
-    last_line = result.stderr.rstrip("\n").split("\n")[-1]
-    assert last_line.split("\r")[-1].startswith("error: a prompt of"), result.stderr
+    assert "0/5" in stderr, stderr  # the bar was drawn
+    last_line = stderr.replace("\r\n", "\n").rstrip("\n").split("\n")[-1]
+    assert last_line.split("\r")[-1].startswith("error: a prompt of"), stderr
 
 
 def test_two_runs_started_in_the_same_second_write_two_directories(tmp_path):

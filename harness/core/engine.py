@@ -91,7 +91,7 @@ class Engine:
         if self.progress:  # tqdm is imported only for a bar that is drawn
             from tqdm import tqdm
 
-            bar = tqdm(total=total, unit="req", desc=f"{self.allocator.name}", mininterval=1.0, leave=False)
+            bar = tqdm(total=total, unit="req", desc=self.allocator.name, mininterval=1.0, leave=False, disable=None)
         allocator, executor, simulated = self.allocator, self.executor, self.executor.simulated
         # an executor that reads only a batch's totals lets the scheduler advance steady decodes in bulk
         scheduler.lazy = simulated and not getattr(executor, "needs_sequences", True)

@@ -99,7 +99,7 @@ def measure(
     is called before the i-th shape of the run (the validation probes the host's speed there)."""
     timed: dict = {shape: [] for shape in shapes}
     rounds = [(r, shape) for r in range(warmup + repeats) for shape in shapes]
-    bar = tqdm(rounds, desc="profile", unit="shape", disable=not progress, mininterval=1.0, leave=False)
+    bar = tqdm(rounds, desc="profile", unit="shape", disable=None if progress else True, mininterval=1.0, leave=False)
     for i, (r, shape) in enumerate(bar):
         if between is not None:
             between(i)
