@@ -51,6 +51,15 @@ def top_level_keys() -> list[str]:
     return [*groups.Root.model_fields, *OPTION_GROUPS, *SINGLE_GROUPS, *PLUGIN_GROUPS]
 
 
+def section_named(name: str) -> str | None:
+    """`report.goodput` for `goodput`: the nested section of that name, if there is one."""
+    for top, field in groups.Root.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel) and name in model.model_fields:
+            return f"{top}.{name}"
+    return None
+
+
 def _check(model: type[BaseModel], data, group: str):
     try:
         return model.model_validate(data)
@@ -145,6 +154,9 @@ def validate(cfg: DictConfig | dict) -> dict:
     known = top_level_keys()
     for key in data:
         if key not in known:
+            section = section_named(key)
+            if section is not None:
+                raise UserError(f"{key} is not a section of the config; did you mean {section}?")
             raise UserError(unknown_key(key, known, "the config"))
     for group in (*SINGLE_GROUPS, *OPTION_GROUPS):
         if data.get(group) is None:

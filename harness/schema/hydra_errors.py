@@ -6,7 +6,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel
 
-from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, groups, top_level_keys
+from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, groups, section_named, top_level_keys
 from kvbench.schema.messages import closest, unknown_key
 
 LAUNCHERS = (
@@ -50,6 +50,11 @@ def _unknown_key(full_key: str, add: str = "") -> str:
     group, _, rest = full_key.partition(".")
     if not rest:
         return unknown_key(full_key, top_level_keys(), "the config")
+    if group not in top_level_keys():  # goodput.ttft_ms: the section is what is unknown
+        section = section_named(group)
+        if section is not None:
+            return f"{group} is not a section of the config; did you mean {section}.{rest}?"
+        return unknown_key(group, top_level_keys(), "the config")
     nested = _nested(group, rest)
     if nested is not None and rest.rsplit(".", 1)[-1] in nested[1]:
         return (
