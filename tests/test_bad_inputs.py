@@ -178,6 +178,8 @@ COMPOSE_CASES = [
     (["+goodput.ttft_ms=1"], "goodput is not a section of the config; did you mean report.goodput?"),
     (["scheduler.max_num_seq=4"], "did you mean scheduler.max_num_seqs?"),
     (["allocator.block_size=32"], "no allocator is chosen: add +allocator=NAME first"),
+    (["allocator=paged"], "allocator has no default to change: add the group with a + (+allocator=paged)"),
+    (["experiment=fig2"], "experiment has no default to change: add the group with a + (+experiment=fig2)"),
     (["workload.rate=range(1"], "cannot parse the override 'workload.rate=range(1'"),
     (["workload.rate=1,2"], "add -m to sweep over them"),
     (["+workload.rate=3"], "workload.rate is already in the config"),

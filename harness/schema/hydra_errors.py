@@ -94,7 +94,10 @@ def hydra_line(err: BaseException) -> str | None:
     if isinstance(err, ConfigCompositionException):
         message = str(err)
         if message.startswith("Could not override '"):
-            return _unknown_key(message.split("'")[1], message.rsplit("use ", 1)[-1].strip())
+            key, add = message.split("'")[1], message.rsplit("use ", 1)[-1].strip()
+            if "No match in the defaults list" in message:  # allocator=paged: a group no default chooses
+                return f"{key} has no default to change: add the group with a + ({add})"
+            return _unknown_key(key, add)
         if message.startswith("Ambiguous value for argument"):
             return (
                 f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "
