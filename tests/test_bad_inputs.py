@@ -217,8 +217,8 @@ def compose_fresh(args):
 
 CROSS_CASES = [
     (["workload.n=2", "workload.beam_width=2"], "n and beam_width cannot both be > 1"),
-    (["workload.num_requests=null", "workload.duration_s=null"], "set num_requests"),
-    (["workload.rate=inf"], "set num_requests (needed with rate=inf)"),
+    (["workload.num_requests=null", "workload.duration_s=null"], "set num_requests or duration_s: one of them"),
+    (["workload.rate=inf"], "rate=inf sends every request at t=0, so duration_s cannot bound them: set num_requests"),
     (["model.num_kv_heads=3"], "model.num_heads=40 must be a multiple of num_kv_heads=3"),
     (["+model.layer_pattern=[window,full]"], "model.window=0 must be > 0 for window layers"),
     (["+model.layer_pattern=[linear,full]"], "model.linear_state_dim=0 must be > 0 for linear layers"),

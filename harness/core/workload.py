@@ -238,8 +238,13 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
     duration = cfg.get("duration_s")
     if count is not None and int(count) < 1:
         raise UserError(f"workload.num_requests={count} must be >= 1")
-    if cfg["kind"] != "trace" and count is None and (duration is None or math.isinf(rate)):
-        raise UserError("set workload.num_requests (needed with rate=inf) or workload.duration_s")
+    if cfg["kind"] != "trace" and count is None and math.isinf(rate):
+        raise UserError(
+            "workload.rate=inf sends every request at t=0, so workload.duration_s cannot bound them: "
+            "set workload.num_requests"
+        )
+    if cfg["kind"] != "trace" and count is None and duration is None:
+        raise UserError("set workload.num_requests or workload.duration_s: one of them must bound the run")
     if duration is not None and not float(duration) > 0:
         raise UserError(f"workload.duration_s={duration} must be > 0")
     n, beam = int(cfg.get("n", 1)), int(cfg.get("beam_width", 1))

@@ -203,8 +203,10 @@ class Workload(Section):
     def _arrivals(self):
         if self.n > 1 and self.beam_width > 1:
             raise ValueError("n and beam_width cannot both be > 1")
-        if self.kind != "trace" and self.num_requests is None and (self.duration_s is None or math.isinf(self.rate)):
-            raise ValueError("set num_requests (needed with rate=inf) or duration_s")
+        if self.kind != "trace" and self.num_requests is None and math.isinf(self.rate):
+            raise ValueError("rate=inf sends every request at t=0, so duration_s cannot bound them: set num_requests")
+        if self.kind != "trace" and self.num_requests is None and self.duration_s is None:
+            raise ValueError("set num_requests or duration_s: one of them must bound the run")
         return self
 
 
