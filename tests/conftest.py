@@ -4,6 +4,7 @@ Helpers that test files share live in tests/helpers, imported by name (`from hel
 import make_seq`); this file holds only what pytest itself must see.
 """
 
+import logging
 import os
 
 import pytest
@@ -35,3 +36,15 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 @pytest.fixture
 def seq_factory():
     return make_seq
+
+
+@pytest.fixture(autouse=True)
+def _no_logging_into_a_closed_capture():
+    """An in-process run lets Hydra configure logging: the root logger's handler then writes to
+    that test's captured stdout. A later run with hydra/job_logging=none configures nothing and
+    would log into the closed capture ("--- Logging error ---" on stderr, a traceback)."""
+    yield
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        if getattr(getattr(handler, "stream", None), "closed", False):
+            root.removeHandler(handler)

@@ -82,6 +82,7 @@ def test_help_lists_the_groups_every_field_with_its_doc_and_the_launchers(tmp_pa
     assert "tokens per block" in documented["allocator.block_size"]
     assert "at most this many tokens fed to the model in one step" in documented["scheduler.max_num_batched_tokens"]
     assert "int, >= 1, <= 256" in documented["allocator.block_size"]
+    assert "int, >= 0, <= 4294967294 " in documented["seed"]  # exact where six digits would round it
     assert "  str or null  " in documented["report.baseline"]  # a | b unions are named, not "?"
     assert "  bool or auto  " in documented["plots"]  # and "or null" only where null is allowed
     assert not [key for key, line in documented.items() if " ? " in line]

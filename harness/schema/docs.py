@@ -97,9 +97,16 @@ def allows_inf(field) -> bool:
     return any(getattr(m, "allow_inf_nan", False) for m in constraints(field))
 
 
+def _bound(value) -> str:
+    """A bound in six digits (1e+06), or exact where a user may type it (seed's 4294967294, not
+    4.29497e+09); a byte count's 2**50 stays 1.1259e+15."""
+    short = f"{value:g}"
+    return str(value) if isinstance(value, int) and float(short) != value and abs(value) < 1e10 else short
+
+
 def describe(field) -> str:
     bounds = [
-        f"{sign} {getattr(m, attr):g}"
+        f"{sign} {_bound(getattr(m, attr))}"
         for m in constraints(field)
         for kind, attr, sign in _BOUNDS
         if isinstance(m, kind)

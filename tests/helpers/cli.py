@@ -31,7 +31,7 @@ def refused(run) -> str:
     result = in_process(run)
     text = result.stderr
     assert result.returncode == 2, text + result.stdout
-    assert "Traceback" not in text
+    assert "Traceback" not in text, text
     lines = text.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), text
     return lines[0]
