@@ -25,12 +25,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import launch, schema, sweep
-from kvbench.errors import UserError, exit_with, one_line, reportable
+from kvbench.errors import UserError, exit_interrupted, exit_with, one_line, reportable
 from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
 
 log = logging.getLogger("kvbench")
 single_run_done = False  # a single run ended well: `bench` may leave at once (kvbench.launch.leave)
+sweep_dir: str | None = None  # the sweep being run, for the line an interrupted sweep ends with
 
 # ${kvbench.pid:} in a run directory's name keeps runs started in the same second apart
 OmegaConf.register_new_resolver("kvbench.pid", os.getpid, use_cache=True, replace=True)
@@ -174,9 +175,11 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
 
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")
 def _main(cfg: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    global sweep_dir
+    out_dir, multirun = Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().mode == RunMode.MULTIRUN
+    sweep_dir = str(HydraConfig.get().sweep.dir) if multirun else None
     try:
-        run_point_and_record(cfg, out_dir, HydraConfig.get().mode == RunMode.MULTIRUN)
+        run_point_and_record(cfg, out_dir, multirun)
     except Exception as err:  # here, not in main(): Hydra would print a line of its own first
         if not reportable(err):
             raise
@@ -266,15 +269,22 @@ def main(argv: list[str] | None = None) -> None:
     parsed = flags.parse_args(sys.argv[1:])
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
+    global sweep_dir
+    sweep_dir = None
     try:
         with composing_once(parsed):
             _main()
+    except KeyboardInterrupt:
+        if user_setting == "1":
+            raise
+        exit_interrupted(sweep_dir)
     except Exception as err:
         line = hydra_line(err)
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
         exit_with(UserError(line) if line is not None else err)
     finally:
+        sweep.SweepLock.release_all()
         if user_setting is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:

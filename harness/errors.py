@@ -16,6 +16,7 @@ import sys
 from typing import NoReturn
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -57,6 +58,20 @@ def exit_with(err: BaseException) -> NoReturn:
     sys.stdout.flush()
     print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def exit_interrupted(sweep_dir: str | None) -> NoReturn:
+    """Ctrl-C: one line saying what was kept, and exit 130 (128 + SIGINT, as a shell reports it)."""
+    _close_progress_bars()
+    sys.stdout.flush()
+    kept = (
+        f"the points that finished keep their rows in {sweep_dir}; the same command with "
+        f"hydra.sweep.dir={sweep_dir} runs only the rest"
+        if sweep_dir
+        else "the run wrote no result"
+    )
+    print(f"interrupted: {kept}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def _close_progress_bars() -> None:

@@ -93,7 +93,10 @@ def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
 
 
 class SweepLock:
-    """An exclusive lock on a sweep directory for the sweep's whole run (released by the OS if killed)."""
+    """An exclusive lock on a sweep directory for the sweep's whole run (released by the OS if
+    killed; `release_all` releases what a sweep that ended early in this process still holds)."""
+
+    held: set[SweepLock] = set()
 
     def __init__(self, sweep_dir: Path):
         self.path = Path(sweep_dir) / LOCK
@@ -114,12 +117,21 @@ class SweepLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n".encode())
         self.fd = fd
+        SweepLock.held.add(self)
 
     def release(self) -> None:
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+        SweepLock.held.discard(self)
+
+    @classmethod
+    def release_all(cls) -> None:
+        """After `bench` in this process, however it ended (Ctrl-C, a crash): a rerun in the same
+        process (a test, a notebook) must find the directory free, as a new process does."""
+        for lock in list(cls.held):
+            lock.release()
 
 
 RETRY_S = 0.05  # a deadline's next try after its exception was swallowed

@@ -183,6 +183,20 @@ def test_a_results_directory_that_is_a_file_is_one_line(tmp_path, monkeypatch, c
     )
 
 
+def test_ctrl_c_in_a_single_run_is_one_line_exit_130_and_leaves_no_result(tmp_path, monkeypatch, capsys):
+    from kvbench.scenarios import run
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "run_point", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        in_process(tmp_path, monkeypatch, "workload.num_requests=5")
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted: the run wrote no result"]
+    assert not list(tmp_path.glob("results/runs/*/metrics.csv"))
+
+
 def test_a_read_only_results_directory_is_one_line(tmp_path, monkeypatch, capsys):
     real_mkdir = os.mkdir
 

@@ -210,6 +210,34 @@ def test_plots_and_progress_name_no_point_and_a_rerun_that_only_draws_skips_ever
     assert (tmp_path / "sweep" / "kv_breakdown.png").is_file()
 
 
+def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_a_rerun_skips_the_points_that_finished(
+    tmp_path, monkeypatch, capsys
+):
+    from kvbench.scenarios import run
+
+    real_run_point, started = run.run_point, []
+
+    def interrupted_at_the_second(cfg):
+        started.append(cfg.workload.num_requests)
+        if len(started) == 2:
+            raise KeyboardInterrupt
+        return real_run_point(cfg)
+
+    monkeypatch.setattr(run, "run_point", interrupted_at_the_second)
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_in_process(tmp_path, monkeypatch, "workload.num_requests=10,20")
+    assert exit_info.value.code == 130
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("interrupted: the points that finished keep their rows in sweep")
+    assert "the same command with hydra.sweep.dir=sweep runs only the rest" in line
+    assert [p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.csv")] == [
+        "workload.duration_s=null,workload.num_requests=10"
+    ]
+    sweep_in_process(tmp_path, monkeypatch, "workload.num_requests=10,20")  # the rerun the line asks for
+    assert started == [10, 20, 20]
+    assert len(list((tmp_path / "sweep").glob("*/metrics.csv"))) == 2
+
+
 def test_a_point_that_runs_past_its_time_limit_is_recorded_as_failed(tmp_path, monkeypatch, capsys):
     # 30,000 requests: a whole run of them took 4.9 s where 3,000 took 0.8 s (the point alone
     # 0.45 s), under the limit, once the simulator got faster; the margin is the point's, not the host's
