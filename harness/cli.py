@@ -277,7 +277,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         if user_setting == "1":
             raise
-        exit_interrupted(sweep_dir)
+        exit_interrupted(
+            f"the points that finished keep their rows in {sweep_dir}; the same command with "
+            f"hydra.sweep.dir={sweep_dir} runs only the rest"
+            if sweep_dir
+            else "the run wrote no result"
+        )
     except Exception as err:
         line = hydra_line(err)
         if user_setting == "1" or (line is None and not reportable(err)):

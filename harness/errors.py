@@ -60,16 +60,10 @@ def exit_with(err: BaseException) -> NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def exit_interrupted(sweep_dir: str | None) -> NoReturn:
+def exit_interrupted(kept: str) -> NoReturn:
     """Ctrl-C: one line saying what was kept, and exit 130 (128 + SIGINT, as a shell reports it)."""
     _close_progress_bars()
     sys.stdout.flush()
-    kept = (
-        f"the points that finished keep their rows in {sweep_dir}; the same command with "
-        f"hydra.sweep.dir={sweep_dir} runs only the rest"
-        if sweep_dir
-        else "the run wrote no result"
-    )
     print(f"interrupted: {kept}", file=sys.stderr, flush=True)
     sys.exit(EXIT_INTERRUPTED)
 

@@ -500,3 +500,17 @@ def test_ab_does_not_rerun_a_work_count_that_changed(monkeypatch):
     monkeypatch.setattr(ab, "measure", fake_measure)
     assert ab.run_ab("HEAD", 5, [], load_policy(None), out=io.StringIO()) == 1
     assert calls == [1]
+
+
+def test_ctrl_c_during_a_comparison_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    import kvbench.reporting.compare as compare_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    write_csv(tmp_path / "summary.csv", [row("paged", 2.0)])
+    monkeypatch.setattr(compare_module, "compare", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "summary.csv"), str(tmp_path / "summary.csv")])
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted: nothing was compared"]

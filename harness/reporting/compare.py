@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
+from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.report import load_rows
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"compare two of one kind"
                 )
             code = compare(*sides, policy, args.allow_missing)
+    except KeyboardInterrupt:  # --against measures for minutes
+        exit_interrupted("nothing was compared")
     except Exception as err:  # bad input: one line, exit 2 (exit 1 means a regression)
         if not reportable(err):
             raise
