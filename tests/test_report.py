@@ -296,6 +296,13 @@ def test_without_a_rate_axis_or_a_crossing_the_verdict_says_why_instead_of_a_cap
     assert "paged on sharegpt (rates 1, 2, 3, 4, 5, 6) never exceeds report.slo_s_per_token=0.5" in short
 
 
+def test_a_curve_the_rates_cannot_place_is_named_by_its_setting():
+    seeds = pd.concat([linear_sweep(range(1, 7)).assign(seed=seed) for seed in (0, 1)], ignore_index=True)
+    verdict = verdict_of(seeds)  # paged stays under the target on both seeds' curves
+    for seed in (0, 1):
+        assert f"seed={seed}: paged on sharegpt (rates 1, 2, 3, 4, 5, 6) never exceeds" in verdict
+
+
 def test_a_single_runs_row_is_written_as_pandas_writes_it(tmp_path):
     row = {
         "completed": 30,

@@ -110,8 +110,9 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
         for _, curve in rows.groupby("allocator", sort=False):
             try:  # paper.capacities reads the rows as text cells, every one of them an ok point
                 curves |= capacities(curve.assign(status="ok").to_dict("records"), slo)
-            except UserError as err:
-                unplaced.append(str(err).removeprefix("report: "))
+            except UserError as err:  # named by its setting: two seeds' curves read alike
+                reason = str(err).removeprefix("report: ")
+                unplaced.append(f"{setting}: {reason}" if setting else reason)
         if any(system == baseline for _, system in curves):
             found += [{"setting": setting, **row} for row in capacity_rows(curves, baseline)]
         else:
