@@ -303,6 +303,24 @@ def test_a_curve_the_rates_cannot_place_is_named_by_its_setting():
         assert f"seed={seed}: paged on sharegpt (rates 1, 2, 3, 4, 5, 6) never exceeds" in verdict
 
 
+def test_a_key_one_sweep_did_not_set_is_left_out_of_its_points_names():
+    from kvbench.reporting.results import point_labels
+
+    frame = pd.DataFrame(
+        {
+            "sweep": ["a", "a", "b"],
+            "allocator": ["paged", "paged", "pow2"],
+            "rate": [1.0, 5.0, 4.0],
+            "workload.duration_s": [30.0, 30.0, float("nan")],  # sweep b kept the default
+        }
+    )
+    assert point_labels(frame).tolist() == [
+        "a, paged, rate=1, duration_s=30",
+        "a, paged, rate=5, duration_s=30",
+        "b, pow2, rate=4",
+    ]
+
+
 def test_a_single_runs_row_is_written_as_pandas_writes_it(tmp_path):
     row = {
         "completed": 30,

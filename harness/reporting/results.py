@@ -148,17 +148,18 @@ def cell_text(value) -> str:
 
 
 def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Series:
-    """Each row's name from the columns that tell points apart: `paged, rate=4`."""
+    """Each row's name from the columns that tell points apart: `paged, rate=4`. A key a row
+    has no value for (a sweep that did not set it: its default) is left out of its name."""
     import pandas as pd
 
     keys = varying_keys(frame) if keys is None else keys
-    if not keys:
-        return frame.get("allocator", pd.Series("point", index=frame.index)).map(cell_text)
-    parts = [
-        frame[k].map(cell_text) if k in ("sweep", "allocator") else f"{k.rsplit('.', 1)[-1]}=" + frame[k].map(cell_text)
-        for k in keys
-    ]
-    return functools.reduce(lambda a, b: a + ", " + b, parts)
+    if not keys or frame.empty:
+        return frame.get("allocator", pd.Series("point", index=frame.index, dtype=object)).map(cell_text)
+    texts = pd.DataFrame({k: frame[k].map(cell_text) for k in keys})
+    named = texts.apply(
+        lambda text: text if text.name in ("sweep", "allocator") else f"{text.name.rsplit('.', 1)[-1]}=" + text
+    )
+    return named.where(texts != "").apply(lambda row: ", ".join(row.dropna()), axis=1)
 
 
 def in_paper_order(frame: pd.DataFrame) -> pd.DataFrame:
