@@ -157,10 +157,13 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
     if status == "ok":
         log.info("wrote %s", out_dir / "metrics.csv")
     if not multirun:  # a sweep prints its table and draws its comparison plots once, at its end
-        from kvbench.reporting.console import run_table
+        from kvbench.reporting.console import run_table, validation_table
 
-        for row in rows:
-            print(run_table(row))
+        if status == "ok" and rows[0].get("scenario") == "validate":  # a row a metric
+            print(validation_table(rows))
+        else:
+            for row in rows:
+                print(run_table(row))
         if drawing:
             done = helper.result() if helper is not None else None
             if done is None:

@@ -343,6 +343,10 @@ def test_validation_profiles_then_compares_serve_with_the_calibrated_simulator(t
     by_metric = {r["metric"]: r for r in rows}
     served = by_metric["throughput (tok/s)"]
     assert served["rel_error"] == pytest.approx(served["simulated_1"] / served["measured_1"] - 1)
+    from kvbench.reporting.console import validation_table  # what the console prints of these rows
+
+    table = validation_table(rows).splitlines()
+    assert [line.split()[0] for line in table[2:-1]] == [r["column"] for r in rows]
     assert rows[0]["clock"] == "cpu"
     # the host's speed was probed while profiling and around the serve run, and the simulation
     # rerun at that speed: its error is a column of its own

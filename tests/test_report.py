@@ -321,6 +321,42 @@ def test_a_key_one_sweep_did_not_set_is_left_out_of_its_points_names():
     ]
 
 
+def validation(model: str, column: str, measured: tuple, simulated: float) -> dict:
+    """One row of scenario=validate: a metric, its served runs and its simulated runs."""
+    return {
+        "scenario": "validate",
+        "allocator": "paged",
+        "model": model,
+        "device": "cpu",
+        "workload": "sharegpt",
+        "status": "ok",
+        "metric": column.upper(),
+        "column": column,
+        "measured_1": measured[0],
+        "measured_2": measured[1],
+        "simulated_1": simulated,
+        "simulated_2": simulated,
+        "measured_spread": 0.1,
+        "rel_error": -0.05,
+    }
+
+
+def test_a_validation_prints_a_line_a_metric_measured_beside_simulated():
+    from kvbench.reporting.console import sweep_table, validation_table
+
+    rows = [validation("tiny", "median_ttft_ms", (4.0, 6.0), 4.75), validation("tiny", "preemptions", (0, 0), 0)]
+    lines = validation_table(rows).splitlines()
+    assert "the calibrated simulator against serve · paged · tiny · cpu · sharegpt" in lines[0]
+    assert lines[1].split() == ["metric", "measured", "simulated", "error", "spread"]
+    assert lines[2].split() == ["median_ttft_ms", "5", "4.75", "-5.0%", "10.0%"]  # the served runs' mean
+    assert len(lines) == 5 and len(lines[0]) == len(lines[-1])
+    swept = pd.DataFrame([*rows, validation("small", "median_ttft_ms", (8.0, 8.0), 8.8)])
+    table = sweep_table(swept, 0.5, None).splitlines()
+    assert table[2].split()[:2] == ["model=tiny", "median_ttft_ms"]
+    assert table[4].split()[:3] == ["model=small", "median_ttft_ms", "8"]
+    assert not any("capacity" in line for line in table)  # a validation has no rate curves
+
+
 def test_a_single_runs_row_is_written_as_pandas_writes_it(tmp_path):
     row = {
         "completed": 30,

@@ -110,6 +110,29 @@ def run_table(row: dict) -> str:
     return "\n".join(lines)
 
 
+def validation_table(rows, points: bool = False) -> str:
+    """scenario=validate's rows, one a metric: the served runs' mean beside the calibrated
+    simulator's, its error and the served runs' own spread (validation.md has every column);
+    with `points`, a sweep's, each line named by its point."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    number = lambda column: pd.to_numeric(frame[column], errors="coerce")
+    mean = lambda side: frame.filter(regex=rf"^{side}_\d+$").apply(pd.to_numeric, errors="coerce").mean(axis=1)
+    table = pd.DataFrame({"point": point_labels(frame)} if points else {}, index=frame.index)
+    table["metric"] = frame["column"] if "column" in frame else frame["metric"]  # vLLM's names carry the unit
+    table["measured"] = mean("measured").map("{:.4g}".format)
+    table["simulated"] = mean("simulated").map("{:.4g}".format)
+    table["error"] = number("rel_error").map("{:+.1%}".format)
+    table["spread"] = number("measured_spread").map("{:.1%}".format)
+    body = table.to_string(index=False, justify="right")
+    first = frame.iloc[0]
+    named = [str(first[k]) for k in ("allocator", "model", "device", "workload") if k in first and first[k] == first[k]]
+    head = f" kvbench validation: the calibrated simulator against serve · {' · '.join(named)} "
+    rule = "=" * max(WIDTH, len(body.splitlines()[0]), len(head) + 4)
+    return "\n".join([head.center(len(rule), "="), body, rule])
+
+
 def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | None = None) -> str:
     """Every point of a sweep, one line each, systems in the paper's order; with `slo`, each
     system's capacity at that latency target below it."""
@@ -117,6 +140,8 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
 
     from kvbench.reporting.winners import capacity
 
+    if "metric" in frame and "scenario" in frame and (frame["scenario"] == "validate").all():  # a line a metric
+        return validation_table(ok_rows(frame), points=True)
     frame = in_paper_order(frame)
     table = pd.DataFrame({"point": point_labels(frame)})
     if "status" in frame:
