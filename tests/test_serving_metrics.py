@@ -104,6 +104,18 @@ def test_a_run_s_title_names_what_it_measured():
     assert "kernel · triton_paged · paged · tiny · cpu · 2d64" in title and "sharegpt" not in title
 
 
+def test_a_profile_run_shows_its_fit_and_where_its_profile_is():
+    from kvbench.reporting.console import run_table
+
+    profiled = {"scenario": "profile", "model": "tiny", "device": "cpu", "profile": "/runs/p/profile.csv"}
+    profiled |= {"profile_shapes": 42, "fit_form": "per_phase", "fit_heldout_median_err": 0.055}
+    lines = run_table(profiled).splitlines()
+    assert "Shapes measured:" in lines[2] and lines[2].endswith(" 42")
+    assert lines[3].startswith("Fit:") and lines[3].endswith(" per_phase")
+    assert lines[4].startswith("Held-out median error:") and lines[4].endswith(" 5.5%")
+    assert lines[-1] == "profile: /runs/p/profile.csv (bench executor=calibrated executor.profile=PATH)"
+
+
 def test_latencies_recomputed_from_requests_jsonl_equal_the_summary(run):
     _, row, requests = run
     assert len(requests) == row["completed"] == row["requests"]

@@ -59,6 +59,18 @@ RUN_LINES = [
         ],
     ),
     (
+        "Step-time profile (scenario=profile)",
+        [
+            ("Shapes measured", "profile_shapes", "{:.0f}"),
+            ("Shapes skipped", "profile_shapes_skipped", "{:.0f}"),
+            ("Profiling time (s)", "profile_s", "{:.1f}"),
+            ("Fit", "fit_form", "{}"),
+            ("Held-out shapes", "fit_heldout_shapes", "{:.0f}"),
+            ("Held-out median error", "fit_heldout_median_err", "{:.1%}"),
+            ("Held-out max error", "fit_heldout_max_err", "{:.1%}"),
+        ],
+    ),
+    (
         "Attention kernel",
         [
             ("Latency p50 (us)", "latency_us_p50", "{:.2f}"),
@@ -84,6 +96,8 @@ SWEEP_COLUMNS = [
 
 def _value(row, column: str, fmt: str) -> str | None:
     value = row.get(column)
+    if fmt == "{}":  # text
+        return None if value is None or value == "" or value != value else str(value)
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -107,6 +121,8 @@ def run_table(row: dict) -> str:
             lines.append(f" {section} ".center(WIDTH, "-"))
         lines += [f"{label + ':':<40}{text:>{WIDTH - 40}}" for label, text in shown]
     lines.append("=" * WIDTH)
+    if scenario == "profile" and row.get("profile"):  # what executor=calibrated reads
+        lines.append(f"profile: {row['profile']} (bench executor=calibrated executor.profile=PATH)")
     return "\n".join(lines)
 
 
