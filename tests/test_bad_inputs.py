@@ -359,6 +359,7 @@ COMPARE_CASES = [
     (["FILES/nobench.json", "FILES/good.csv"], "nobench.json is not a pytest-benchmark JSON file"),
     (["FILES/nostats.json", "FILES/good.csv"], "nostats.json is not a pytest-benchmark JSON file"),
     (["FILES/good.csv", "FILES/other.csv"], "no point of the current run matches the baseline"),
+    (["FILES/rated.csv", "FILES/good.csv"], "baseline has workload.rate=4, current has workload.rate=(unset)"),
     (["FILES/good.csv", "FILES/good.json"], "good.json is a pytest-benchmark JSON file and"),
     (["FILES/twice.csv", "FILES/good.csv"], "the baseline has two rows for the point"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES/missing.yaml"], "missing.yaml does not exist"),
@@ -388,6 +389,7 @@ REPORT_CASES = [
 def result_files(files):
     (files / "good.csv").write_text(GOOD)
     (files / "other.csv").write_text(GOOD.replace("opt-13b", "llama-3-8b"))
+    (files / "rated.csv").write_text(GOOD.replace("\n", ",workload.rate\n", 1).replace(",1.5\n", ",1.5,4\n"))
     (files / "twice.csv").write_text(GOOD + GOOD.splitlines()[1] + "\n")
     (files / "header.csv").write_text(GOOD.splitlines()[0] + "\n")
     (files / "binary.csv").write_bytes(b"\xff\xfe\x00garbage")

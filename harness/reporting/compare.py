@@ -70,7 +70,9 @@ def _identity(policy: Policy, frames) -> list[str]:
 
 
 def _label(point: pd.Series, shown: list[str]) -> str:
-    return ", ".join(f"{c}={point[c]}" for c in shown) or "(the only point)"
+    """`allocator=paged, workload.rate=4`; a column a side never set (its sweep left the
+    config's default) reads `(unset)`."""
+    return ", ".join(f"{c}={point[c] if point[c] != '' else '(unset)'}" for c in shown) or "(the only point)"
 
 
 def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
