@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+import kvbench
 from kvbench import launch, schema, sweep
 from kvbench.errors import UserError, exit_interrupted, exit_with, one_line, reportable
 from kvbench.profiling import profiled
@@ -265,6 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     global single_run_done
     single_run_done = False
     args = sys.argv[1:] if argv is None else list(argv)
+    if "--version" in args:  # kvbench's, where Hydra's flag would print only its own
+        print(f"kvbench {kvbench.__version__} (Hydra {hydra.__version__})")
+        return
     # argparse takes one run of overrides: `bench a=1 -m b=1,2` must reach Hydra as `-m a=1 b=1,2`.
     sys.argv[1:] = sorted(args, key=lambda arg: arg not in ("-m", "--multirun"))
     flags = get_args_parser()  # Hydra's own, parsed here first so a bad flag is one line too

@@ -96,7 +96,14 @@ def entry_point(main):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (`error: PROG: ...`) with exit code 2."""
+    """argparse whose usage errors are one line (`error: PROG: ...`) with exit code 2, and
+    which knows kvbench's --version."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from kvbench import __version__
+
+        self.add_argument("--version", action="version", version=f"kvbench {__version__}")
 
     def error(self, message: str):
         exit_with(UserError(f"{self.prog}: {message} (see {self.prog} --help)"))

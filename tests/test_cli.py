@@ -366,3 +366,16 @@ def test_a_sweep_composes_each_points_config_once_and_still_checks_every_point_f
         "error: unknown allocator 'nonexistent'; known: contiguous, hybrid, oracle, paged, pow2"
     ]
     assert not list((tmp_path / "bad").glob("*/metrics.csv"))
+
+
+def test_every_command_s_version_is_kvbench_s(capsys):
+    import kvbench
+    from kvbench.reporting import compare, report
+
+    cli.main(["--version"])  # Hydra's own flag printed only "Hydra 1.3.8"
+    assert capsys.readouterr().out.startswith(f"kvbench {kvbench.__version__} (Hydra ")
+    for command in (compare.main, report.main):
+        with pytest.raises(SystemExit) as exit_info:
+            command(["--version"])
+        assert exit_info.value.code == 0
+        assert capsys.readouterr().out == f"kvbench {kvbench.__version__}\n"
