@@ -95,6 +95,13 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
             raise UserError(
                 f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: drop it"
             )
+    graph = (cfg.get("graph") or {}).get("name", "eager")
+    if scenario == "kernel" and graph != "eager":  # a graph mode wraps the model's forward, which a kernel has not
+        raise UserError(
+            f"graph={graph} wraps the model's forward (scenario=serve, profile or validate); scenario=kernel "
+            f"times the attention backend alone and would ignore it: drop it (on a GPU, "
+            f"scenario.cuda_graph=true also times the kernel replayed from a CUDA graph)"
+        )
 
 
 def failed_rows(cfg: DictConfig) -> list[dict]:

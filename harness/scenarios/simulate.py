@@ -42,7 +42,7 @@ def make_executor(cfg: DictConfig, model, hardware) -> tuple:
         if unmodelled:
             raise UserError(
                 f"executor=roofline does not model {' or '.join(unmodelled)}: its step times are the same "
-                f"for every backend and graph mode; time them with scenario=kernel or scenario=serve, or "
+                f"for every backend and graph mode; time a backend with scenario=kernel, both with scenario=serve, or "
                 f"simulate with executor=calibrated executor.profile=PATH (a profile measured with them)"
             )
         return CostModelExecutor(model, hardware), {"executor": "roofline"}
