@@ -84,7 +84,14 @@ def point_overrides() -> dict:
 
 # Config a scenario reads only if it is one of these: given on the command line to another, it
 # would be recorded as a column of a run it never shaped, so it is refused instead.
-READ_ONLY_BY = {"batch": ("kernel",), "executor": ("simulate",), "workload": ("simulate", "serve", "validate")}
+READ_ONLY_BY = {
+    "batch": ("kernel",),
+    "executor": ("simulate",),
+    "workload": ("simulate", "serve", "validate"),
+    # the roofline's GPU, serve's modelled preemption cost, a kernel's reference peak; a profile
+    # times the real device alone
+    "hardware": ("simulate", "serve", "kernel", "validate"),
+}
 
 
 def refuse_unread_overrides(cfg: DictConfig) -> None:

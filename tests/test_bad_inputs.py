@@ -289,6 +289,7 @@ RUN_CASES = [
     (["scenario=serve", "model=tiny", "executor=calibrated"], "executor is read by scenario=simulate only"),
     (["scenario=kernel", "model=tiny", "workload.rate=9"], "workload.rate is read by scenario=simulate or serve"),
     (["scenario=kernel", "model=tiny", "+graph=full"], "graph=full wraps the model's forward (scenario=serve, "),
+    (["scenario=profile", "model=tiny", "hardware=h200"], "hardware is read by scenario=simulate or serve or kernel"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
