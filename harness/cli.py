@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import re
 import sys
@@ -102,6 +103,18 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
             raise UserError(
                 f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: drop it"
             )
+    overridden = {key for key, _ in map(split_override, HydraConfig.get().overrides.task)}
+    unread = sorted(overridden & {"workload.rate", "workload.burstiness"})
+    if unread and cfg.workload.kind == "trace":
+        from kvbench.core.workload import trace_has_arrival_times
+
+        if trace_has_arrival_times(str(cfg.workload.path)):
+            raise UserError(
+                f"{unread[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
+                f"time (rate and burstiness shape arrivals only for a trace without them): drop it"
+            )
+    if "workload.burstiness" in overridden and cfg.workload.kind != "trace" and math.isinf(float(cfg.workload.rate)):
+        raise UserError("workload.burstiness is not read: rate=inf sends every request at t=0, with no gaps to shape")
     graph = (cfg.get("graph") or {}).get("name", "eager")
     if scenario == "kernel" and graph != "eager":  # a graph mode wraps the model's forward, which a kernel has not
         raise UserError(

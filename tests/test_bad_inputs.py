@@ -290,6 +290,11 @@ RUN_CASES = [
     (["scenario=kernel", "model=tiny", "workload.rate=9"], "workload.rate is read by scenario=simulate or serve"),
     (["scenario=kernel", "model=tiny", "+graph=full"], "graph=full wraps the model's forward (scenario=serve, "),
     (["scenario=profile", "model=tiny", "hardware=h200"], "hardware is read by scenario=simulate or serve or kernel"),
+    (
+        ["workload=trace", "workload.path=FILES/timed.csv", "workload.rate=9"],
+        "workload.rate is not read: the trace",
+    ),
+    (["workload.rate=inf", "workload.num_requests=5", "workload.burstiness=0.5"], "workload.burstiness is not read"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
@@ -319,6 +324,7 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "negative.csv").write_text("input_len,output_len\n-3,20\n")
     (files / "nan.csv").write_text("input_len,output_len,arrival_s\n3,20,nan\n")
     (files / "long.csv").write_text("input_len,output_len\n3000,20\n")
+    (files / "timed.csv").write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n10,20,0.0\n30,40,0.5\n")
     assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
 
 

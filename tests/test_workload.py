@@ -160,3 +160,13 @@ def test_a_trace_shorter_than_num_requests_is_refused(tmp_path):
     path = trace(tmp_path, "input_len,output_len\n10,5\n")
     with pytest.raises(UserError, match="num_requests=5 but trace .* has only 1 rows"):
         generate({"kind": "trace", "path": path, "rate": 1.0, "num_requests": 5}, seed=0, max_model_len=2048)
+
+
+def test_a_trace_says_whether_it_gives_arrival_times(tmp_path):
+    from kvbench.core.workload import trace_has_arrival_times
+
+    (tmp_path / "vidur.csv").write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n10,20,0.5\n")
+    (tmp_path / "lengths.csv").write_text(" input_len , output_len \n10,20\n")
+    assert trace_has_arrival_times(str(tmp_path / "vidur.csv"))
+    assert not trace_has_arrival_times(str(tmp_path / "lengths.csv"))
+    assert not trace_has_arrival_times(str(tmp_path / "missing.csv"))  # load_trace says what is wrong

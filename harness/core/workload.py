@@ -100,6 +100,17 @@ TRACE_COLUMNS = {
 }
 
 
+def trace_has_arrival_times(path: str) -> bool:
+    """Whether the trace's header names an arrival-time column (then `rate` and `burstiness` are
+    not read); False for a file that cannot be read, which load_trace then refuses."""
+    try:
+        with open(path, newline="") as f:
+            header = [name.strip() for name in next(csv.reader(f), [])]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return any(name in header for name in TRACE_COLUMNS["arrival_s"])
+
+
 def _trace_columns(path: str, header) -> dict[str, str]:
     """kvbench's column name -> the file's, for the columns the file has."""
     found = {}
