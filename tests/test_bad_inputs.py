@@ -295,6 +295,8 @@ RUN_CASES = [
         "workload.rate is not read: the trace",
     ),
     (["workload.rate=inf", "workload.num_requests=5", "workload.burstiness=0.5"], "workload.burstiness is not read"),
+    (["workload.path=FILES/timed.csv"], "is read by workload=trace only; workload=sharegpt would ignore it"),
+    (["+workload.shuffle=true"], "workload.shuffle=true is read by workload=trace only"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],

@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from kvbench.schema.messages import show
+
 
 def _not_bool(value):
     if isinstance(value, bool):
@@ -207,6 +209,10 @@ class Workload(Section):
             raise ValueError("rate=inf sends every request at t=0, so duration_s cannot bound them: set num_requests")
         if self.kind != "trace" and self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s: one of them must bound the run")
+        if self.kind != "trace":  # the trace's own keys; every workload config has path: null for sweeps
+            unread = [f"{key}={show(v)}" for key in ("path", "shuffle", "strict") if (v := getattr(self, key))]
+            if unread:
+                raise ValueError(f"{unread[0]} is read by workload=trace only; workload={self.kind} would ignore it")
         return self
 
 
