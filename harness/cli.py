@@ -92,6 +92,10 @@ READ_ONLY_BY = {
     # the roofline's GPU, serve's modelled preemption cost, a kernel's reference peak; a profile
     # times the real device alone
     "hardware": ("simulate", "serve", "kernel", "validate"),
+    # a kernel times one batch of the backend: no scheduler, engine or recorder runs
+    "scheduler": ("simulate", "serve", "profile", "validate"),  # a profile's grid stays within its limits
+    "engine": ("simulate", "serve", "profile", "validate"),
+    "measure": ("simulate", "serve", "validate"),
 }
 
 

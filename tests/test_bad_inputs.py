@@ -290,6 +290,9 @@ RUN_CASES = [
     (["scenario=kernel", "model=tiny", "workload.rate=9"], "workload.rate is read by scenario=simulate or serve"),
     (["scenario=kernel", "model=tiny", "+graph=full"], "graph=full wraps the model's forward (scenario=serve, "),
     (["scenario=profile", "model=tiny", "hardware=h200"], "hardware is read by scenario=simulate or serve or kernel"),
+    (["scenario=kernel", "model=tiny", "scheduler.max_num_seqs=4"], "scheduler.max_num_seqs is read by scenario="),
+    (["scenario=kernel", "model=tiny", "engine.preemption=swap"], "scenario=kernel would ignore it"),
+    (["scenario=profile", "model=tiny", "measure.warmup_frac=0.5"], "scenario=profile would ignore it"),
     (
         ["workload=trace", "workload.path=FILES/timed.csv", "workload.rate=9"],
         "workload.rate is not read: the trace",
