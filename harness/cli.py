@@ -96,13 +96,14 @@ READ_ONLY_BY = {
     "scheduler": ("simulate", "serve", "profile", "validate"),  # a profile's grid stays within its limits
     "engine": ("simulate", "serve", "profile", "validate"),
     "measure": ("simulate", "serve", "validate"),
+    "report.goodput": ("simulate", "serve", "validate"),  # the recorder's SLOs; report.* else is a sweep's
 }
 
 
 def refuse_unread_overrides(cfg: DictConfig) -> None:
     scenario = str(cfg.scenario.name)
     for key, _ in map(split_override, HydraConfig.get().overrides.task):
-        readers = READ_ONLY_BY.get(key.split(".")[0])
+        readers = READ_ONLY_BY.get(".".join(key.split(".")[:2])) or READ_ONLY_BY.get(key.split(".")[0])
         if readers and scenario not in readers:
             raise UserError(
                 f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: drop it"

@@ -293,6 +293,7 @@ RUN_CASES = [
     (["scenario=kernel", "model=tiny", "scheduler.max_num_seqs=4"], "scheduler.max_num_seqs is read by scenario="),
     (["scenario=kernel", "model=tiny", "engine.preemption=swap"], "scenario=kernel would ignore it"),
     (["scenario=profile", "model=tiny", "measure.warmup_frac=0.5"], "scenario=profile would ignore it"),
+    (["scenario=kernel", "model=tiny", "report.goodput.ttft_ms=100"], "report.goodput.ttft_ms is read by scenario="),
     (
         ["workload=trace", "workload.path=FILES/timed.csv", "workload.rate=9"],
         "workload.rate is not read: the trace",
