@@ -101,26 +101,28 @@ READ_ONLY_BY = {
 
 
 def refuse_unread_overrides(cfg: DictConfig) -> None:
+    from kvbench.scenarios.build import plugin_cfg  # loaded by the point's run next anyway
+
     scenario = str(cfg.scenario.name)
-    for key, _ in map(split_override, HydraConfig.get().overrides.task):
+    overridden = [key for key, _ in map(split_override, HydraConfig.get().overrides.task)]
+    for key in overridden:
         readers = READ_ONLY_BY.get(".".join(key.split(".")[:2])) or READ_ONLY_BY.get(key.split(".")[0])
         if readers and scenario not in readers:
             raise UserError(
                 f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: drop it"
             )
-    overridden = {key for key, _ in map(split_override, HydraConfig.get().overrides.task)}
-    unread = sorted(overridden & {"workload.rate", "workload.burstiness"})
-    if unread and cfg.workload.kind == "trace":
+    arrivals = sorted({"workload.rate", "workload.burstiness"}.intersection(overridden))
+    if arrivals and cfg.workload.kind == "trace":
         from kvbench.core.workload import trace_has_arrival_times
 
         if trace_has_arrival_times(str(cfg.workload.path)):
             raise UserError(
-                f"{unread[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
+                f"{arrivals[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
                 f"time (rate and burstiness shape arrivals only for a trace without them): drop it"
             )
     if "workload.burstiness" in overridden and cfg.workload.kind != "trace" and math.isinf(float(cfg.workload.rate)):
         raise UserError("workload.burstiness is not read: rate=inf sends every request at t=0, with no gaps to shape")
-    graph = (cfg.get("graph") or {}).get("name", "eager")
+    graph = plugin_cfg(cfg, "graph")["name"]
     if scenario == "kernel" and graph != "eager":  # a graph mode wraps the model's forward, which a kernel has not
         raise UserError(
             f"graph={graph} wraps the model's forward (scenario=serve, profile or validate); scenario=kernel "
@@ -295,8 +297,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from kvbench.schema.hydra_errors import hydra_line
 
-    global single_run_done
-    single_run_done = False
+    global single_run_done, sweep_dir
+    single_run_done, sweep_dir = False, None
     args = sys.argv[1:] if argv is None else list(argv)
     if "--version" in args:  # kvbench's, where Hydra's flag would print only its own
         print(f"kvbench {kvbench.__version__} (Hydra {hydra.__version__})")
@@ -308,8 +310,6 @@ def main(argv: list[str] | None = None) -> None:
     parsed = flags.parse_args(sys.argv[1:])
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
-    global sweep_dir
-    sweep_dir = None
     try:
         with composing_once(parsed):
             _main()

@@ -54,18 +54,19 @@ def one_line(err: BaseException) -> str:
 
 def exit_with(err: BaseException) -> NoReturn:
     """Print `error: ...` on a line of its own (after any progress bar) and exit 2."""
-    _close_progress_bars()
-    sys.stdout.flush()
-    print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_BAD_INPUT)
+    _leave(f"error: {one_line(err)}", EXIT_BAD_INPUT)
 
 
 def exit_interrupted(kept: str) -> NoReturn:
     """Ctrl-C: one line saying what was kept, and exit 130 (128 + SIGINT, as a shell reports it)."""
+    _leave(f"interrupted: {kept}", EXIT_INTERRUPTED)
+
+
+def _leave(line: str, code: int) -> NoReturn:
     _close_progress_bars()
     sys.stdout.flush()
-    print(f"interrupted: {kept}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_INTERRUPTED)
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(code)
 
 
 def _close_progress_bars() -> None:
