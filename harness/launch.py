@@ -51,17 +51,53 @@ def helper_kind(args: list[str]) -> str | None:
 
 class Helper:
     """The helper process, loading its imports from the start: `send` hands it the job,
-    `result` waits for what it did, `close` stops it."""
+    `result` waits for what it did, `close` stops it. Before the job, a single run's request
+    log (kvbench.core.request_log) may `tell` it to follow a spool and `ask` it to finish.
+    Messages are JSON lines on its stdin; each answer is a JSON line on its stdout."""
 
     def __init__(self, kind: str):
+        import tempfile
+
+        self.kind = kind
+        # its errors go to a file: a pipe nobody reads while the run goes on could fill and stall it
+        self._errors = tempfile.TemporaryFile("w+")
         self._process = subprocess.Popen(
             [sys.executable, "-m", "kvbench.reporting.helper", kind],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self._errors,
             text=True,
         )
         self.sent = False
+
+    def tell(self, message: dict) -> bool:
+        """Hand the helper a message before its job; False where it could not take it."""
+        import json
+
+        try:
+            self._process.stdin.write(json.dumps(message) + "\n")
+            self._process.stdin.flush()
+        except (OSError, ValueError) as err:  # a helper that died
+            log.debug("the helper took no message (%s)", err)
+            return False
+        return True
+
+    def ask(self, message: dict, timeout_s: float) -> dict | None:
+        """`tell` it `message` and wait up to `timeout_s` for its answer; None where it gave none."""
+        import json
+        import select
+
+        if not self.tell(message):
+            return None
+        try:
+            ready, _, _ = select.select([self._process.stdout], [], [], timeout_s)
+            answer = json.loads(self._process.stdout.readline()) if ready else None
+        except (OSError, ValueError) as err:  # it died before it answered
+            log.debug("the helper gave no answer (%s)", err)
+            return None
+        if answer is None:
+            log.debug("the helper gave no answer in %.0f s", timeout_s)
+        return answer
 
     def send(self, job: dict) -> None:
         """Hand the helper its one job; it works on it while the run goes on."""
@@ -69,7 +105,7 @@ class Helper:
 
         self.sent = True
         try:
-            self._process.stdin.write(json.dumps(job, default=_plain))
+            self._process.stdin.write(json.dumps(job, default=_plain) + "\n")
             self._process.stdin.close()
         except (OSError, ValueError, TypeError) as err:  # a helper that died, a row JSON cannot hold
             log.debug("the helper took no job (%s)", err)
@@ -80,14 +116,17 @@ class Helper:
         import json
 
         try:
-            said, errors = self._process.communicate()
+            said, _ = self._process.communicate()
             done = json.loads(said) if self._process.returncode == 0 else None
         except (OSError, ValueError, subprocess.SubprocessError) as err:
-            done, errors = None, str(err)
+            done = None
+            self._errors.write(str(err))
         if isinstance(done, dict) and all(Path(path).is_file() for path in done.get("written", ())):
             return done
         self.close()
-        log.debug("the helper failed (%s); the run does its job itself", (errors.strip().splitlines() or ["?"])[-1])
+        self._errors.seek(0)
+        errors = self._errors.read().strip().splitlines() or ["?"]
+        log.debug("the helper failed (%s); the run does its job itself", errors[-1])
         return None
 
     def close(self) -> None:
@@ -105,6 +144,12 @@ def _plain(value):
 def current() -> Helper | None:
     """The helper of this process's `bench`, while its job is not yet handed over."""
     return _helper if _helper is not None and not _helper.sent else None
+
+
+def run_helper() -> Helper | None:
+    """The helper of this process's single run (`bench` without -m), while it has no job yet."""
+    helper = current()
+    return helper if helper is not None and helper.kind == "run" else None
 
 
 def helper_does(job: dict) -> dict | None:

@@ -42,7 +42,8 @@ SERVE = [
 
 def bench(cwd, *args):
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args, "progress=false"],
+        # `bench` as users start it: with its helper, which writes requests.jsonl from the run's spool
+        [sys.executable, "-m", "kvbench.launch", *args, "progress=false"],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -99,20 +99,20 @@ class Recorder:
             if self.goodput:  # request_goodput is a column only where SLOs are set
                 tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
                 self.num_good += meets_slos(self.goodput, ttft, tpot, e2el)
-            if self.request_log is not None:
+            if self.request_log is not None:  # request_log.FIELDS, in their order
                 self.request_log.write(
-                    {
-                        "request_id": r.request_id,
-                        "arrival_s": r.arrival_s,
-                        "first_token_s": root.first_token_s,
-                        "finish_s": root.finish_s,
-                        "input_len": r.prompt_len,
-                        "output_len": r.output_len,
-                        "num_sequences": r.width,
-                        "cached_tokens": root.num_cached,
-                        "preemptions": root.num_preemptions,
-                    },
-                    itl.round(9),  # to the ns
+                    (
+                        r.request_id,
+                        r.arrival_s,
+                        root.first_token_s,
+                        root.finish_s,
+                        r.prompt_len,
+                        r.output_len,
+                        r.width,
+                        root.num_cached,
+                        root.num_preemptions,
+                    ),
+                    itl,
                 )
         self._finishing.clear()
 

@@ -1,34 +1,91 @@
 """The helper process `bench` starts (kvbench.launch): the end of a run, with its imports
-loaded while the run goes on.
+loaded while the run goes on, and a single run's requests.jsonl written on the other core.
 
     python -m kvbench.reporting.helper run|sweep
 
 It imports what its kind of job needs (`run`: matplotlib, for a single run's figure; `sweep`:
-pandas and matplotlib and the report, for a sweep's end), then reads one job, JSON on stdin:
-    {"job": "run", "rows": [...], "out": DIR}      -> {"written": [the figure files]}
-    {"job": "sweep", "dir": DIR, "plots": BOOL}    -> report.end_of_sweep's result
-and prints the result as JSON on stdout. An empty stdin (the run ended without a job) ends it;
-a job that fails ends it with the error on stderr and exit code 1, and the run then does the job
-itself. It leaves without the interpreter's teardown, which would only add to the run's wait.
+pandas and matplotlib and the report, for a sweep's end) while it reads its messages, JSON
+lines on stdin, as they come:
+    {"job": "requests", "spool": SPOOL, "out": FILE}  follow a run's request spool into FILE
+    {"job": "requests_end", "size": BYTES}            -> {"written": N requests}, once FILE is whole
+    {"job": "run", "rows": [...], "out": DIR}         -> {"written": [the figure files]}
+    {"job": "sweep", "dir": DIR, "plots": BOOL}       -> report.end_of_sweep's result
+and prints each answer as a JSON line on stdout. The `run` or `sweep` job is its last; an
+empty stdin (the run ended without one) ends it, and a spool the run never ended is dropped
+(the run deletes both files). A job that fails ends it with the error on stderr and exit code 1,
+and the run then does the job itself; a spool it could not follow answers {"error": ...}, and
+the run converts it itself (kvbench.core.request_log). It leaves without the interpreter's
+teardown, which would only add to the run's wait.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
+import threading
 from pathlib import Path
 
 
+class _Spool:
+    """A request spool followed on a thread until the run says how long it is."""
+
+    def __init__(self, spool: str, out: str):
+        from kvbench.core.request_log import follow_spool
+
+        self.size: int | None = None
+        self.dropped = False
+        self.answer: dict = {}
+        self._thread = threading.Thread(target=self._follow, args=(follow_spool, spool, out), daemon=True)
+        self._thread.start()
+
+    def _follow(self, follow_spool, spool: str, out: str) -> None:
+        try:
+            self.answer = {"written": follow_spool(spool, out, lambda: self.size, lambda: self.dropped)}
+        except Exception as err:  # noqa: BLE001 (any failure: the run converts the spool itself)
+            self.answer = {"error": f"{type(err).__name__}: {err}"}
+
+    def end(self, size: int) -> dict:
+        self.size = size
+        self._thread.join()
+        return self.answer
+
+
+def _read_messages(jobs: queue.SimpleQueue, answer) -> None:
+    """Handle the request spool's messages as they come; queue the last job (None at the end)."""
+    spool = None
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message["job"] == "requests":
+            spool = _Spool(message["spool"], message["out"])
+        elif message["job"] == "requests_end":
+            answer(spool.end(message["size"]) if spool is not None else {"error": "no spool to end"})
+            spool = None
+        else:
+            jobs.put(message)
+            break
+    if spool is not None:
+        spool.dropped = True
+    jobs.put(None)
+
+
 def main(kind: str) -> None:
+    lock = threading.Lock()
+
+    def answer(done: dict) -> None:
+        with lock:
+            print(json.dumps(done), flush=True)
+
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read_messages, args=(jobs, answer), daemon=True).start()
     from kvbench.reporting.figures import pyplot
 
     pyplot()
     if kind == "sweep":
         import kvbench.reporting.report  # noqa: F401 (pandas, the plots, the verdict)
-    job = sys.stdin.read()
-    if job:
-        job = json.loads(job)
+    job = jobs.get()
+    if job is not None:
         if job["job"] == "run":
             from kvbench.reporting.run_figure import draw_run
 
@@ -37,7 +94,7 @@ def main(kind: str) -> None:
             from kvbench.reporting.report import end_of_sweep
 
             done = end_of_sweep(Path(job["dir"]), job["plots"])
-        print(json.dumps(done))
+        answer(done)
     sys.stdout.flush()
     os._exit(0)
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench import launch
 from kvbench.core.engine import Engine
 from kvbench.core.recorder import Recorder
-from kvbench.core.request_log import RequestLog
+from kvbench.core.request_log import open_request_log
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.serving_metrics import goodput_slos
 from kvbench.core.spec import Hardware, ModelSpec, kv_capacity_bytes
@@ -127,10 +128,11 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
 
 
 def build_recorder(cfg: DictConfig) -> Recorder:
-    """The point's recorder; a `bench` run's streams requests.jsonl into its run directory."""
+    """The point's recorder; a `bench` run's streams requests.jsonl into its run directory (a
+    single run's through `bench`'s helper, which writes the lines on the other core)."""
     report = cfg.get("report") or {}
     slos = goodput_slos(OmegaConf.to_container(report["goodput"]) if report.get("goodput") else None)
     log = None
     if cfg.measure.get("save_requests", True) and HydraConfig.initialized():
-        log = RequestLog(Path(HydraConfig.get().runtime.output_dir) / "requests.jsonl")
+        log = open_request_log(Path(HydraConfig.get().runtime.output_dir) / "requests.jsonl", launch.run_helper())
     return Recorder(float(cfg.measure.warmup_frac), log, slos)
