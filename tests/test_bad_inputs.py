@@ -192,6 +192,16 @@ COMPOSE_CASES = [
         ["model.window=8"],
         "model.window is a model key that this model config does not set: add it with +model.window=8",
     ),
+    # a key of other options of the group: which have it, not a + that the schema would refuse
+    (
+        ["workload.input_len=10"],
+        "workload.input_len is not a key of the chosen workload; workload=fixed and workload=uniform have "
+        "it: e.g. workload=uniform workload.input_len=10",
+    ),
+    (["workload=fixed", "workload.range_ratio=0.2"], "workload=uniform has it: e.g. workload=uniform workload."),
+    (["workload.shuffle=true"], "workload=trace has it: e.g. workload=trace workload.shuffle=true"),
+    (["scenario.num_requests=3"], "scenario=serve has it: e.g. scenario=serve scenario.num_requests=3"),
+    (["executor.profile=p.csv"], "executor=calibrated has it: e.g. executor=calibrated executor.profile=p.csv"),
 ]
 
 
@@ -301,6 +311,7 @@ RUN_CASES = [
     (["workload.rate=inf", "workload.num_requests=5", "workload.burstiness=0.5"], "workload.burstiness is not read"),
     (["workload.path=FILES/timed.csv"], "is read by workload=trace only; workload=sharegpt would ignore it"),
     (["+workload.shuffle=true"], "workload.shuffle=true is read by workload=trace only"),
+    (["+workload.input_len=10"], "not a key of workload=sharegpt; workload=fixed and workload=uniform have it"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
@@ -450,3 +461,21 @@ def test_every_numeric_field_is_tried_with_nan_and_inf():
                 assert (key, "nan") in tried and (key, "-inf") in tried, key
                 if not allows_inf(field):
                     assert (key, "inf") in tried, key
+
+
+def test_a_key_only_some_options_have_is_set_by_each_of_their_configs():
+    """What the compose error's advice rests on: where Hydra finds no such key to change, the
+    chosen option lacks it (hydra_errors._unknown_key names the options that have it), because
+    every option's config sets each key its schema has and other options lack."""
+    from importlib import resources
+
+    import yaml
+
+    from kvbench.schema import OPTION_GROUPS
+
+    for group, (_, options) in OPTION_GROUPS.items():
+        shared = set.intersection(*(set(model.model_fields) for model in options.values()))
+        for name, model in options.items():
+            config = yaml.safe_load(resources.files("kvbench.conf").joinpath(group, f"{name}.yaml").read_text())
+            unset = sorted(set(model.model_fields) - shared - set(config))
+            assert unset == [], f"conf/{group}/{name}.yaml does not set {unset}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -200,6 +200,8 @@ class Workload(Section):
     path: str | None = None
     shuffle: Bool = False
     strict: Bool = False
+    # keys every workload config carries (path: null, for sweeps over traces) but one kind reads
+    read_only_by: ClassVar[dict[str, str]] = {"path": "trace", "shuffle": "trace", "strict": "trace"}
 
     @model_validator(mode="after")
     def _arrivals(self):
@@ -209,10 +211,11 @@ class Workload(Section):
             raise ValueError("rate=inf sends every request at t=0, so duration_s cannot bound them: set num_requests")
         if self.kind != "trace" and self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s: one of them must bound the run")
-        if self.kind != "trace":  # the trace's own keys; every workload config has path: null for sweeps
-            unread = [f"{key}={show(v)}" for key in ("path", "shuffle", "strict") if (v := getattr(self, key))]
-            if unread:
-                raise ValueError(f"{unread[0]} is read by workload=trace only; workload={self.kind} would ignore it")
+        unread = [(key, kind) for key, kind in self.read_only_by.items() if kind != self.kind and getattr(self, key)]
+        if unread:
+            (key, kind), *_ = unread
+            setting = f"{key}={show(getattr(self, key))}"
+            raise ValueError(f"{setting} is read by workload={kind} only; workload={self.kind} would ignore it")
         return self
 
 

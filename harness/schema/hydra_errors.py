@@ -6,7 +6,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel
 
-from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, groups, section_named, top_level_keys
+from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, elsewhere_line, groups, section_named, top_level_keys
 from kvbench.schema.messages import closest, unknown_key
 
 LAUNCHERS = (
@@ -65,6 +65,10 @@ def _unknown_key(full_key: str, add: str = "") -> str:
         return unknown_key(full_key, nested[1], nested[0])
     if group in groups.PLUGINS and rest in group_fields(group):
         return f"{full_key} is an option of a plugin, and no {group} is chosen: add +{group}=NAME first"
+    if group in OPTION_GROUPS and "." not in rest:  # a key of other options only
+        elsewhere = elsewhere_line(group, rest, add.partition("=")[2] or "VALUE")
+        if elsewhere:
+            return elsewhere
     if rest in group_fields(group):
         how = add or f"+{full_key}=VALUE"
         return f"{full_key} is a {group} key that this {group} config does not set: add it with {how}"
