@@ -21,6 +21,7 @@ called in-process (the tests) does everything itself. After a single run that su
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import subprocess
@@ -170,6 +171,9 @@ def usable_cpus() -> int:
 
 def main() -> None:
     global _helper
+    # Start-up makes objects that live to the end (modules, the config): collect young objects
+    # every 10,000 allocations, not 700 (its collections: 0.036 -> 0.028 s; engine.few_collections)
+    gc.set_threshold(10_000, *gc.get_threshold()[1:])
     kind = helper_kind(sys.argv[1:]) if usable_cpus() > 1 else None
     try:
         _helper = Helper(kind) if kind else None

@@ -57,7 +57,10 @@ class InProcessFollower:
         return True
 
     def _follow(self, spool, out):
-        self.result = follow_spool(spool, out, lambda: self.size, lambda: self.closed)
+        try:
+            self.result = follow_spool(spool, out, lambda: self.size, lambda: self.closed)
+        except FileNotFoundError:  # the run's log was gone before this opened it (as the helper's _Spool)
+            self.result = None
 
     def ask(self, message, timeout_s):
         assert timeout_s >= 30

@@ -60,3 +60,33 @@ def test_the_same_seed_reproduces_every_simulated_metric():
     a, b = (simulate("paged", "workload.num_requests=200") for _ in range(2))
     drop = {"schedule_us_per_step"}  # host wall time, not simulated
     assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
+
+
+def test_a_run_tunes_the_collector_for_its_loop_and_leaves_it_as_it_found_it(monkeypatch):
+    """Engine.run freezes what the process held before it out of the collector's scans and
+    collects young objects less often (engine.few_collections); afterwards the thresholds and
+    the freeze are as they were, and garbage made during the run is collectable again."""
+    import gc
+
+    from kvbench.core import engine
+
+    seen = []
+    run = engine.Engine._run
+    monkeypatch.setattr(
+        engine.Engine,
+        "_run",
+        lambda self, requests: seen.append((gc.get_threshold(), gc.get_freeze_count())) or run(self, requests),
+    )
+    before = gc.get_threshold()
+    simulate("paged", "workload.num_requests=20")
+    ((during, frozen),) = seen
+    assert during == (10_000, *before[1:]) and frozen > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    gc.freeze()  # frozen by someone else: the run leaves that freeze alone
+    try:
+        count = gc.get_freeze_count()
+        simulate("paged", "workload.num_requests=20")
+        # (frozen objects that die leave the count: it may only fall)
+        assert seen[-1][1] <= count and 0 < gc.get_freeze_count() <= count
+    finally:
+        gc.unfreeze()

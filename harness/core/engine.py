@@ -12,10 +12,12 @@ simulator has no logits, so its beams pick their parents with a seeded RNG.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import time
 from collections import deque
+from contextlib import contextmanager
 from itertools import islice, repeat
 
 import numpy as np
@@ -82,6 +84,10 @@ class Engine:
         return seq
 
     def run(self, requests: list[Request]) -> dict:
+        with few_collections():
+            return self._run(requests)
+
+    def _run(self, requests: list[Request]) -> dict:
         self.check_fits(requests)
         pending = deque(requests)
         scheduler, recorder = self.scheduler, self.recorder
@@ -309,6 +315,29 @@ class Engine:
         for beam, (_, token, logprob) in zip(beams, slots):
             beam.cumulative_logprob = logprob
             _append(beam, token)
+
+
+@contextmanager
+def few_collections(young: int = 10_000):
+    """Python's cyclic collector, tuned for a run's loop and restored after it. The loop allocates
+    objects that live to its end (a tuple of KV accounting per step, sequences, block lists), and
+    at the default thresholds (a young collection every 700 allocations) the collector rescans
+    them, and everything the process held before the run, hundreds of times: 0.047 s of a
+    10,000-request run here, a third of it in one full collection. Objects alive when the run
+    starts (modules, the config, the workload) are frozen out of the scans, and young collections
+    come every `young` allocations: 0.015 s. Where something else froze objects already, their
+    freeze is left as it is."""
+    threshold = gc.get_threshold()
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    gc.set_threshold(young, *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        if freeze:
+            gc.unfreeze()  # what the run left behind is collectable again
 
 
 def _append(seq: Sequence, token: int | None) -> None:
