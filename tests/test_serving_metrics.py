@@ -117,6 +117,25 @@ def test_a_profile_run_shows_its_fit_and_where_its_profile_is():
     assert lines[-1] == "profile: /runs/p/profile.csv (bench executor=calibrated executor.profile=PATH)"
 
 
+def test_each_repeat_of_a_served_point_writes_its_own_requests_file(tmp_path):
+    """repeats=2: the row holds the medians and every repeat's value as samples; each repeat's
+    requests.K.jsonl recomputes that repeat's samples, and no requests.jsonl pretends to be the row's."""
+    import json
+
+    args = [a for a in SERVE if not a.startswith("report.")] + ["repeats=2", "plots=false"]
+    result = bench(tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (tmp_path / "results" / "runs").iterdir()
+    assert sorted(p.name for p in run_dir.glob("requests*.jsonl")) == ["requests.1.jsonl", "requests.2.jsonl"]
+    row = pd.read_csv(run_dir / "metrics.csv").iloc[0]
+    samples = json.loads(row["samples"])["median_ttft_ms"]
+    for index, sample in enumerate(samples, 1):
+        requests = pd.read_json(run_dir / f"requests.{index}.jsonl", lines=True, precise_float=True)
+        ttft = (requests["first_token_s"] - requests["arrival_s"]).to_numpy() * 1e3
+        assert np.median(ttft) == pytest.approx(sample, rel=1e-9)
+    assert row["median_ttft_ms"] == pytest.approx(np.median(samples))
+
+
 def test_latencies_recomputed_from_requests_jsonl_equal_the_summary(run):
     _, row, requests = run
     assert len(requests) == row["completed"] == row["requests"]

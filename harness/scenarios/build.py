@@ -23,6 +23,7 @@ from kvbench.core.serving_metrics import goodput_slos
 from kvbench.core.spec import Hardware, ModelSpec, kv_capacity_bytes
 from kvbench.errors import UserError
 from kvbench.registry import default_registry
+from kvbench.scenarios import repeats
 
 # A run that names no plugin uses these; the row records what was used.
 DEFAULT_PLUGINS = {
@@ -129,10 +130,14 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
 
 def build_recorder(cfg: DictConfig) -> Recorder:
     """The point's recorder; a `bench` run's streams requests.jsonl into its run directory (a
-    single run's through `bench`'s helper, which writes the lines on the other core)."""
+    single run's through `bench`'s helper, which writes the lines on the other core). Each
+    repeat of a repeated point writes its own, requests.K.jsonl: its row holds the repeats'
+    medians, and each file recomputes its repeat's entries of the `samples` column."""
     report = cfg.get("report") or {}
     slos = goodput_slos(OmegaConf.to_container(report["goodput"]) if report.get("goodput") else None)
     log = None
     if cfg.measure.get("save_requests", True) and HydraConfig.initialized():
-        log = open_request_log(Path(HydraConfig.get().runtime.output_dir) / "requests.jsonl", launch.run_helper())
+        index = repeats.repeat.get()
+        name = "requests.jsonl" if index is None else f"requests.{index}.jsonl"
+        log = open_request_log(Path(HydraConfig.get().runtime.output_dir) / name, launch.run_helper())
     return Recorder(float(cfg.measure.warmup_frac), log, slos)

@@ -15,11 +15,14 @@ import math
 import numbers
 import statistics
 from collections.abc import Callable
+from contextvars import ContextVar
 
 from kvbench.errors import UserError
 
 MEASURED = ("serve", "kernel")  # scenarios whose metrics are wall-clock measurements
 SAMPLES = "samples"
+# which repeat of a repeated point is running (1, 2, ...): each writes its own requests.K.jsonl
+repeat: ContextVar[int | None] = ContextVar("repeat", default=None)
 
 
 def _is_number(value) -> bool:
@@ -67,7 +70,14 @@ def run_repeated(scenario: str, repeats, run_once: Callable[[], list[dict]]) -> 
         raise UserError(f"repeats={repeats!r} must be a whole number >= 1")
     if count == 1 or scenario not in MEASURED:
         return run_once()
-    return aggregate([run_once() for _ in range(count)])
+    rows = []
+    for index in range(1, count + 1):
+        token = repeat.set(index)
+        try:
+            rows.append(run_once())
+        finally:
+            repeat.reset(token)
+    return aggregate(rows)
 
 
 def interleaved_order(names: list[str], repeats: int):
