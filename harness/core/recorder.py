@@ -11,6 +11,8 @@ a `request_log` is given, one line of requests.jsonl; its sequences are let go u
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from kvbench.core.request_log import RequestLog
@@ -145,7 +147,8 @@ class Recorder:
         weight = np.clip(np.minimum(ends, stop) - np.maximum(ends - dts, start), 0, None)
         if weight.sum() <= 0:
             weight = dts
-        slots = np.asarray(self.kv, dtype=np.int64).reshape(-1, 5)
+        # the steps' tuples read flat: half the time of np.asarray on a list of tuples
+        slots = np.fromiter(chain.from_iterable(self.kv), np.int64, 5 * len(self.kv)).reshape(-1, 5)
         kv = slots / self.num_slots
         token, reserved, internal, rounding = (np.average(kv[:, i], weights=weight) for i in range(4))
         # sharing saves what the block tables name beyond what the pool holds, over the window
