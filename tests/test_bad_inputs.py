@@ -202,6 +202,13 @@ COMPOSE_CASES = [
     (["workload.shuffle=true"], "workload=trace has it: e.g. workload=trace workload.shuffle=true"),
     (["scenario.num_requests=3"], "scenario=serve has it: e.g. scenario=serve scenario.num_requests=3"),
     (["executor.profile=p.csv"], "executor=calibrated has it: e.g. executor=calibrated executor.profile=p.csv"),
+    # an experiment's settings: its own keys, or none (fig2's keys were `did you mean fig12?`)
+    (["+experiment=fig2", "fig2.nope=1"], "fig2.nope: +experiment=fig2 has no settings of its own"),
+    (
+        ["+experiment=fig12", "fig12.nope=1"],
+        "fig12.nope is not a key of +experiment=fig12's settings (its keys: point, rates, duration_s)",
+    ),
+    (["fig12.point=r2"], "fig12.point is a setting of +experiment=fig12: choose the experiment too"),
 ]
 
 
@@ -312,6 +319,7 @@ RUN_CASES = [
     (["workload.path=FILES/timed.csv"], "is read by workload=trace only; workload=sharegpt would ignore it"),
     (["+workload.shuffle=true"], "workload.shuffle=true is read by workload=trace only"),
     (["+workload.input_len=10"], "not a key of workload=sharegpt; workload=fixed and workload=uniform have it"),
+    (["+fig12.point=r2"], "fig12.point is a setting of +experiment=fig12, which this run does not choose"),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+from importlib import resources
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -72,6 +73,40 @@ def _check(model: type[BaseModel], data, group: str):
             if elsewhere:
                 raise UserError(elsewhere) from None
         raise UserError(validation_line(err, group, model)) from None
+
+
+def experiments() -> dict[str, list[str]]:
+    """`+experiment=NAME`'s names (conf/experiment/*.yaml), each with the keys of its own
+    settings section (`fig12: {point, rates, duration_s}`; none for most)."""
+    import yaml
+
+    folder = resources.files("kvbench.conf").joinpath("experiment")
+    found = {}
+    for entry in sorted(folder.iterdir(), key=lambda entry: entry.name):
+        if entry.name.endswith(".yaml"):
+            name = entry.name.removesuffix(".yaml")
+            section = (yaml.safe_load(entry.read_text()) or {}).get(name)
+            found[name] = list(section) if isinstance(section, dict) else []
+    return found
+
+
+def experiment_key_line(key: str) -> str | None:
+    """For a key under an experiment's name (fig12.point, fig2.x): what is wrong with it; None for
+    a key under anything else, or deeper than an experiment's own settings."""
+    name, _, rest = key.partition(".")
+    known = experiments()
+    if name not in known or "." in rest:
+        return None
+    own = known[name]
+    if not own:
+        with_settings = [n for n, keys in known.items() if keys]
+        return (
+            f"{key}: +experiment={name} has no settings of its own (those with settings: "
+            f"{', '.join(with_settings)}); the run's own keys (workload.*, seed, ...) apply to it"
+        )
+    if rest and rest in own:
+        return f"{key} is a setting of +experiment={name}: choose the experiment too (+experiment={name} {key}=...)"
+    return unknown_key(key, own, f"+experiment={name}'s settings")
 
 
 def elsewhere_line(group: str, key: str, value, chosen: str | None = None) -> str | None:
@@ -183,7 +218,19 @@ def validate(cfg: DictConfig | dict) -> dict:
             section = section_named(key)
             if section is not None:
                 raise UserError(f"{key} is not a section of the config; did you mean {section}?")
+            nested = data[key] if isinstance(data[key], dict) else {}
+            about_experiment = experiment_key_line(f"{key}.{next(iter(nested), '')}".rstrip("."))
+            if about_experiment:
+                raise UserError(about_experiment)
             raise UserError(unknown_key(key, known, "the config"))
+    paper = (data.get("report") or {}).get("paper")
+    for name, own in experiments().items():  # +fig12.point=r2 alone: settings nothing reads
+        if own and isinstance(data.get(name), dict) and paper != name:  # (a value, not a section: Root's types)
+            first = next(iter(data[name]), "KEY")
+            raise UserError(
+                f"{name}.{first} is a setting of +experiment={name}, which this run does not choose: "
+                f"add +experiment={name}"
+            )
     for group in (*SINGLE_GROUPS, *OPTION_GROUPS):
         if data.get(group) is None:
             raise UserError(f"{group} is required: choose one with {group}=NAME (bench --help lists them)")

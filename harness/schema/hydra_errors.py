@@ -6,7 +6,15 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel
 
-from kvbench.schema import OPTION_GROUPS, SINGLE_GROUPS, elsewhere_line, groups, section_named, top_level_keys
+from kvbench.schema import (
+    OPTION_GROUPS,
+    SINGLE_GROUPS,
+    elsewhere_line,
+    experiment_key_line,
+    groups,
+    section_named,
+    top_level_keys,
+)
 from kvbench.schema.messages import closest, unknown_key
 
 LAUNCHERS = (
@@ -50,6 +58,9 @@ def _unknown_key(full_key: str, add: str = "") -> str:
     group, _, rest = full_key.partition(".")
     if not rest:
         return unknown_key(full_key, top_level_keys(), "the config")
+    about_experiment = experiment_key_line(full_key)
+    if about_experiment:
+        return about_experiment
     if group not in top_level_keys():  # goodput.ttft_ms: the section is what is unknown
         section = section_named(group)
         if section is not None:
