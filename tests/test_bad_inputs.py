@@ -487,3 +487,10 @@ def test_a_key_only_some_options_have_is_set_by_each_of_their_configs():
             config = yaml.safe_load(resources.files("kvbench.conf").joinpath(group, f"{name}.yaml").read_text())
             unset = sorted(set(model.model_fields) - shared - set(config))
             assert unset == [], f"conf/{group}/{name}.yaml does not set {unset}"
+
+
+def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
+    """validate() refuses an experiment's table without its experiment from Root's list, which
+    spares every run reading conf/experiment; the list must be the YAMLs' own."""
+    assert set(groups.Root.experiment_sections) == {name for name, keys in schema.experiments().items() if keys}
+    assert set(groups.Root.experiment_sections) <= set(groups.Root.model_fields)

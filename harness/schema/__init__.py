@@ -23,6 +23,7 @@ its class's constructor: unknown options are refused with the ones it accepts.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from importlib import resources
@@ -75,6 +76,7 @@ def _check(model: type[BaseModel], data, group: str):
         raise UserError(validation_line(err, group, model)) from None
 
 
+@functools.cache
 def experiments() -> dict[str, list[str]]:
     """`+experiment=NAME`'s names (conf/experiment/*.yaml), each with the keys of its own
     settings section (`fig12: {point, rates, duration_s}`; none for most)."""
@@ -224,8 +226,8 @@ def validate(cfg: DictConfig | dict) -> dict:
                 raise UserError(about_experiment)
             raise UserError(unknown_key(key, known, "the config"))
     paper = (data.get("report") or {}).get("paper")
-    for name, own in experiments().items():  # +fig12.point=r2 alone: settings nothing reads
-        if own and isinstance(data.get(name), dict) and paper != name:  # (a value, not a section: Root's types)
+    for name in groups.Root.experiment_sections:  # +fig12.point=r2 alone: settings nothing reads
+        if isinstance(data.get(name), dict) and paper != name:  # (a value, not a section: Root's types)
             first = next(iter(data[name]), "KEY")
             raise UserError(
                 f"{name}.{first} is a setting of +experiment={name}, which this run does not choose: "
