@@ -117,6 +117,16 @@ def test_a_trace_header_s_spaces_are_not_part_of_its_names(tmp_path):
     assert [(r.prompt_len, r.output_len) for r in requests] == [(10, 5), (20, 6)]
 
 
+def test_a_trace_saved_by_a_spreadsheet_with_a_byte_order_mark_reads_as_any_other(tmp_path):
+    from kvbench.core.workload import trace_has_arrival_times
+
+    path = tmp_path / "trace.csv"
+    path.write_bytes("\ufeffarrival_s,input_len,output_len\n0.0,10,5\n1.5,20,6\n".encode())
+    assert trace_has_arrival_times(str(path))  # so rate is not read (the header's first name)
+    requests = generate({"kind": "trace", "path": str(path), "rate": 99.0}, seed=0, max_model_len=2048)
+    assert [(r.arrival_s, r.prompt_len) for r in requests] == [(0.0, 10), (1.5, 20)]
+
+
 def test_a_vidur_trace_s_arrived_at_gives_the_arrivals(tmp_path):
     path = trace(tmp_path, "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n1.5,20,6\n")
     requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)

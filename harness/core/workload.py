@@ -104,7 +104,7 @@ def trace_has_arrival_times(path: str) -> bool:
     """Whether the trace's header names an arrival-time column (then `rate` and `burstiness` are
     not read); False for a file that cannot be read, which load_trace then refuses."""
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is no header
             header = [name.strip() for name in next(csv.reader(f), [])]
     except (OSError, UnicodeDecodeError, csv.Error):
         return False
@@ -137,7 +137,7 @@ def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
     if not os.path.isfile(path):
         raise UserError(f"trace file {path!r} does not exist")
     rows = []
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is no header
         reader = csv.DictReader(f)
         if reader.fieldnames:  # ` input_len , output_len `: the names without their spaces
             reader.fieldnames = [name.strip() for name in reader.fieldnames]
