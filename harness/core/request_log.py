@@ -16,6 +16,8 @@ the gaps as float64), and the helper follows the spool as it grows and writes th
 (the last buffer's worth: milliseconds) and remove the spool, checks that it wrote every
 request, and renames its file; where the helper failed or fell silent, the run converts the spool itself. Both paths
 write the same bytes (`_line`), so a run's requests.jsonl does not depend on which wrote it.
+While the run goes on, the spool takes disk beside the log: about 0.65x of the log's size
+(27 MB for 10,000 ShareGPT requests, whose log is 42 MB), removed when the run ends.
 """
 
 from __future__ import annotations
