@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import kvbench
 from kvbench import launch, schema, sweep
+from kvbench.core import request_log
 from kvbench.errors import UserError, exit_interrupted, exit_with, one_line, reportable
 from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
@@ -157,7 +158,12 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
                 f"report.paper={paper} compares a sweep with the paper when the sweep ends; run "
                 f"+experiment={paper} (the paper's sweep), or add -m"
             )
-        rows, status, reason = run_checked(cfg, out_dir), "ok", ""
+        # the helper of this single run of `bench` writes its requests.jsonl (core/request_log)
+        token = request_log.follower.set(launch.run_helper())
+        try:
+            rows, status, reason = run_checked(cfg, out_dir), "ok", ""
+        finally:
+            request_log.follower.reset(token)
     else:
         try:
             current = sweep.fingerprint(cfg, not_measured())

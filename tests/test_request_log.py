@@ -163,3 +163,13 @@ def test_a_helper_given_a_spool_but_never_its_end_drops_it_and_answers_its_job(t
     assert helper.result() == {"written": []}
     del log
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_follower_late_to_a_run_that_failed_makes_no_file_again(tmp_path):
+    """The run removed its files (it failed at once) before the follower opened them: following
+    fails, and the removed log is not made again in the run's folder."""
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    spool.write_bytes(b"")
+    with pytest.raises(FileNotFoundError):
+        follow_spool(str(spool), str(out), lambda: 0)
+    assert not out.exists()

@@ -161,7 +161,12 @@ def run_bench(monkeypatch, tmp_path, cpus: int) -> list:
     class Recorded(launch.Helper):
         def __init__(self, kind):
             super().__init__(kind)
+            self.answers = []
             started.append(self)
+
+        def ask(self, message, timeout_s):
+            self.answers.append(super().ask(message, timeout_s))
+            return self.answers[-1]
 
     monkeypatch.setattr(launch, "Helper", Recorded)
     monkeypatch.setattr(launch, "usable_cpus", lambda: cpus)
@@ -177,9 +182,12 @@ def run_bench(monkeypatch, tmp_path, cpus: int) -> list:
     return started
 
 
-def test_bench_on_two_cores_has_its_helper_draw_the_figure(monkeypatch, tmp_path):
+def test_bench_on_two_cores_has_its_helper_draw_the_figure_and_write_the_requests(monkeypatch, tmp_path):
     (helper,) = run_bench(monkeypatch, tmp_path, cpus=2)
     assert helper.sent and helper._process.returncode == 0  # it drew the figure and left
+    assert helper.answers == [{"written": 5}]  # and wrote the 5 requests' lines from the run's spool
+    assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 5
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".requests")) == []
     assert launch.current() is None
 
 

@@ -28,6 +28,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Protocol
 
@@ -149,6 +150,11 @@ class SpooledRequestLog(RequestLog):
         return self._publish()
 
 
+# who follows a run's spool: set by the command for its single run (kvbench.cli: `bench`'s
+# helper), read where the run opens its log (scenarios/build); None everywhere else
+follower: ContextVar[Follower | None] = ContextVar("follower", default=None)
+
+
 def open_request_log(path: Path, follower: Follower | None = None) -> RequestLog:
     """The run's log: spooled for `follower` where there is one that takes it, else written here."""
     if follower is not None:
@@ -179,10 +185,12 @@ def follow_spool(
     """Write the lines of the requests in `spool` into `out` (an existing file, truncated), reading
     the spool as it grows until it is whole: `size()` says its final size, None while it grows.
     Returns how many requests it wrote; gives up (None) as soon as `stop()` is True. Raises
-    ValueError where the spool ends inside a request. `out` is appended to as it is (see
-    _temp_beside on truncating it here)."""
+    ValueError where the spool ends inside a request, FileNotFoundError where either file is
+    gone. `out` is appended to as it is (see _temp_beside on truncating it here)."""
     written, pending, read = 0, b"", 0
-    with open(spool, "rb") as source, open(out, "ab", buffering=1 << 16) as target:
+    # r+b, not ab: a file the run already removed (it failed at once) must not be made again
+    with open(spool, "rb") as source, open(out, "r+b", buffering=1 << 16) as target:
+        target.seek(0, os.SEEK_END)
         while True:
             chunk = source.read(1 << 20)
             if chunk:

@@ -14,10 +14,9 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench import launch
+from kvbench.core import request_log
 from kvbench.core.engine import Engine
 from kvbench.core.recorder import Recorder
-from kvbench.core.request_log import open_request_log
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.serving_metrics import goodput_slos
 from kvbench.core.spec import Hardware, ModelSpec, kv_capacity_bytes
@@ -130,7 +129,8 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
 
 def build_recorder(cfg: DictConfig) -> Recorder:
     """The point's recorder; a `bench` run's streams requests.jsonl into its run directory (a
-    single run's through `bench`'s helper, which writes the lines on the other core). Each
+    single run's through `bench`'s helper, which writes the lines on the other core, where the
+    command set `request_log.follower`). Each
     repeat of a repeated point writes its own, requests.K.jsonl: its row holds the repeats'
     medians, and each file recomputes its repeat's entries of the `samples` column."""
     report = cfg.get("report") or {}
@@ -139,5 +139,7 @@ def build_recorder(cfg: DictConfig) -> Recorder:
     if cfg.measure.get("save_requests", True) and HydraConfig.initialized():
         index = repeats.repeat.get()
         name = "requests.jsonl" if index is None else f"requests.{index}.jsonl"
-        log = open_request_log(Path(HydraConfig.get().runtime.output_dir) / name, launch.run_helper())
+        log = request_log.open_request_log(
+            Path(HydraConfig.get().runtime.output_dir) / name, request_log.follower.get()
+        )
     return Recorder(float(cfg.measure.warmup_frac), log, slos)
