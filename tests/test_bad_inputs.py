@@ -320,6 +320,11 @@ RUN_CASES = [
     (["+workload.shuffle=true"], "workload.shuffle=true is read by workload=trace only"),
     (["+workload.input_len=10"], "not a key of workload=sharegpt; workload=fixed and workload=uniform have it"),
     (["+fig12.point=r2"], "fig12.point is a setting of +experiment=fig12, which this run does not choose"),
+    (  # it recomputed, and the row said swap
+        ["+allocator=contiguous", "engine.preemption=swap", "workload.num_requests=5"],
+        "engine.preemption=swap: contiguous cannot swap a request out, so its preemptions would recompute; "
+        "allocators that swap: paged",
+    ),
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],

@@ -111,7 +111,13 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
     holds `swap_slots` tokens (default: engine.swap_space_bytes of the model's KV)."""
     allocator = build_allocator(cfg, model, num_slots)
     preemption = str(cfg.engine.preemption)
-    if preemption == "swap" and allocator.supports_swap:
+    if preemption == "swap" and not allocator.supports_swap:  # it would recompute, under swap's name
+        swapping = sorted(n for n, c in default_registry().classes("allocator").items() if c.supports_swap)
+        raise UserError(
+            f"engine.preemption=swap: {allocator.name} cannot swap a request out, so its preemptions "
+            f"would recompute; allocators that swap: {', '.join(swapping)} (or engine.preemption=recompute)"
+        )
+    if preemption == "swap":
         if swap_slots is None:
             swap_slots = int(float(cfg.engine.swap_space_bytes) // model.kv_bytes_per_token)
         allocator.enable_swap(swap_slots)
