@@ -196,7 +196,7 @@ COMPOSE_CASES = [
     (
         ["workload.input_len=10"],
         "workload.input_len is not a key of the chosen workload; workload=fixed and workload=uniform have "
-        "it: e.g. workload=uniform workload.input_len=10",
+        "it: e.g. workload=fixed workload.input_len=10",
     ),
     (["workload=fixed", "workload.range_ratio=0.2"], "workload=uniform has it: e.g. workload=uniform workload."),
     (["workload.shuffle=true"], "workload=trace has it: e.g. workload=trace workload.shuffle=true"),
@@ -209,6 +209,13 @@ COMPOSE_CASES = [
         "fig12.nope is not a key of +experiment=fig12's settings (its keys: point, rates, duration_s)",
     ),
     (["fig12.point=r2"], "fig12.point is a setting of +experiment=fig12: choose the experiment too"),
+    # a plugin's key the chosen plugin lacks (it said no allocator was chosen)
+    (
+        ["+allocator=contiguous", "allocator.prefix_caching=true"],
+        "allocator.prefix_caching is not a key of the chosen allocator; allocator=paged and allocator=hybrid "
+        "have it: e.g. +allocator=paged allocator.prefix_caching=true",
+    ),
+    (["allocator.prefix_caching=true"], "no allocator is chosen: add +allocator=NAME first"),
 ]
 
 
@@ -320,6 +327,7 @@ RUN_CASES = [
     (["+workload.shuffle=true"], "workload.shuffle=true is read by workload=trace only"),
     (["+workload.input_len=10"], "not a key of workload=sharegpt; workload=fixed and workload=uniform have it"),
     (["+fig12.point=r2"], "fig12.point is a setting of +experiment=fig12, which this run does not choose"),
+    (["+allocator=contiguous", "+allocator.prefix_caching=true"], "not a key of allocator=contiguous; allocator=paged"),
     (  # it recomputed, and the row said swap
         ["+allocator=contiguous", "engine.preemption=swap", "workload.num_requests=5"],
         "engine.preemption=swap: contiguous cannot swap a request out, so its preemptions would recompute; "

@@ -67,10 +67,9 @@ def _check(model: type[BaseModel], data, group: str):
         return model.model_validate(data)
     except ValidationError as err:
         error = err.errors(include_url=False)[0]
-        if group in OPTION_GROUPS and error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
-            elsewhere = elsewhere_line(
-                group, str(error["loc"][0]), error.get("input"), data.get(OPTION_GROUPS[group][0])
-            )
+        chooses = OPTION_GROUPS[group][0] if group in OPTION_GROUPS else "name" if group in groups.PLUGINS else None
+        if chooses and error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+            elsewhere = elsewhere_line(group, str(error["loc"][0]), error.get("input"), data.get(chooses))
             if elsewhere:
                 raise UserError(elsewhere) from None
         raise UserError(validation_line(err, group, model)) from None
@@ -113,9 +112,11 @@ def experiment_key_line(key: str) -> str | None:
 
 def elsewhere_line(group: str, key: str, value, chosen: str | None = None) -> str | None:
     """For a key that the chosen option of `group` lacks but others have (workload.input_len on
-    workload=sharegpt): which options have it, and how to choose one. None where every option
+    workload=sharegpt, allocator.prefix_caching on contiguous): which options have it, and how
+    to choose one. None where every option
     has it (an option's config that leaves it unset: add it with +) or none does (a typo)."""
-    options = OPTION_GROUPS[group][1]
+    plugin = group in groups.PLUGINS  # chosen with a + (+allocator=paged)
+    options = groups.PLUGINS[group] if plugin else OPTION_GROUPS[group][1]
     owners = [
         name
         for name, model in options.items()
@@ -126,7 +127,8 @@ def elsewhere_line(group: str, key: str, value, chosen: str | None = None) -> st
     which = f"{group}={chosen}" if chosen else f"the chosen {group}"
     return (
         f"{group}.{key} is not a key of {which}; {' and '.join(f'{group}={o}' for o in owners)} "
-        f"{'has' if len(owners) == 1 else 'have'} it: e.g. {group}={owners[-1]} {group}.{key}={show(value)}"
+        f"{'has' if len(owners) == 1 else 'have'} it: e.g. {'+' if plugin else ''}{group}={owners[0]} "
+        f"{group}.{key}={show(value)}"
     )
 
 

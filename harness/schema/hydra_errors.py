@@ -54,7 +54,8 @@ def _nested(group: str, rest: str) -> tuple[str, list[str]] | None:
     return (where, list(model.model_fields)) if where != group else None
 
 
-def _unknown_key(full_key: str, add: str = "") -> str:
+def _unknown_key(full_key: str, add: str = "", chosen: bool = False) -> str:
+    """`chosen`: the key's group has a node (a plugin group: one is chosen) and lacks the key."""
     group, _, rest = full_key.partition(".")
     if not rest:
         return unknown_key(full_key, top_level_keys(), "the config")
@@ -75,6 +76,10 @@ def _unknown_key(full_key: str, add: str = "") -> str:
     if nested is not None:
         return unknown_key(full_key, nested[1], nested[0])
     if group in groups.PLUGINS and rest in group_fields(group):
+        if chosen:  # a plugin is chosen, and it lacks the key
+            return elsewhere_line(group, rest, add.partition("=")[2] or "VALUE") or unknown_key(
+                full_key, group_fields(group), group
+            )
         return f"{full_key} is an option of a plugin, and no {group} is chosen: add +{group}=NAME first"
     if group in OPTION_GROUPS and "." not in rest:  # a key of other options only
         elsewhere = elsewhere_line(group, rest, add.partition("=")[2] or "VALUE")
@@ -112,7 +117,9 @@ def hydra_line(err: BaseException) -> str | None:
             key, add = message.split("'")[1], message.rsplit("use ", 1)[-1].strip()
             if "No match in the defaults list" in message:  # allocator=paged: a group no default chooses
                 return f"{key} has no default to change: add the group with a + ({add})"
-            return _unknown_key(key, add)
+            group = key.split(".", 1)[0]
+            chosen = cause is not None and f"Key '{group}' is not in struct" not in str(cause)
+            return _unknown_key(key, add, chosen)
         if message.startswith("Ambiguous value for argument"):
             return (
                 f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "
