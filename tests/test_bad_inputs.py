@@ -328,6 +328,17 @@ RUN_CASES = [
     (["+workload.input_len=10"], "not a key of workload=sharegpt; workload=fixed and workload=uniform have it"),
     (["+fig12.point=r2"], "fig12.point is a setting of +experiment=fig12, which this run does not choose"),
     (["+allocator=contiguous", "+allocator.prefix_caching=true"], "not a key of allocator=contiguous; allocator=paged"),
+    # pydantic's words were "a valid dictionary or instance of Sampling", "a valid list"
+    (
+        ["scenario=serve", "model=tiny", "scenario.sampling=nope"],
+        "scenario.sampling=nope must be a section: set its keys, scenario.sampling.KEY=VALUE (its keys: "
+        "temperature, top_p)",
+    ),
+    (
+        ["scenario=serve", "model=tiny", "scenario.cpu_affinity=99"],
+        "scenario.cpu_affinity=99 must be a list: write [a,b]",
+    ),
+    (["report.goodput=5"], "report.goodput=5 must be a section: set its keys, report.goodput.KEY=VALUE"),
     (  # it recomputed, and the row said swap
         ["+allocator=contiguous", "engine.preemption=swap", "workload.num_requests=5"],
         "engine.preemption=swap: contiguous cannot swap a request out, so its preemptions would recompute; "

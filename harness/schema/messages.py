@@ -76,6 +76,8 @@ def allowed(error: dict) -> str:
         return "must be a finite number"
     if error["type"] == "missing":
         return "is required"
+    if error["type"] == "list_type":
+        return "must be a list: write [a,b] (or [] for none)"
     return (
         message.replace("Input should be", "must be")
         .replace("greater than or equal to", ">=")
@@ -103,6 +105,9 @@ def validation_line(err: ValidationError, group: str, model) -> str:
         return unknown_key(key, _fields_at(model, loc), where)
     if error["type"] == "missing":
         return f"{key} is required (set {key}=VALUE)"
+    if error["type"] == "model_type":  # a value where a section goes (scenario.sampling=nope)
+        keys = ", ".join(_fields_at(model, [*loc, ""]))
+        return f"{key}={show(error.get('input'))} must be a section: set its keys, {key}.KEY=VALUE (its keys: {keys})"
     if not loc:  # a check across fields: its message starts with the field it blames, if one
         message = allowed(error)
         blamed = message.split("=", 1)[0]
