@@ -216,6 +216,10 @@ COMPOSE_CASES = [
         "have it: e.g. +allocator=paged allocator.prefix_caching=true",
     ),
     (["allocator.prefix_caching=true"], "no allocator is chosen: add +allocator=NAME first"),
+    (
+        ["fig12=5"],
+        "fig12 is the table of +experiment=fig12's settings: choose the experiment",
+    ),  # was: did you mean fig12?
 ]
 
 
@@ -339,6 +343,7 @@ RUN_CASES = [
         "scenario.cpu_affinity=99 must be a list: write [a,b]",
     ),
     (["report.goodput=5"], "report.goodput=5 must be a section: set its keys, report.goodput.KEY=VALUE"),
+    (["model.name=-5"], "model.name=-5 must be text (a name)"),
     (  # it recomputed, and the row said swap
         ["+allocator=contiguous", "engine.preemption=swap", "workload.num_requests=5"],
         "engine.preemption=swap: contiguous cannot swap a request out, so its preemptions would recompute; "

@@ -57,6 +57,11 @@ def _nested(group: str, rest: str) -> tuple[str, list[str]] | None:
 def _unknown_key(full_key: str, add: str = "", chosen: bool = False) -> str:
     """`chosen`: the key's group has a node (a plugin group: one is chosen) and lacks the key."""
     group, _, rest = full_key.partition(".")
+    if not rest and full_key in groups.Root.experiment_sections:  # fig12=...: the table of an experiment not chosen
+        return (
+            f"{full_key} is the table of +experiment={full_key}'s settings: choose the experiment "
+            f"(+experiment={full_key}) and set its keys, {full_key}.KEY=VALUE"
+        )
     if not rest:
         return unknown_key(full_key, top_level_keys(), "the config")
     about_experiment = experiment_key_line(full_key)

@@ -76,6 +76,8 @@ def allowed(error: dict) -> str:
         return "must be a finite number"
     if error["type"] == "missing":
         return "is required"
+    if error["type"] == "string_type":
+        return "must be text (a name)"
     if error["type"] == "list_type":
         return "must be a list: write [a,b] (or [] for none)"
     return (
@@ -105,6 +107,8 @@ def validation_line(err: ValidationError, group: str, model) -> str:
         return unknown_key(key, _fields_at(model, loc), where)
     if error["type"] == "missing":
         return f"{key} is required (set {key}=VALUE)"
+    if error["type"] == "dict_type":  # an experiment's table (fig12=5)
+        return f"{key}={show(error.get('input'))} must be a section: set its keys, {key}.KEY=VALUE"
     if error["type"] == "model_type":  # a value where a section goes (scenario.sampling=nope)
         keys = ", ".join(_fields_at(model, [*loc, ""]))
         return f"{key}={show(error.get('input'))} must be a section: set its keys, {key}.KEY=VALUE (its keys: {keys})"
