@@ -52,6 +52,10 @@ class InProcessFollower:
     def tell(self, message):
         if not self.takes:
             return False
+        if self.answer_with is not None:  # one that fails: a partial line, then the wrong answer
+            with open(message["out"], "r+b") as out:
+                out.write(b'{"request_id":0,"arr')
+            return True
         self.thread = threading.Thread(target=self._follow, args=(message["spool"], message["out"]))
         self.thread.start()
         return True
@@ -64,9 +68,11 @@ class InProcessFollower:
 
     def ask(self, message, timeout_s):
         assert timeout_s >= 30
+        if self.answer_with is not None:
+            return self.answer_with
         self.size = message["size"]
         self.thread.join()
-        return self.answer_with if self.answer_with is not None else {"written": self.result}
+        return {"written": self.result}
 
     def close(self):
         self.closed = True
@@ -97,7 +103,8 @@ def test_the_spooled_log_writes_the_bytes_the_run_writes_itself(tmp_path):
 @pytest.mark.parametrize(
     "answer", [{"written": 299}, {"error": "ValueError: boom"}, "not a dict"], ids=["short", "error", "garbled"]
 )
-def test_a_follower_that_answers_wrong_is_stopped_and_the_run_converts_the_spool(tmp_path, answer):
+def test_a_follower_that_fails_is_stopped_and_the_run_converts_the_spool(tmp_path, answer):
+    """It left a partial line and answered wrong: the run throws its file away and writes every line."""
     records = requests(300, seed=1)
     write_all(RequestLog(tmp_path / "direct.jsonl"), records)
     follower = InProcessFollower(answer_with=answer)

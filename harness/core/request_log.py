@@ -14,8 +14,9 @@ each request's numbers in binary to a spool file beside the log (a fixed header,
 the gaps as float64), and the helper follows the spool as it grows and writes the lines
 (`follow_spool`) on the other core. When the run ends, the log waits for the helper to catch up
 (the last buffer's worth: milliseconds) and remove the spool, checks that it wrote every
-request, and renames its file; where the helper failed or fell silent, the run converts the spool itself. Both paths
-write the same bytes (`_line`), so a run's requests.jsonl does not depend on which wrote it.
+request, and renames its file; where the helper failed or fell silent, the run converts the
+spool itself. Both paths write the same bytes (`_line`), so a run's requests.jsonl does not
+depend on which wrote it.
 While the run goes on, the spool takes disk beside the log: about 0.65x of the log's size
 (27 MB for 10,000 ShareGPT requests, whose log is 42 MB), removed when the run ends.
 """
@@ -182,11 +183,11 @@ def _convert(buffer: bytes, write: Callable[[bytes], object]) -> tuple[int, int]
 def follow_spool(
     spool: str, out: str, size: Callable[[], int | None], stop: Callable[[], bool] = lambda: False, poll_s=0.002
 ) -> int | None:
-    """Write the lines of the requests in `spool` into `out` (an existing file, truncated), reading
-    the spool as it grows until it is whole: `size()` says its final size, None while it grows.
-    Returns how many requests it wrote; gives up (None) as soon as `stop()` is True. Raises
-    ValueError where the spool ends inside a request, FileNotFoundError where either file is
-    gone. `out` is appended to as it is (see _temp_beside on truncating it here)."""
+    """Append the lines of the requests in `spool` to `out` (an existing file; the caller
+    empties it first where it must: see _temp_beside on truncating), reading the spool as it
+    grows until it is whole: `size()` says its final size, None while it grows. Returns how
+    many requests it wrote; gives up (None) as soon as `stop()` is True. Raises ValueError where
+    the spool ends inside a request, FileNotFoundError where either file is gone."""
     written, pending, read = 0, b"", 0
     # r+b, not ab: a file the run already removed (it failed at once) must not be made again
     with open(spool, "rb") as source, open(out, "r+b", buffering=1 << 16) as target:

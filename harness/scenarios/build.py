@@ -136,9 +136,9 @@ def build_engine(cfg: DictConfig, model, num_slots: int, make_executor, swap_slo
 def build_recorder(cfg: DictConfig) -> Recorder:
     """The point's recorder; a `bench` run's streams requests.jsonl into its run directory (a
     single run's through `bench`'s helper, which writes the lines on the other core, where the
-    command set `request_log.follower`). Each
-    repeat of a repeated point writes its own, requests.K.jsonl: its row holds the repeats'
-    medians, and each file recomputes its repeat's entries of the `samples` column."""
+    command set `request_log.follower`). Each repeat of a repeated point writes its own,
+    requests.K.jsonl: its row holds the repeats' medians, and each file recomputes its repeat's
+    entries of the `samples` column."""
     report = cfg.get("report") or {}
     slos = goodput_slos(OmegaConf.to_container(report["goodput"]) if report.get("goodput") else None)
     log = None
