@@ -70,9 +70,10 @@ def _read_messages(jobs: queue.SimpleQueue, answer) -> None:
         else:
             jobs.put(message)
             break
+    else:
+        jobs.put(None)  # stdin ended without a job
     if spool is not None:
         spool.dropped = True
-    jobs.put(None)
 
 
 def main(kind: str) -> None:

@@ -49,6 +49,10 @@ PLUGIN_GROUPS = tuple(groups.PLUGINS)
 HARNESS_ARGUMENTS = {"self", "num_slots", "max_model_len", "model", "forward", "device", "max_seq_len"}
 
 
+# the experiments with a table of their own settings: Root's `dict | None` fields (fig12, ...)
+EXPERIMENT_SECTIONS = tuple(name for name, field in groups.Root.model_fields.items() if field.annotation == dict | None)
+
+
 def top_level_keys() -> list[str]:
     return [*groups.Root.model_fields, *OPTION_GROUPS, *SINGLE_GROUPS, *PLUGIN_GROUPS]
 
@@ -113,8 +117,8 @@ def experiment_key_line(key: str) -> str | None:
 def elsewhere_line(group: str, key: str, value, chosen: str | None = None) -> str | None:
     """For a key that the chosen option of `group` lacks but others have (workload.input_len on
     workload=sharegpt, allocator.prefix_caching on contiguous): which options have it, and how
-    to choose one. None where every option
-    has it (an option's config that leaves it unset: add it with +) or none does (a typo)."""
+    to choose one. None where every option has it (an option's config that leaves it unset:
+    add it with +) or none does (a typo)."""
     plugin = group in groups.PLUGINS  # chosen with a + (+allocator=paged)
     options = groups.PLUGINS[group] if plugin else OPTION_GROUPS[group][1]
     owners = [
@@ -228,7 +232,7 @@ def validate(cfg: DictConfig | dict) -> dict:
                 raise UserError(about_experiment)
             raise UserError(unknown_key(key, known, "the config"))
     paper = (data.get("report") or {}).get("paper")
-    for name in groups.Root.experiment_sections:  # +fig12.point=r2 alone: settings nothing reads
+    for name in EXPERIMENT_SECTIONS:  # +fig12.point=r2 alone: settings nothing reads
         if isinstance(data.get(name), dict) and paper != name:  # (a value, not a section: Root's types)
             first = next(iter(data[name]), "KEY")
             raise UserError(

@@ -442,8 +442,6 @@ class Root(Section):
     fig13: dict | None = Field(None, description="+experiment=fig13's rate and arrivals per workload")
     fig14_15: dict | None = Field(None, description="+experiment=fig14_15's sharing mode, width and arrivals")
     fig18: dict | None = Field(None, description="+experiment=fig18's rate and arrivals per workload")
-    # the experiments whose YAML has such a table (a test keeps this in step with conf/experiment)
-    experiment_sections: ClassVar[tuple[str, ...]] = ("fig12", "fig13", "fig14_15", "fig18")
 
     @field_validator("batch", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel
 
 from kvbench.schema import (
+    EXPERIMENT_SECTIONS,
     OPTION_GROUPS,
     SINGLE_GROUPS,
     elsewhere_line,
@@ -57,7 +58,7 @@ def _nested(group: str, rest: str) -> tuple[str, list[str]] | None:
 def _unknown_key(full_key: str, add: str = "", chosen: bool = False) -> str:
     """`chosen`: the key's group has a node (a plugin group: one is chosen) and lacks the key."""
     group, _, rest = full_key.partition(".")
-    if not rest and full_key in groups.Root.experiment_sections:  # fig12=...: the table of an experiment not chosen
+    if not rest and full_key in EXPERIMENT_SECTIONS:  # fig12=...: the table of an experiment not chosen
         return (
             f"{full_key} is the table of +experiment={full_key}'s settings: choose the experiment "
             f"(+experiment={full_key}) and set its keys, {full_key}.KEY=VALUE"
