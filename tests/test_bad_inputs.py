@@ -258,6 +258,15 @@ CROSS_CASES = [
     (["scenario=kernel", "model=tiny", "batch=100000000d1k"], "scenario=kernel with model=tiny would allocate"),
     (["scenario=kernel", "model=llama-3-70b", "batch=1000000d8k"], "would allocate"),
     (["workload.num_requests=100000000"], "would allocate"),
+    # the scenarios that build a real model: the host would run out of memory part-way
+    (["scenario=profile"], "scenario=profile with model=opt-13b would allocate about"),
+    (["scenario=profile", "model=llama-3-8b", "scenario.kv_cache_tokens=16"], "weights (fp32) 35.3 GB"),
+    (["scenario=validate"], "scenario=validate with model=opt-13b would allocate about"),
+    # validate's changes to its serve and profile runs, checked as those scenarios check them
+    (["scenario=validate", "model=tiny", "+scenario.serve.bogus=1"], "scenario.serve.bogus is not a key of scenario.serve"),
+    (["scenario=validate", "model=tiny", "+scenario.serve.dtype=fp64"], "scenario.serve.dtype=fp64 must be 'auto'"),
+    (["scenario=validate", "model=tiny", "+scenario.profiling.repeats=0"], "scenario.profiling.repeats=0 must be >= 1"),
+    (["scenario=validate", "model=tiny", "scenario.serve.clock=bogus"], "scenario.serve.clock=bogus must be 'wall' or"),
     (["batch=0d1k"], "batch=0d1k"),
     (["batch=4x1k"], "bad part '4x1k'"),
     (["batch=4d1k:w0"], "bad window"),

@@ -10,6 +10,7 @@ inf = every request at t=0); booleans accept only true / false; integers accept 
 from __future__ import annotations
 
 import math
+import typing
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -21,8 +22,10 @@ from pydantic import (
     Field,
     StrictBool,
     field_validator,
+    create_model,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from kvbench.schema.messages import show
 
@@ -320,6 +323,27 @@ class Profile(Section):
     out_dir: str | None = None
 
 
+def changes_to(section: type[Section], name: str) -> type[Section]:
+    """`section`'s keys, each unset unless given: the changes validate makes to the serve and
+    profile scenarios it runs (`serve:`, `profiling:`), checked as those scenarios check them."""
+    (scenario,) = typing.get_args(section.model_fields["name"].annotation)
+    fields = {
+        key: (
+            info.annotation | None,
+            FieldInfo.merge_field_infos(
+                info, default=None, description=f"scenario={scenario}'s {key} (scenario.{key}), for validate's runs"
+            ),
+        )
+        for key, info in section.model_fields.items()
+        if key != "name"
+    }
+    return create_model(name, __base__=Section, **fields)
+
+
+ServeChanges = changes_to(Serve, "ServeChanges")
+ProfileChanges = changes_to(Profile, "ProfileChanges")
+
+
 class Validate(Section):
     name: Literal["validate"]
     profile: str | None = None
@@ -329,8 +353,8 @@ class Validate(Section):
     probe_every: Int = Field(200, ge=1, le=10**9)
     replay_window: Int = Field(101, ge=1, le=10**6)
     out_dir: str | None = None
-    serve: dict = {}
-    profiling: dict = {}
+    serve: ServeChanges = ServeChanges()
+    profiling: ProfileChanges = ProfileChanges()
 
 
 class Kernel(Section):

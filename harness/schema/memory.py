@@ -53,6 +53,22 @@ def _serve_weights(model, dtype_bytes: int) -> float:
     return params * dtype_bytes + model.max_model_len * model.head_dim * 4  # + the RoPE tables
 
 
+# conf/scenario/serve.yaml's and profile.yaml's, which validate's serve and profile runs start from
+SERVE_SWAP_SPACE_TOKENS = 8192
+PROFILE_KV_CACHE_TOKENS = 65536
+
+
+def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
+    """(the weights' part name and bytes, KV bytes per token) of the real model a scenario builds
+    in `dtype`: on the host first, in fp32 (torch's default) unless a dtype is set."""
+    dtype = {"auto": "fp32"}.get(dtype, dtype)
+    return (f"weights ({dtype})", _serve_weights(model, DTYPE_BYTES[dtype])), _kv_bytes_per_token(model, DTYPE_BYTES[dtype])
+
+
+def _given(value, default):
+    return default if value is None else value
+
+
 def _num_requests(workload, scenario) -> float:
     if workload.num_requests is not None:
         count = workload.num_requests
@@ -70,17 +86,25 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
     requests = _num_requests(workload, scenario)
     parts["requests"] = requests * REQUEST_BYTES + workload.num_prefixes * (workload.prefix_len * 8 + 128)
     block_size = int(allocator.get("block_size", 16) or 16)
-    if scenario.name == "serve":
-        dtype = {"auto": "fp32"}.get(scenario.dtype, scenario.dtype)
-        per_token = _kv_bytes_per_token(model, DTYPE_BYTES[dtype])
-        slots = (
-            root.engine.kv_cache_bytes // per_token
-            if root.engine.kv_cache_bytes is not None
-            else scenario.kv_cache_tokens
-        )
-        parts[f"weights ({dtype})"] = _serve_weights(model, DTYPE_BYTES[dtype])
-        parts["KV cache"] = slots * per_token
-        parts["swap pool"] = scenario.swap_space_tokens * per_token
+    if scenario.name in ("serve", "profile"):
+        weights, per_token = _real_model(model, scenario.dtype)
+        parts[weights[0]] = weights[1]
+        if scenario.name == "serve":
+            kv_bytes = root.engine.kv_cache_bytes
+            parts["KV cache"] = (kv_bytes // per_token if kv_bytes is not None else scenario.kv_cache_tokens) * per_token
+            parts["swap pool"] = scenario.swap_space_tokens * per_token
+            parts["prompt tokens"] = requests * model.max_model_len * 8
+        else:
+            parts["KV cache"] = scenario.kv_cache_tokens * per_token
+    elif scenario.name == "validate":
+        # It keeps a probe model for the whole run and builds one more at a time: the profile's
+        # (unless scenario.profile names a profile.csv), then the serve runs', each with its pool.
+        serve, profiling = scenario.serve, scenario.profiling  # changes: None where unset
+        weights, per_token = _real_model(model, serve.dtype or "auto")
+        serve_kv = scenario.kv_cache_tokens + _given(serve.swap_space_tokens, SERVE_SWAP_SPACE_TOKENS)
+        profile_kv = 0 if scenario.profile else _given(profiling.kv_cache_tokens, PROFILE_KV_CACHE_TOKENS)
+        parts[f"{weights[0]} x2"] = 2 * weights[1]
+        parts["KV cache"] = max(serve_kv, profile_kv) * per_token
         parts["prompt tokens"] = requests * model.max_model_len * 8
     elif scenario.name == "kernel":
         from kvbench.scenarios.batch_spec import parse
