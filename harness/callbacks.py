@@ -38,6 +38,15 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         plots = config.get("plots", "auto") is not False
+        if not any(sweep_dir.glob("*/metrics.csv")):  # every point leaves one, a failed point too
+            if self.lock is not None:
+                self.lock.release()
+            exit_with(
+                UserError(
+                    "the sweep has no points: a value list on the command line is empty (range() with "
+                    "start >= stop or a step of the wrong sign, a glob() that matches no option)"
+                )
+            )
         try:
             # done by the helper `bench` started, where there is one that did it (its imports
             # loaded while the points ran); else, or where it failed, here

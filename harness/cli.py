@@ -150,7 +150,26 @@ def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
         return run_point(cfg)
 
 
+def refuse_deleted_keys() -> None:
+    """`~key` deletes a key or section that every run reads (a group's choice may go: `~allocator`)."""
+    deleted = [item for item in HydraConfig.get().overrides.task if item.startswith("~")]
+    if not deleted:
+        return
+    from kvbench.schema.docs import schema_fields
+
+    conf, read = resources.files("kvbench.conf"), schema_fields()
+    for item in deleted:
+        key = split_override(item)[0]
+        if "/" in key or (conf / key).is_dir() or key in schema.PLUGIN_GROUPS:
+            continue
+        if key in read:
+            raise UserError(f"{item} deletes a key every run reads: set it instead ({key}=VALUE)")
+        if any(field.startswith(f"{key}.") for field in read):
+            raise UserError(f"{item} deletes a section every run reads: set its keys instead ({key}.KEY=VALUE)")
+
+
 def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None:
+    refuse_deleted_keys()
     if not multirun:
         paper = OmegaConf.select(cfg, "report.paper")
         if paper:  # written by SweepSummary, at a sweep's end: a single run would end without it

@@ -373,6 +373,20 @@ RUN_CASES = [
     (["--bogus-flag"], "bench: unrecognized arguments: --bogus-flag"),
     (["hydra/launcher=submitit_slurm"], "unknown hydra/launcher 'submitit_slurm'"),
     (["~model"], "model is required: choose one with model=NAME"),
+    # these ended in a traceback: a KeyError where the run read the key, Hydra's ValueError
+    (["~workload.rate"], "~workload.rate deletes a key every run reads: set it instead (workload.rate=VALUE)"),
+    (["~measure"], "~measure deletes a section every run reads: set its keys instead (measure.KEY=VALUE)"),
+    (["=5"], "an override has no key (=VALUE): write KEY=VALUE"),
+    (["=alpaca"], "an override has no key (=VALUE): write KEY=VALUE"),  # was "+=alpaca"
+    (["-m", "seed=range(0,3,0)", "hydra.sweep.dir=FILES/sweep-c"], "range(start, stop, step) needs a step other"),
+    (["-m", "workload.rate=range(1,1)", "hydra.sweep.dir=FILES/sweep-d"], "the sweep has no points: a value list"),
+    # a request whose sequences cannot decode in one step's budget ran until no sequence could run
+    (
+        ["workload.n=4", "scheduler.max_num_batched_tokens=3", "scheduler.chunked_prefill=true", "workload.num_requests=5"],
+        "a request of 4 sequences (workload.n / workload.beam_width) decodes 4 tokens a step",
+    ),
+    # it said the 15,808-slot pool was smaller than a 1,984-slot request
+    (["+allocator=paged", "allocator.watermark=0.95", "workload.num_requests=5"], "keeps 15008 of them free"),
     (["~workload"], "workload is required"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
 ]

@@ -45,6 +45,13 @@ class Engine:
     def check_fits(self, requests: list[Request]) -> None:
         longest = max(r.max_tokens for r in requests)
         if not self.allocator.can_ever_admit(longest):
+            kept = getattr(self.allocator, "watermark_blocks", 0) * self.allocator.block_size
+            if kept and self.allocator.footprint(longest) <= self.allocator.num_slots:
+                raise UserError(
+                    f"the KV pool ({self.allocator.num_slots} token slots) keeps {kept} of them free "
+                    f"(allocator.watermark), so a {longest}-token request ({self.allocator.footprint(longest)} "
+                    f"slots) can never be admitted; lower allocator.watermark or give more memory"
+                )
             raise UserError(
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
                 f"{self.allocator.name} needs {self.allocator.footprint(longest)} slots for a "
@@ -56,6 +63,12 @@ class Engine:
             raise UserError(
                 f"a request of {widest} sequences (workload.n / workload.beam_width) can never run with "
                 f"scheduler.max_num_seqs={self.scheduler.max_num_seqs}; raise it to at least {widest}"
+            )
+        if widest > self.scheduler.max_num_batched_tokens:  # its sequences decode in the same step
+            raise UserError(
+                f"a request of {widest} sequences (workload.n / workload.beam_width) decodes {widest} tokens "
+                f"a step, which scheduler.max_num_batched_tokens={self.scheduler.max_num_batched_tokens} "
+                f"never allows; raise it to at least {widest}"
             )
         if not allocator.can_ever_admit(longest, widest):  # a preempted request comes back whole
             raise UserError(

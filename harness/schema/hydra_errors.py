@@ -121,6 +121,8 @@ def hydra_line(err: BaseException) -> str | None:
         message = str(err)
         if message.startswith("Could not override '"):
             key, add = message.split("'")[1], message.rsplit("use ", 1)[-1].strip()
+            if not key:  # `=alpaca`
+                return "an override has no key (=VALUE): write KEY=VALUE"
             if "No match in the defaults list" in message:  # allocator=paged: a group no default chooses
                 return f"{key} has no default to change: add the group with a + ({add})"
             group = key.split(".", 1)[0]
@@ -140,4 +142,18 @@ def hydra_line(err: BaseException) -> str | None:
         return f"{full_key}: {_first(err)}" if full_key else _first(err)
     if isinstance(err, HydraException):
         return " ".join([_first(err), _first(cause) if cause else ""]).strip()
+    if isinstance(err, ValueError) and _raised_in_hydra(err):  # a value Hydra's parser took but cannot use
+        message = str(err)
+        if message.startswith("range() arg 3 must not be zero"):
+            return "range(start, stop, step) needs a step other than 0"
+        if message.startswith("Config group override must be a string"):
+            return "an override has no key (=VALUE): write KEY=VALUE"
+        return f"cannot use the overrides: {_first(err)}"
     return None
+
+
+def _raised_in_hydra(err: BaseException) -> bool:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "/hydra/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
