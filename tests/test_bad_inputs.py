@@ -315,6 +315,12 @@ RUN_CASES = [
     (["workload=trace", "workload.path=FILES/nan.csv"], "nan.csv row 2"),
     (["workload=trace", "workload.path=FILES/long.csv"], "more than max_model_len=2048"),
     (["workload=fixed", "workload.input_len=2000", "workload.output_len=100"], "more than max_model_len=2048"),
+    # no Poisson arrival within duration_s: an IndexError
+    (["workload=trace", "workload.path=FILES/three.csv", "workload.duration_s=0.0001"], "the workload has no requests"),
+    (  # it said max_model_len=8
+        ["workload=trace", "workload.path=FILES/three.csv", "workload.prefix_len=2040"],
+        "every row has more than max_model_len=2048 less workload.prefix_len=2040: 8 tokens",
+    ),
     (["+allocator=contiguous", "engine.kv_cache_bytes=1e8", "workload.num_requests=5"], "smaller than one request"),
     (["scheduler.max_num_batched_tokens=10", "workload.num_requests=5"], "exceeds scheduler.max_num_batched_tokens=10"),
     (["profile=true", "workload.num_requests=5"], "profile=true traces torch operators"),
@@ -401,6 +407,7 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "negative.csv").write_text("input_len,output_len\n-3,20\n")
     (files / "nan.csv").write_text("input_len,output_len,arrival_s\n3,20,nan\n")
     (files / "long.csv").write_text("input_len,output_len\n3000,20\n")
+    (files / "three.csv").write_text("input_len,output_len\n10,20\n30,40\n50,60\n")
     (files / "timed.csv").write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n10,20,0.0\n30,40,0.5\n")
     assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
 

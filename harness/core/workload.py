@@ -189,18 +189,20 @@ def trace_requests(
     """
     path = cfg.get("path")
     rows = load_trace(path)
+    prefix = int(cfg.get("prefix_len", 0) or 0)  # max_len is what the shared prefix leaves of max_model_len
+    limit = f"max_model_len={max_len + prefix} less workload.prefix_len={prefix}: {max_len}" if prefix else f"max_model_len={max_len}"
     too_long = [r for r in rows if r[0] + r[1] > max_len]
     if cfg.get("strict") and too_long:
         i, o, _, line = too_long[0]
         raise UserError(
-            f"trace {path} row {line}: {i} input + {o} output tokens exceed max_model_len="
-            f"{max_len} (workload.strict=true; false drops such rows and counts them)"
+            f"trace {path} row {line}: {i} input + {o} output tokens exceed {limit} "
+            f"(workload.strict=true; false drops such rows and counts them)"
         )
     kept = [r for r in rows if r[0] + r[1] <= max_len]
     if not kept:
         i, o, _, line = min(rows, key=lambda r: r[0] + r[1])
         raise UserError(
-            f"trace {path}: every row has more than max_model_len={max_len} tokens "
+            f"trace {path}: every row has more than {limit} tokens "
             f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len"
         )
     if kept[0][2] is not None:  # load_trace: every row has its arrival time, or none has
@@ -216,13 +218,14 @@ def trace_requests(
         if count is not None and count > len(kept):
             raise UserError(
                 f"workload.num_requests={count} but trace {path} has only {len(kept)} rows "
-                f"that fit max_model_len={max_len}"
+                f"that fit {limit}"
             )
         if count is None and (duration is None or math.isinf(rate)):
             count = len(kept)
         times = arrivals(rng, rate, burstiness, count, duration)[: len(kept)]
         taken = kept[: len(times)]
-        last = taken[-1][3] if len(taken) < len(kept) else math.inf  # the file was read to its end
+        # the line after which no row was read: the file's end, or none (no arrival in duration)
+        last = (taken[-1][3] if taken else -math.inf) if len(taken) < len(kept) else math.inf
         dropped = sum(1 for r in too_long if r[3] < last)
     if cfg.get("shuffle"):
         taken = [taken[i] for i in rng.permutation(len(taken))]
