@@ -98,7 +98,10 @@ READ_ONLY_BY = {
     "engine": ("simulate", "serve", "profile", "validate"),
     "measure": ("simulate", "serve", "validate"),
     "report.goodput": ("simulate", "serve", "validate"),  # the recorder's SLOs; report.* else is a sweep's
+    "repeats": ("serve", "kernel"),  # a simulated point is exact for its seed: it runs once (scenarios/repeats)
 }
+# read at a sweep's end (summary, report, paper comparison): a single run would ignore them
+SWEEP_END_KEYS = ("report.paper", "report.baseline", "report.slo_s_per_token")
 
 
 def refuse_unread_overrides(cfg: DictConfig) -> None:
@@ -177,6 +180,9 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
                 f"report.paper={paper} compares a sweep with the paper when the sweep ends; run "
                 f"+experiment={paper} (the paper's sweep), or add -m"
             )
+        for key, value in map(split_override, HydraConfig.get().overrides.task):
+            if key in SWEEP_END_KEYS:
+                raise UserError(f"{key}={value} is read when a sweep ends (its report); a single run would ignore it: add -m, or drop it")
         # the helper of this single run of `bench` writes its requests.jsonl (core/request_log)
         token = request_log.follower.set(launch.run_helper())
         try:
@@ -294,6 +300,7 @@ def composing_once(args):
         loader = loader.config_loader if loader is not None else self.config_loader
         for overrides in batch:
             checked[tuple(overrides)] = compose(loader, master_config=self.config, sweep_overrides=list(overrides))
+        refuse_absent_baseline(batch, [checked[tuple(overrides)] for overrides in batch])
 
     def load_sweep_config(self, master_config, sweep_overrides):
         config = checked.pop(tuple(sweep_overrides), None)
@@ -313,6 +320,17 @@ def composing_once(args):
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+
+
+def refuse_absent_baseline(batch, configs) -> None:
+    """Before a sweep's first point: a report.baseline given that no point's allocator is (its
+    report would end the sweep with this error, every point run)."""
+    asked = {value for overrides in batch for key, value in map(split_override, overrides) if key == "report.baseline"}
+    systems = [str(name) for name in (OmegaConf.select(c, "allocator.name", default=None) for c in configs) if name]
+    for name in asked - set(systems):
+        raise UserError(
+            f"report.baseline={name} is not in the sweep; its allocators: {', '.join(dict.fromkeys(systems)) or 'none'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

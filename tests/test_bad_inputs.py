@@ -383,6 +383,10 @@ RUN_CASES = [
     (["~workload.rate"], "~workload.rate deletes a key every run reads: set it instead (workload.rate=VALUE)"),
     (["~measure"], "~measure deletes a section every run reads: set its keys instead (measure.KEY=VALUE)"),
     (["=5"], "an override has no key (=VALUE): write KEY=VALUE"),
+    # settings that the run recorded as its columns but never read
+    (["repeats=3", "workload.num_requests=5"], "repeats is read by scenario=serve or kernel only"),
+    (["report.baseline=paged", "workload.num_requests=5"], "report.baseline=paged is read when a sweep ends"),
+    (["report.slo_s_per_token=0.2"], "report.slo_s_per_token=0.2 is read when a sweep ends"),
     (["=alpaca"], "an override has no key (=VALUE): write KEY=VALUE"),  # was "+=alpaca"
     (["-m", "seed=range(0,3,0)", "hydra.sweep.dir=FILES/sweep-c"], "range(start, stop, step) needs a step other"),
     (["-m", "workload.rate=range(1,1)", "hydra.sweep.dir=FILES/sweep-d"], "the sweep has no points: a value list"),

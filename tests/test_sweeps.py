@@ -210,6 +210,28 @@ def test_plots_and_progress_name_no_point_and_a_rerun_that_only_draws_skips_ever
     assert (tmp_path / "sweep" / "kv_breakdown.png").is_file()
 
 
+def test_how_a_sweep_is_reported_names_no_point_and_a_baseline_it_lacks_is_refused_before_any_point(
+    tmp_path, monkeypatch, capsys
+):
+    report = ("report.baseline=pow2", "report.slo_s_per_token=0.3", "measure.save_requests=false")
+    sweep_in_process(tmp_path, monkeypatch, "+allocator=paged,pow2", "workload.num_requests=20", "plots=false", *report)
+    points = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert points == [f"+allocator={a},workload.duration_s=null,workload.num_requests=20" for a in ("paged", "pow2")]
+    assert not {"report.baseline", "report.slo_s_per_token", "measure.save_requests"} & set(summary(tmp_path / "sweep")[0])
+    capsys.readouterr()
+    sweep_in_process(tmp_path, monkeypatch, "+allocator=paged,pow2", "workload.num_requests=20", "plots=false")
+    log = capsys.readouterr().out
+    assert all(f"skipped {name}" in log for name in points), log  # the same measurements
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["-m", "+allocator=paged,pow2", "report.baseline=contiguous", *SMALL, "hydra.sweep.dir=other"])
+    GlobalHydra.instance().clear()
+    assert stop.value.code == 2
+    assert "report.baseline=contiguous is not in the sweep; its allocators: paged, pow2" in capsys.readouterr().err
+    assert not list((tmp_path / "other").glob("*/metrics.csv"))  # it ran every point before it said so
+
+
 def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_a_rerun_skips_the_points_that_finished(
     tmp_path, monkeypatch, capsys
 ):
