@@ -115,6 +115,13 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
             raise UserError(
                 f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: drop it"
             )
+    kinds = set(cfg.model.get("layer_pattern") or ["full"])
+    for key, kind in (("model.window", "window"), ("model.linear_state_dim", "linear")):
+        if key in overridden and kind not in kinds and cfg.model.get(key.split(".")[1]):  # 0: none, as said
+            raise UserError(
+                f"{key} is read by {kind} layers only, and model={cfg.model.name} has none (model.layer_pattern="
+                f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
+            )
     arrivals = sorted({"workload.rate", "workload.burstiness"}.intersection(overridden))
     if arrivals and cfg.workload.kind == "trace":
         from kvbench.core.workload import trace_has_arrival_times
@@ -329,7 +336,7 @@ def refuse_absent_baseline(batch, configs) -> None:
     systems = [str(name) for name in (OmegaConf.select(c, "allocator.name", default=None) for c in configs) if name]
     for name in asked - set(systems):
         raise UserError(
-            f"report.baseline={name} is not in the sweep; its allocators: {', '.join(dict.fromkeys(systems)) or 'none'}"
+            f"report.baseline={name!r} is not in the sweep; its allocators: {', '.join(dict.fromkeys(systems)) or 'none'}"
         )
 
 

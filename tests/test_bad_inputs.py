@@ -384,6 +384,9 @@ RUN_CASES = [
     (["~measure"], "~measure deletes a section every run reads: set its keys instead (measure.KEY=VALUE)"),
     (["=5"], "an override has no key (=VALUE): write KEY=VALUE"),
     # settings that the run recorded as its columns but never read
+    (["+model.window=128", "workload.num_requests=5"], "model.window is read by window layers only, and model=opt-13b"),
+    (["+model.linear_state_dim=16"], "model.linear_state_dim is read by linear layers only"),
+    (["model=gemma-3-like", "hardware=h200", "model.window=100000000"], "model.window=100000000 must be <= max_model_len"),
     (["repeats=3", "workload.num_requests=5"], "repeats is read by scenario=serve or kernel only"),
     (["report.baseline=paged", "workload.num_requests=5"], "report.baseline=paged is read when a sweep ends"),
     (["report.slo_s_per_token=0.2"], "report.slo_s_per_token=0.2 is read when a sweep ends"),

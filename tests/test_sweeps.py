@@ -228,7 +228,7 @@ def test_how_a_sweep_is_reported_names_no_point_and_a_baseline_it_lacks_is_refus
         cli.main(["-m", "+allocator=paged,pow2", "report.baseline=contiguous", *SMALL, "hydra.sweep.dir=other"])
     GlobalHydra.instance().clear()
     assert stop.value.code == 2
-    assert "report.baseline=contiguous is not in the sweep; its allocators: paged, pow2" in capsys.readouterr().err
+    assert "report.baseline='contiguous' is not in the sweep; its allocators: paged, pow2" in capsys.readouterr().err
     assert not list((tmp_path / "other").glob("*/metrics.csv"))  # it ran every point before it said so
 
 

@@ -166,6 +166,10 @@ class Model(Section):
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
         if "window" in self.layer_pattern and self.window < 1:
             raise ValueError(f"window={self.window} must be > 0 for window layers")
+        if "window" in self.layer_pattern and self.window > self.max_model_len:
+            raise ValueError(
+                f"window={self.window} must be <= max_model_len={self.max_model_len}: no sequence is longer"
+            )
         if "linear" in self.layer_pattern and self.linear_state_dim < 1:
             raise ValueError(f"linear_state_dim={self.linear_state_dim} must be > 0 for linear layers")
         if self.num_active_params > self.num_params:
