@@ -16,6 +16,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
@@ -25,6 +26,7 @@ from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, jud
 from kvbench.scenarios.repeats import SAMPLES, samples_of
 
 BASE, CUR = "@baseline", "@current"
+NAMES = ("baseline", "current")
 # Environment columns that name the machine or the build: a change makes wall times incomparable.
 MACHINE = ("cpu", "python", "torch", "device")
 # pytest-benchmark's per-run statistics, as metrics: one run's median is one sample.
@@ -75,24 +77,67 @@ def _label(point: pd.Series, shown: list[str]) -> str:
     return ", ".join(f"{c}={point[c] if point[c] != '' else '(unset)'}" for c in shown) or "(the only point)"
 
 
+def _identity_cell(value) -> str:
+    """One identity value as text: a number by its value (rate 1 is rate 1.0, which a column of
+    1, 8 and 0.5 or a blank cell reads), a text as it is, missing as empty."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        if math.isnan(value):
+            return ""
+        return str(int(value)) if float(value).is_integer() else repr(float(value))
+    return "" if value is None or value is pd.NA else str(value)
+
+
 def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """The identity columns as points are matched on: text, missing as empty."""
-    return frame[columns].astype(object).fillna("").astype(str)
+    """The identity columns as points are matched on: text, numbers written one way, missing as empty."""
+    return frame[columns].astype(object).map(_identity_cell)
 
 
-def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
+def _no_match(base: pd.DataFrame, cur: pd.DataFrame, columns: list[str]) -> str:
+    """Where two sides that share no point part: the identity columns whose values the two
+    sides have none of in common, each side's values (a few) beside it."""
+
+    def values(frame: pd.DataFrame, column: str) -> str:
+        found = [v if v != "" else "(unset)" for v in dict.fromkeys(frame[column])]
+        return ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+
+    apart = [c for c in columns if not set(base[c]) & set(cur[c])]
+    if not apart:
+        return "each column has a value in both, but no combination of them is in both"
+    shown = [f"{c} (baseline {values(base, c)}; current {values(cur, c)})" for c in apart[:3]]
+    return "no value in common: " + ", ".join(shown) + (", ..." if len(apart) > 3 else "")
+
+
+def _named(sources) -> tuple[str, str]:
+    """The two sides as messages name them: `baseline (PATH)` where their paths are known."""
+    return NAMES if sources is None else tuple(f"{name} ({path})" for name, path in zip(NAMES, sources))
+
+
+def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy, sources: tuple | None = None):
     """Both sides merged on the identity columns, the baseline's points first, each side in its
-    own order: (merged, identity, the identity columns that vary)."""
+    own order: (merged, identity, the identity columns that vary). `sources`, when given, are
+    the sides' paths, for the messages."""
     columns = _identity(policy, (baseline, current))
+    for name, frame in zip(_named(sources), (baseline, current)):
+        if not any(c in frame for c in columns):
+            raise UserError(
+                f"the {name} has no identity column, so no point can be matched: looked for "
+                f"{', '.join(policy.identity)} or a swept parameter (a column with a dot, e.g. workload.rate); "
+                f"its columns: {', '.join(map(str, frame.columns[:8]))}{', ...' if len(frame.columns) > 8 else ''}"
+            )
     union = list(dict.fromkeys([*baseline.columns, *current.columns]))
     sides = []
-    for name, frame in (("baseline", baseline), ("current", current)):
+    for name, path, frame in zip(NAMES, sources or ("", ""), (baseline, current)):
         frame = frame.reindex(columns=union)  # every column on both sides, so every one is suffixed
         frame[columns] = identity_text(frame, columns)
         twice = frame[frame.duplicated(columns, keep=False)]
         if not twice.empty:
             raise UserError(
-                f"the {name} has two rows for the point {_label(twice.iloc[0], columns)}; compare "
+                f"the {name} has two rows for the point {_label(twice.iloc[0], columns)}"
+                f"{f' in {path}' if path else ''}; compare "
                 f"one sweep at a time, or sweeps that differ in a recorded parameter"
             )
         sides.append(frame.assign(_order=range(len(frame))).copy())  # copy: one block a dtype, not a column
@@ -104,7 +149,7 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy):
         raise UserError(
             f"no point of the current run matches the baseline on {', '.join(columns)}; "
             f"baseline has {_label(base.iloc[0], varying or columns)}, "
-            f"current has {_label(cur.iloc[0], varying or columns)}"
+            f"current has {_label(cur.iloc[0], varying or columns)}; {_no_match(base, cur, columns)}"
         )
     return merged, columns, varying
 
@@ -120,10 +165,54 @@ def environment_changes(baseline: pd.DataFrame, current: pd.DataFrame, policy: P
     return changes
 
 
+def _succeeded(merged: pd.DataFrame, side: str) -> pd.Series:
+    """The rows whose `side` is a measured point: status ok, or no status recorded."""
+    status = merged.get(f"status{side}")
+    return pd.Series(True, index=merged.index) if status is None else status.fillna("ok").astype(str).eq("ok")
+
+
+def _numbers(merged: pd.DataFrame, metric: str, side: str, name: str, measured: pd.Series, shown) -> pd.Series:
+    """A side's metric column as numbers, a blank cell missing. A cell that is not a number is
+    bad input, and so is an infinite one in a measured row: no throughput or latency is infinite."""
+    cells = merged[f"{metric}{side}"]
+    numbers = pd.to_numeric(cells, errors="coerce")
+    blank = cells.isna() | cells.astype(str).str.strip().eq("")
+    for bad, why in (
+        (numbers.isna() & ~blank, "not a number; a metric cell holds a number, or is blank where the point has none"),
+        (np.isinf(numbers) & measured, "a point that ran has no infinite metric (a blank cell: one it has none of)"),
+    ):
+        if bad.any():
+            i = bad.idxmax()
+            value = repr(cells[i]) if isinstance(cells[i], str) else str(cells[i])
+            raise UserError(f"{metric} of {_label(merged.loc[i], shown)} in the {name} is {value}: {why}")
+    return numbers
+
+
+def _check_judged(measured: pd.DataFrame, baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy, names) -> None:
+    """Refuse a comparison that would judge nothing: no metric of the policy in both inputs.
+    Only where a matched point ran on both sides: a point that failed is judged by its status."""
+    if measured.empty:
+        return
+    scenarios = measured["scenario"].astype(str).unique() if "scenario" in measured else [""]
+    metrics = list(dict.fromkeys(m for s in scenarios for m in policy.rules_for(s)))
+    if not any(m in baseline.columns and m in current.columns for m in metrics):
+        raise UserError(
+            f"no metric of the policy is in both the {names[0]} and the {names[1]}, so nothing would be judged; "
+            + (f"the policy has {', '.join(metrics)}" if metrics else "the policy has no metrics (metrics: {})")
+        )
+
+
 def compare(
-    baseline, current, policy: Policy, allow_missing: bool = False, out=None, flagged: list | None = None
+    baseline,
+    current,
+    policy: Policy,
+    allow_missing: bool = False,
+    out=None,
+    flagged: list | None = None,
+    sources: tuple | None = None,
 ) -> int:
-    """Print the comparison; return the exit code (0 fine, 1 regressed).
+    """Print the comparison; return the exit code (0 fine, 1 regressed). `sources`, when given,
+    names the two inputs (their paths) in the messages of bad input.
 
     `flagged`, when given, receives one entry per problem: the point's identity (a dict of the
     identity columns) and whether the problem is a measured metric's regression (a significance
@@ -131,12 +220,18 @@ def compare(
     (an exact metric, a failed or missing point), which no rerun can change."""
     out = sys.stdout if out is None else out
     baseline, current = pd.DataFrame(baseline), pd.DataFrame(current)
-    merged, columns, varying = match(baseline, current, policy)
-    judged = {m for s in [None, *policy.scenario_rules] for m in policy.rules_for(s)}
-    for column in [f"{m}{side}" for m in judged for side in (BASE, CUR)]:
-        if column in merged:
-            merged[column] = pd.to_numeric(merged[column], errors="coerce")
+    names = _named(sources)
+    merged, columns, varying = match(baseline, current, policy, sources)
     shown = varying or columns
+    judged = dict.fromkeys(m for s in [None, *policy.scenario_rules] for m in policy.rules_for(s))
+    ran = {side: _succeeded(merged, side) for side in (BASE, CUR)}
+    for metric in judged:
+        for side, name in zip((BASE, CUR), names):
+            if f"{metric}{side}" in merged:
+                merged[f"{metric}{side}"] = _numbers(merged, metric, side, name, ran[side], shown)
+    both = merged["_merge"] == "both"
+    matched = merged[both]
+    _check_judged(merged[both & ran[BASE] & ran[CUR]], baseline, current, policy, names)
     problems, tally = [], {NO_CHANGE: 0, SMALL: 0, NOT_MEANINGFUL: 0, "tested": 0}
 
     def problem(text: str, point: pd.Series, measured: bool = False) -> None:
@@ -160,7 +255,6 @@ def compare(
             problem(f"missing point {_label(point, shown)}", point)
     for _, point in merged[merged["_merge"] == "right_only"].iterrows():
         print(f"new in current (no baseline): {_label(point, shown)}", file=out)
-    matched = merged[merged["_merge"] == "both"]
     header = f"  {'metric':<30} {'baseline':>12} {'current':>12} {'ratio':>8}  status"
     for _, point in matched.iterrows():
         label = _label(point, shown)
@@ -257,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--against", metavar="REF", help="measure REF (a git ref) and this tree here, interleaved, and compare them"
     )
-    parser.add_argument("--repeats", type=int, default=5, help="with --against: runs per side (default 5)")
+    parser.add_argument("--repeats", type=int, help="with --against: runs per side (default 5)")
     parser.add_argument("--out", type=Path, help="with --against: keep each side's results in this directory")
     parser.add_argument(
         "--current-env",
@@ -268,13 +362,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
+        given = {
+            "--repeats": args.repeats is not None,
+            "--out": args.out is not None,
+            "--current-env": args.current_env,
+        }
+        ab_only = [flag for flag, value in given.items() if value]
+        if args.against is None and ab_only:  # nothing would read them: refused rather than ignored
+            raise UserError(
+                f"{' and '.join(ab_only)} {'applies' if len(ab_only) == 1 else 'apply'} only with --against REF; "
+                f"BASELINE CURRENT are compared as they are"
+            )
         policy = load_policy(args.policy)
         if args.against is not None:
             from kvbench.reporting.ab import run_ab
 
             code = run_ab(
                 args.against,
-                args.repeats,
+                5 if args.repeats is None else args.repeats,
                 args.inputs,
                 policy,
                 out_dir=args.out,
@@ -293,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{bench_file} is a pytest-benchmark JSON file and {results} holds run results: "
                     f"compare two of one kind"
                 )
-            code = compare(*sides, policy, args.allow_missing)
+            code = compare(*sides, policy, args.allow_missing, sources=(base, cur))
     except KeyboardInterrupt:  # --against measures for minutes
         exit_interrupted("nothing was compared")
     except Exception as err:  # bad input: one line, exit 2 (exit 1 means a regression)

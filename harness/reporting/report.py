@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
 from kvbench.reporting.figures import context_title
 from kvbench.reporting.results import (
     ENVIRONMENT,
+    IDENTITY,
     cell_text,
     collect,
     in_paper_order,
@@ -59,31 +61,96 @@ KEY_METRICS = [
 ]
 
 
+# Columns that name a point; an input with none of them holds no results.
+POINT_COLUMNS = [*IDENTITY, "block_size", "rate", "batch_spec"]
+# What bench-report writes into its output directory: none of them may be one of its inputs.
+WRITTEN = ("summary.csv", "report.html")
+
+
 def load_rows(path: Path) -> pd.DataFrame:
     """A sweep's point rows (fresh from */metrics.csv), a run's metrics.csv, or a summary.csv."""
+    return _load_rows(path)[0]
+
+
+def _load_rows(path: Path) -> tuple[pd.DataFrame, list[Path]]:
+    """load_rows' rows and the files they were read from."""
     path = Path(path)
     if path.is_file():
-        return read_csv(path)
+        return read_csv(path), [path]
     if not path.is_dir():
         raise UserError(f"{path} {'is not a regular file or a directory' if path.exists() else 'does not exist'}")
-    frame = collect(path)
+    frame, read = collect(path), sorted(path.glob("*/metrics.csv"))
     for name in ("metrics.csv", "summary.csv"):
         if frame.empty and (path / name).is_file():
-            frame = read_csv(path / name)
+            frame, read = read_csv(path / name), [path / name]
     if frame.empty:
         raise UserError(f"{path} has no results (no */metrics.csv, metrics.csv or summary.csv in it)")
-    return frame
+    return frame, read
+
+
+def _listed(names, most: int = 8) -> str:
+    names = [str(n) for n in names]
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_results(frame: pd.DataFrame, path) -> None:
+    """Refuse a table that holds no result rows: none at all, none of the columns that name a
+    point, neither a status nor a metric, or a row twice (a table concatenated onto itself)."""
+    if frame.empty:
+        raise UserError(f"{path} has no result rows (only a header: {_listed(frame.columns)})")
+    if not any(c in frame for c in POINT_COLUMNS) and not any("." in str(c) for c in frame.columns):
+        raise UserError(
+            f"{path} holds no results: none of its columns ({_listed(frame.columns)}) names a point; "
+            f"looked for {', '.join(POINT_COLUMNS)} or a swept group.key"
+        )
+    if "status" not in frame and not any(m in frame for m in KEY_METRICS):
+        raise UserError(
+            f"{path} holds no results: it has neither a status column nor a result metric "
+            f"({_listed(KEY_METRICS, 3)}: docs/metrics.md); its columns: {_listed(frame.columns)}"
+        )
+    again = frame.duplicated()
+    if again.any():
+        rows = pd.util.hash_pandas_object(frame, index=False).tolist()
+        second = int(again.to_numpy().argmax())
+        first = rows.index(rows[second])
+        raise UserError(
+            f"{path} holds the same row twice (its rows {first + 1} and {second + 1}; a table appended to "
+            f"itself?): give each point once"
+        )
 
 
 def load_sweeps(sweep_dirs: list[Path]) -> pd.DataFrame:
     """Every point of every directory; with several, a `sweep` column names each one's points."""
+    return _load_sweeps(sweep_dirs)[0]
+
+
+def _load_sweeps(sweep_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
+    """load_sweeps' rows, and each file they were read from (resolved) -> the input it came with.
+    An input given twice, or two inputs that hold the same file, are refused: their points would
+    count twice."""
+    loaded, read, owner = [], {}, {}
+    for i, path in enumerate(sweep_dirs):
+        frame, files = _load_rows(path)
+        check_results(frame, path)
+        for file in files:
+            j = owner.setdefault(file.resolve(), i)
+            if j != i:
+                other = sweep_dirs[j]
+                raise UserError(
+                    f"{path} is given twice{f' (as {other} and {path})' if str(other) != str(path) else ''}: "
+                    f"give each input once"
+                    if other.resolve() == path.resolve()
+                    else f"{other} and {path} both hold {file}: give each input once"
+                )
+            read[file.resolve()] = path
+        loaded.append(frame)
     if len(sweep_dirs) == 1:
-        return load_rows(sweep_dirs[0])
+        return loaded[0], read
     names = [d.name for d in sweep_dirs]
     if len(set(names)) < len(names):  # results/a/sweep and results/b/sweep
         names = [str(d) for d in sweep_dirs]
-    frames = [load_rows(d).drop(columns="sweep", errors="ignore").assign(sweep=n) for d, n in zip(sweep_dirs, names)]
-    return pd.concat(frames, ignore_index=True)
+    frames = [frame.drop(columns="sweep", errors="ignore").assign(sweep=n) for frame, n in zip(loaded, names)]
+    return pd.concat(frames, ignore_index=True), read
 
 
 def summarize(
@@ -99,12 +166,24 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
     """summarize's files, and what they were made from: the rows (the paper's order), the
     baseline and the latency target."""
     sweep_dirs = [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
-    frame = in_paper_order(load_sweeps(sweep_dirs))
+    frame, read = _load_sweeps(sweep_dirs)
+    frame = in_paper_order(frame)
     chosen, asked, slo = verdict_settings(frame, sweep_dirs[0], baseline, slo)
     out_dir = Path(out_dir or sweep_dirs[0])
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.csv"
-    write_csv(summary, frame)
+    for file, source in read.items():
+        if file.parent == out_dir.resolve() and (file.name in WRITTEN or file.suffix == ".png"):
+            if len(sweep_dirs) == 1 and file.name == "summary.csv":  # it holds these very rows: kept as it is
+                continue
+            raise UserError(
+                f"{file.name} in {out_dir} is an input ({source}'s points), which the report would replace: "
+                f"give --out DIR to write it elsewhere"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if summary.resolve() not in read:
+        write_csv(summary, frame)
+        written.append(summary)
     drawn = []
     if plots:
         from kvbench.reporting.plots import draw_all  # matplotlib takes a second; bench-compare needs none
@@ -112,7 +191,7 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
         drawn = draw_all(frame, out_dir)
     page = out_dir / "report.html"
     write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo))
-    return [summary, *drawn, page], frame, chosen, slo
+    return [*written, *drawn, page], frame, chosen, slo
 
 
 def end_of_sweep(sweep_dir: Path, plots: bool) -> dict:
@@ -295,6 +374,8 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
         if args.slo is not None and not args.slo > 0:
             raise UserError(f"--slo {args.slo:g} must be a number > 0 (seconds per output token)")
+        if args.slo is not None and not math.isfinite(args.slo):  # as report.slo_s_per_token refuses it
+            raise UserError(f"--slo {args.slo:g} must be a finite number (seconds per output token)")
         for path in summarize(args.dirs, args.out, args.baseline, args.slo):
             print(f"wrote {path}")
         if args.out is None and len(args.dirs) > 1:

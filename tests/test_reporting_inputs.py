@@ -1,0 +1,249 @@
+"""bench-compare and bench-report on inputs they cannot use: one line, exit 2, and nothing
+already written is lost; numbers that name a point match however a CSV column typed them."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvbench.reporting import compare, report
+from kvbench.reporting.compare import identity_text
+from kvbench.reporting.results import write_csv
+
+from helpers.cli import in_process, refused
+
+
+def row(allocator: str, throughput, **extra) -> dict:
+    return {
+        "scenario": "simulate",
+        "allocator": allocator,
+        "model": "opt-13b",
+        "seed": 0,
+        "status": "ok",
+        "request_throughput": throughput,
+        "normalized_latency_s_per_tok": 0.1,
+        **extra,
+    }
+
+
+def sweep(root, rows: list[dict]):
+    """A sweep directory: one point directory a row, each with its metrics.csv."""
+    for i, point in enumerate(rows):
+        write_csv(root / f"p{i}" / "metrics.csv", [point])
+    return root
+
+
+def summary_only(root, rows: list[dict]):
+    """A directory that holds a summary.csv and no point directories (a copied report)."""
+    write_csv(root / "summary.csv", pd.DataFrame(rows))
+    return root
+
+
+RATES = [row(a, 1.0 + r, rate=r, **{"workload.rate": r}) for a in ("contiguous", "paged") for r in (1, 8)]
+
+
+def run_report(*args):
+    return in_process(lambda: report.main([str(a) for a in args]), args)
+
+
+def run_compare(*args):
+    return in_process(lambda: compare.main([str(a) for a in args]), args)
+
+
+# --- bench-report: its inputs are never overwritten, never counted twice -------------------------
+
+
+@pytest.mark.parametrize("where", ["first", "out"])
+def test_a_report_never_writes_over_a_summary_it_reads(tmp_path, where):
+    only = summary_only(tmp_path / "onlysum", [row("paged", 2.0), row("pow2", 1.0)])
+    other = sweep(tmp_path / "other", RATES)
+    before = (only / "summary.csv").read_bytes()
+    args = [only, other] if where == "first" else [other, only, "--out", only]
+    message = refused(lambda: report.main([str(a) for a in args]))
+    assert f"summary.csv in {only} is an input" in message and "give --out DIR" in message
+    assert "untouched" not in message
+    assert (only / "summary.csv").read_bytes() == before
+    assert not (only / "report.html").exists()
+
+
+def test_a_report_of_a_summary_alone_leaves_it_as_it_is(tmp_path):
+    only = summary_only(tmp_path / "onlysum", [row("paged", 2.0), row("pow2", 1.0)])
+    before = (only / "summary.csv").read_bytes()
+    for _ in range(2):  # again and again: the file does not grow
+        result = run_report(only)
+        assert result.returncode == 0, result.stderr
+        assert (only / "summary.csv").read_bytes() == before
+    assert (only / "report.html").is_file() and "wrote" in result.stdout
+
+
+def test_a_comparison_in_a_sweep_with_points_says_they_are_untouched(tmp_path):
+    first = sweep(tmp_path / "first", [row("paged", 2.0), row("pow2", 1.0)])
+    point = (first / "p0" / "metrics.csv").read_bytes()
+    result = run_report(first, sweep(tmp_path / "second", RATES))
+    assert result.returncode == 0, result.stderr
+    assert "its points are untouched" in result.stdout
+    assert (first / "p0" / "metrics.csv").read_bytes() == point
+    assert len(pd.read_csv(first / "summary.csv")) == 2 + len(RATES)
+
+
+@pytest.mark.parametrize("second", ["s", "./s", "x/../s"])
+def test_the_same_input_twice_is_refused(tmp_path, monkeypatch, second):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    sweep(tmp_path / "s", RATES)  # a rate sweep: its rows would silently count twice
+    message = refused(lambda: report.main(["s", second, "--out", str(tmp_path / "out")]))
+    assert "is given twice" in message and "give each input once" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_and_one_of_its_points_are_refused_together(tmp_path):
+    whole = sweep(tmp_path / "s", [row("paged", 2.0), row("pow2", 1.0)])
+    message = refused(lambda: report.main([str(whole), str(whole / "p0"), "--out", str(tmp_path / "out")]))
+    assert "both hold" in message and "p0/metrics.csv" in message
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("x,y\n", "has no result rows"),
+        ("scenario,allocator,status,request_throughput\n", "has no result rows"),
+        ("x,y\n1,2\n", "none of its columns (x, y) names a point; looked for scenario, allocator"),
+        ("allocator,throughput\npaged,10\n", "neither a status column nor a result metric"),
+        (
+            "scenario,allocator,status,request_throughput\nsimulate,paged,ok,2\nsimulate,paged,ok,2\n",
+            "holds the same row twice (its rows 1 and 2",
+        ),
+    ],
+)
+def test_a_report_of_a_table_without_results_is_refused(tmp_path, text, said):
+    (tmp_path / "in.csv").write_text(text)
+    message = refused(lambda: report.main([str(tmp_path / "in.csv"), "--out", str(tmp_path / "out")]))
+    assert said in message
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.mark.parametrize("slo, said", [("inf", "--slo inf must be a finite number"), ("0", "must be a number > 0")])
+def test_an_infinite_latency_target_is_refused_as_the_sweep_setting_is(tmp_path, slo, said):
+    source = sweep(tmp_path / "s", RATES)
+    assert said in refused(lambda: report.main([str(source), "--slo", slo, "--out", str(tmp_path / "out")]))
+
+
+# --- bench-compare: identity -------------------------------------------------------------------
+
+
+def test_a_comparison_of_tables_without_identity_columns_is_refused(tmp_path):
+    (tmp_path / "xy.csv").write_text("x,y\n1,2\n")
+    message = refused(lambda: compare.main([str(tmp_path / "xy.csv")] * 2))
+    assert f"the baseline ({tmp_path / 'xy.csv'}) has no identity column" in message
+    assert "looked for scenario, allocator, backend" in message and "its columns: x, y" in message
+
+
+def test_numbers_that_name_a_point_match_however_the_column_was_typed(tmp_path):
+    frame = pd.DataFrame({"rate": [1.0, 0.5, float("inf"), None], "allocator": ["paged", "1.0", "pow2", None]})
+    assert identity_text(frame, ["rate", "allocator"]).values.tolist() == [
+        ["1", "paged"],
+        ["0.5", "1.0"],  # a text is kept as it is
+        ["inf", "pow2"],
+        ["", ""],
+    ]
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0, **{"workload.rate": r}) for r in (1, 8)])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **{"workload.rate": r}) for r in (1, 8, 0.5)])  # float
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "OK: 2 point(s) match" in result.stdout and "new in current (no baseline): workload.rate=0.5" in result.stdout
+    )
+
+
+def test_a_blank_seed_elsewhere_does_not_make_seed_0_another_point(tmp_path):
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0), row("pow2", 1.0)])
+    (tmp_path / "cur.csv").write_text(
+        "scenario,allocator,model,seed,status,request_throughput,normalized_latency_s_per_tok\n"
+        "simulate,paged,opt-13b,0,ok,2.0,0.1\nsimulate,pow2,opt-13b,0,ok,1.0,0.1\nsimulate,oracle,opt-13b,,ok,1.5,0.1\n"
+    )
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK: 2 point(s) match" in result.stdout
+
+
+def test_no_point_in_common_names_the_column_the_sides_part_on(tmp_path):
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0, rate=4), row("pow2", 1.0, rate=4)])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, rate=2), row("pow2", 1.0, rate=2)])
+    message = refused(lambda: compare.main([str(tmp_path / "base.csv"), str(tmp_path / "cur.csv")]))
+    assert "no point of the current run matches the baseline" in message
+    assert "no value in common: rate (baseline 4; current 2)" in message
+
+
+# --- bench-compare: what is judged -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "policy, said",
+    [
+        (None, "the policy has completed, request_throughput"),
+        ("metrics: {}\n", "the policy has no metrics"),
+        ("metrics:\n  latency_us_p50: {better: lower, min_effect: 0.1}\n", "the policy has latency_us_p50"),
+    ],
+)
+def test_a_comparison_that_judges_no_metric_is_refused_not_ok(tmp_path, policy, said):
+    (tmp_path / "u1.csv").write_text("allocator,throughput\npaged,10\n")
+    (tmp_path / "u2.csv").write_text("allocator,throughput\npaged,0.001\n")
+    args = [str(tmp_path / "u1.csv"), str(tmp_path / "u2.csv")]
+    if policy is not None:
+        (tmp_path / "policy.yaml").write_text(policy)
+        write_csv(tmp_path / "u1.csv", [row("paged", 10.0)])
+        write_csv(tmp_path / "u2.csv", [row("paged", 0.001)])
+        args += ["--policy", str(tmp_path / "policy.yaml")]
+    message = refused(lambda: compare.main(args))
+    assert "no metric of the policy is in both the baseline" in message and said in message
+
+
+def test_a_current_that_failed_everywhere_is_still_a_regression(tmp_path):
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0)])
+    (tmp_path / "cur.csv").write_text(
+        "scenario,allocator,model,seed,status,reason\nsimulate,paged,opt-13b,0,failed,out of memory\n"
+    )
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "point failed" in result.stdout
+
+
+@pytest.mark.parametrize("side", ["baseline", "current"])
+@pytest.mark.parametrize(
+    "cell, said", [("abc", "is 'abc': not a number"), ("inf", "is inf: a point that ran has no infinite metric")]
+)
+def test_a_metric_cell_that_is_not_a_finite_number_is_bad_input(tmp_path, side, cell, said):
+    good = [row("pow2", 0.71), row("paged", 0.72)]
+    bad = [row("pow2", cell), row("paged", 0.72)]
+    write_csv(tmp_path / "good.csv", good)
+    write_csv(tmp_path / "bad.csv", bad)
+    args = [tmp_path / "bad.csv", tmp_path / "good.csv"][:: 1 if side == "baseline" else -1]
+    message = refused(lambda: compare.main([str(a) for a in args]))
+    assert f"request_throughput of allocator=pow2 in the {side} ({tmp_path / 'bad.csv'}) {said}" in message
+
+
+def test_blank_metrics_and_failed_rows_are_judged_as_before(tmp_path):
+    write_csv(tmp_path / "good.csv", [row("pow2", 0.71), row("paged", 0.72)])
+    write_csv(tmp_path / "blank.csv", [row("pow2", None), row("paged", 0.72)])
+    result = run_compare(tmp_path / "blank.csv", tmp_path / "good.csv")  # the baseline had none
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "new" in result.stdout.split("allocator=pow2")[1].split("request_throughput")[1].splitlines()[0]
+    result = run_compare(tmp_path / "good.csv", tmp_path / "blank.csv")  # the metric vanished
+    assert result.returncode == 1 and "allocator=pow2: request_throughput 0.71 -> nan" in result.stdout
+    failed = [{**row("pow2", float("inf")), "status": "failed", "reason": "out of memory"}, row("paged", 0.72)]
+    write_csv(tmp_path / "failed.csv", failed)
+    result = run_compare(tmp_path / "good.csv", tmp_path / "failed.csv")  # a failed row's cells are not judged
+    assert result.returncode == 1 and "allocator=pow2: point failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--repeats", "0"], "--repeats applies only with --against REF"),
+        (["--out", "kept"], "--out applies only with --against REF"),
+        (["--current-env", "X=1", "--repeats", "3"], "--repeats and --current-env apply only with --against REF"),
+    ],
+)
+def test_options_of_against_without_it_are_refused(tmp_path, flags, said):
+    write_csv(tmp_path / "s.csv", [row("paged", 2.0)])
+    assert said in refused(lambda: compare.main([str(tmp_path / "s.csv")] * 2 + flags))
