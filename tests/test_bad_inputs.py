@@ -258,6 +258,8 @@ CROSS_CASES = [
     (["scenario=kernel", "model=tiny", "batch=100000000d1k"], "scenario=kernel with model=tiny would allocate"),
     (["scenario=kernel", "model=llama-3-70b", "batch=1000000d8k"], "would allocate"),
     (["workload.num_requests=100000000"], "would allocate"),
+    # a pool thousands of times the simulated GPU's memory ran, and its numbers meant nothing
+    (["engine.kv_cache_bytes=1e14"], "engine.kv_cache_bytes=1e+14 is more than hardware=a100-40gb holds beside"),
     # the scenarios that build a real model: the host would run out of memory part-way
     (["scenario=profile"], "scenario=profile with model=opt-13b would allocate about"),
     (["scenario=profile", "model=llama-3-8b", "scenario.kv_cache_tokens=16"], "weights (fp32) 35.3 GB"),

@@ -34,7 +34,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from kvbench.errors import UserError
 from kvbench.schema import groups
-from kvbench.schema.memory import refuse_if_too_big
+from kvbench.schema.memory import DTYPE_BYTES, refuse_if_too_big
 from kvbench.schema.messages import allowed, closest, rule, show, unknown_key, validation_line
 
 # group -> (the key that picks the option's model, option -> model); the others have one model
@@ -256,7 +256,25 @@ def validate(cfg: DictConfig | dict) -> dict:
             f"workload.prefix_len={workload.prefix_len} must be shorter than "
             f"max_model_len={model.max_model_len} (model.max_model_len)"
         )
+    refuse_pool_beyond_the_gpu(checked)
     refuse_if_too_big(
         checked["root"], model, checked["hardware"], workload, checked["scenario"], checked.get("allocator") or {}
     )
     return checked
+
+
+def refuse_pool_beyond_the_gpu(checked: dict) -> None:
+    """The roofline simulates the chosen GPUs: a KV pool they cannot hold beside the weights is
+    a typo, not a setting (a calibrated executor's pool is the profiled device's, not theirs)."""
+    kv_bytes, hardware, model = checked["root"].engine.kv_cache_bytes, checked["hardware"], checked["model"]
+    if kv_bytes is None or checked["scenario"].name != "simulate" or checked["executor"].name != "roofline":
+        return
+    weights = model.num_params * DTYPE_BYTES[model.dtype]
+    room = hardware.memory_bytes * hardware.num_gpus - weights
+    if kv_bytes > room:
+        raise UserError(
+            f"engine.kv_cache_bytes={kv_bytes:g} is more than hardware={hardware.name} holds beside "
+            f"model={model.name}'s weights: {hardware.num_gpus} x {hardware.memory_bytes:g} bytes less "
+            f"{weights:g} leaves {max(room, 0):g}; lower it, or choose larger hardware (hardware.memory_bytes, "
+            f"hardware.num_gpus)"
+        )
