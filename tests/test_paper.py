@@ -17,6 +17,8 @@ from kvbench.reporting.paper import (
     capacity_rows,
     fig2,
     fig14_15,
+    fig18,
+    fig19,
     report_settings,
     write_comparison,
 )
@@ -77,9 +79,33 @@ def test_bad_report_settings_are_refused(report, message):
         report_settings(report)
 
 
+def ok_row(**values) -> dict:
+    return {"status": "ok", "workload": "sharegpt", "normalized_latency_s_per_tok": "0.1", **values}
+
+
+@pytest.mark.parametrize(
+    "figure, rows, message",
+    [  # each compared the paper with a sweep that cannot answer its question
+        (fig2, [ok_row(allocator="paged", model="llama-3-8b", hardware="h100-sxm")], "fig2: the paper's shares are"),
+        (fig18, [ok_row(block_size="16"), ok_row(block_size="16", seed="1")], "fig18: sharegpt ran at one block size"),
+        (
+            fig14_15,
+            [ok_row(**{"fig14_15.sharing": "parallel", "fig14_15.width": "1", "kv_blocks_saved_frac": "0"})],
+            "fig14_15.width=1 shares nothing",
+        ),
+        (fig19, [ok_row(block_size="16", **{"engine.preemption": "recompute"})], "no block size ran with both"),
+    ],
+)
+def test_a_paper_figure_refuses_a_sweep_that_cannot_answer_it(figure, rows, message):
+    with pytest.raises(UserError, match=message):
+        figure(rows, {})
+
+
 def test_fig2_files_rounding_under_external_and_other_as_the_paper_does():
     row = {
         "allocator": "pow2",
+        "model": "opt-13b",
+        "hardware": "a100-40gb",
         "workload": "sharegpt",
         "status": "ok",
         "kv_token_util": "0.27",

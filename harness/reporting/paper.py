@@ -38,6 +38,8 @@ FIG2_PARTS = {
     "internal fragmentation": ("kv_internal_frag_frac",),
     "external fragmentation & other": ("kv_rounding_frac", "kv_external_frag_frac"),
 }
+# the setup of Fig. 2: OPT-13B on an A100-40GB (docs/paper.md)
+FIG2_SETUP = ("opt-13b", "a100-40gb")
 FIG2 = {  # % of KV memory at 4 req/s, ShareGPT (Fig. 2); None where the paper gives no number
     "contiguous": (20.4, 13.3, 57.3, 8.9),
     "pow2": (26.8, 17.9, 13.6, 41.6),
@@ -107,6 +109,13 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
 
 
 def fig2(rows: list[dict], cfg) -> list[dict]:
+    ran = {(r.get("model"), r.get("hardware")) for r in _ok(rows)}
+    other = sorted({f"{m} on {h}" for m, h in ran if (m, h) != FIG2_SETUP}, key=str)
+    if other:  # the shares depend on the pool's size against the requests'
+        raise UserError(
+            f"fig2: the paper's shares are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s; this sweep ran "
+            f"{', '.join(other)}: drop the model or hardware override (or sweep without +experiment=fig2)"
+        )
     out = []
     for allocator in PAPER_ORDER:
         for (part, columns), paper in zip(FIG2_PARTS.items(), FIG2[allocator]):
@@ -238,6 +247,12 @@ def fig14_15(rows: list[dict], cfg) -> list[dict]:
             "fig14_15: no point says its sharing (columns fig14_15.sharing and fig14_15.width, "
             "workload alpaca or sharegpt): run bench +experiment=fig14_15"
         )
+    alone = sorted({width for _, _, width in points if width < 2})
+    if alone:
+        raise UserError(
+            f"fig14_15: fig14_15.width={alone[0]} shares nothing (one sequence a request), and the paper's "
+            f"ranges are over widths 2, 4 and 6: give widths of 2 or more"
+        )
     out = []
     for (workload, mode, width), mine in points.items():
         value, runs = mean_over_seeds(mine, "kv_blocks_saved_frac")
@@ -255,6 +270,11 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
         for r in _ok(rows):
             if r.get("workload") == workload:
                 by_block.setdefault(int(number(r, "block_size")), []).append(number(r, "normalized_latency_s_per_tok"))
+        if len(by_block) < 2:
+            raise UserError(
+                f"fig18: {workload} ran at one block size ({', '.join(map(str, by_block))}): the best block size "
+                f"needs several; run bench +experiment=fig18 without fixing allocator.block_size"
+            )
         best = min(by_block, key=lambda b: np.mean(by_block[b]))
         out.append(
             comparison_row(
@@ -280,6 +300,11 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
             if mode in column_of:
                 by_block[int(number(r, "block_size"))][mode] = number(r, column_of[mode])
         both = sorted(b for b, t in by_block.items() if len(t) == 2)
+        if not both:
+            raise UserError(
+                "fig19: no block size ran with both engine.preemption=swap and recompute, so there is no "
+                "crossover to find: run bench +experiment=fig19 without fixing engine.preemption"
+            )
         crossover = next((b for b in both if by_block[b]["swap"] <= by_block[b]["recompute"]), None)
         if crossover is None:
             raise UserError(
