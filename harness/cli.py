@@ -189,7 +189,10 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
             )
         for key, value in map(split_override, HydraConfig.get().overrides.task):
             if key in SWEEP_END_KEYS:
-                raise UserError(f"{key}={value} is read when a sweep ends (its report); a single run would ignore it: add -m, or drop it")
+                raise UserError(
+                    f"{key}={value} is read when a sweep ends (its report); a single run would ignore it: "
+                    f"add -m, or drop it"
+                )
         # the helper of this single run of `bench` writes its requests.jsonl (core/request_log)
         token = request_log.follower.set(launch.run_helper())
         try:
@@ -336,7 +339,8 @@ def refuse_absent_baseline(batch, configs) -> None:
     systems = [str(name) for name in (OmegaConf.select(c, "allocator.name", default=None) for c in configs) if name]
     for name in asked - set(systems):
         raise UserError(
-            f"report.baseline={name!r} is not in the sweep; its allocators: {', '.join(dict.fromkeys(systems)) or 'none'}"
+            f"report.baseline={name!r} is not in the sweep; its allocators: "
+            f"{', '.join(dict.fromkeys(systems)) or 'none'}"
         )
 
 

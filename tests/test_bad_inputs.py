@@ -265,7 +265,10 @@ CROSS_CASES = [
     (["scenario=profile", "model=llama-3-8b", "scenario.kv_cache_tokens=16"], "weights (fp32) 35.3 GB"),
     (["scenario=validate"], "scenario=validate with model=opt-13b would allocate about"),
     # validate's changes to its serve and profile runs, checked as those scenarios check them
-    (["scenario=validate", "model=tiny", "+scenario.serve.bogus=1"], "scenario.serve.bogus is not a key of scenario.serve"),
+    (
+        ["scenario=validate", "model=tiny", "+scenario.serve.bogus=1"],
+        "scenario.serve.bogus is not a key of scenario.serve",
+    ),
     (["scenario=validate", "model=tiny", "+scenario.serve.dtype=fp64"], "scenario.serve.dtype=fp64 must be 'auto'"),
     (["scenario=validate", "model=tiny", "+scenario.profiling.repeats=0"], "scenario.profiling.repeats=0 must be >= 1"),
     (["scenario=validate", "model=tiny", "scenario.serve.clock=bogus"], "scenario.serve.clock=bogus must be 'wall' or"),
@@ -388,7 +391,10 @@ RUN_CASES = [
     # settings that the run recorded as its columns but never read
     (["+model.window=128", "workload.num_requests=5"], "model.window is read by window layers only, and model=opt-13b"),
     (["+model.linear_state_dim=16"], "model.linear_state_dim is read by linear layers only"),
-    (["model=gemma-3-like", "hardware=h200", "model.window=100000000"], "model.window=100000000 must be <= max_model_len"),
+    (
+        ["model=gemma-3-like", "hardware=h200", "model.window=100000000"],
+        "model.window=100000000 must be <= max_model_len",
+    ),
     (["repeats=3", "workload.num_requests=5"], "repeats is read by scenario=serve or kernel only"),
     (["report.baseline=paged", "workload.num_requests=5"], "report.baseline=paged is read when a sweep ends"),
     (["report.slo_s_per_token=0.2"], "report.slo_s_per_token=0.2 is read when a sweep ends"),
@@ -397,7 +403,12 @@ RUN_CASES = [
     (["-m", "workload.rate=range(1,1)", "hydra.sweep.dir=FILES/sweep-d"], "the sweep has no points: a value list"),
     # a request whose sequences cannot decode in one step's budget ran until no sequence could run
     (
-        ["workload.n=4", "scheduler.max_num_batched_tokens=3", "scheduler.chunked_prefill=true", "workload.num_requests=5"],
+        [
+            "workload.n=4",
+            "scheduler.max_num_batched_tokens=3",
+            "scheduler.chunked_prefill=true",
+            "workload.num_requests=5",
+        ],
         "a request of 4 sequences (workload.n / workload.beam_width) decodes 4 tokens a step",
     ),
     # it said the 15,808-slot pool was smaller than a 1,984-slot request

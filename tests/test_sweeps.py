@@ -217,7 +217,9 @@ def test_how_a_sweep_is_reported_names_no_point_and_a_baseline_it_lacks_is_refus
     sweep_in_process(tmp_path, monkeypatch, "+allocator=paged,pow2", "workload.num_requests=20", "plots=false", *report)
     points = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert points == [f"+allocator={a},workload.duration_s=null,workload.num_requests=20" for a in ("paged", "pow2")]
-    assert not {"report.baseline", "report.slo_s_per_token", "measure.save_requests"} & set(summary(tmp_path / "sweep")[0])
+    assert not {"report.baseline", "report.slo_s_per_token", "measure.save_requests"} & set(
+        summary(tmp_path / "sweep")[0]
+    )
     capsys.readouterr()
     sweep_in_process(tmp_path, monkeypatch, "+allocator=paged,pow2", "workload.num_requests=20", "plots=false")
     log = capsys.readouterr().out

@@ -190,7 +190,11 @@ def trace_requests(
     path = cfg.get("path")
     rows = load_trace(path)
     prefix = int(cfg.get("prefix_len", 0) or 0)  # max_len is what the shared prefix leaves of max_model_len
-    limit = f"max_model_len={max_len + prefix} less workload.prefix_len={prefix}: {max_len}" if prefix else f"max_model_len={max_len}"
+    limit = (
+        f"max_model_len={max_len + prefix} less workload.prefix_len={prefix}: {max_len}"
+        if prefix
+        else f"max_model_len={max_len}"
+    )
     too_long = [r for r in rows if r[0] + r[1] > max_len]
     if cfg.get("strict") and too_long:
         i, o, _, line = too_long[0]
@@ -217,8 +221,7 @@ def trace_requests(
     else:
         if count is not None and count > len(kept):
             raise UserError(
-                f"workload.num_requests={count} but trace {path} has only {len(kept)} rows "
-                f"that fit {limit}"
+                f"workload.num_requests={count} but trace {path} has only {len(kept)} rows that fit {limit}"
             )
         if count is None and (duration is None or math.isinf(rate)):
             count = len(kept)

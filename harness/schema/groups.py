@@ -21,8 +21,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    field_validator,
     create_model,
+    field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo

@@ -62,7 +62,9 @@ def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
     """(the weights' part name and bytes, KV bytes per token) of the real model a scenario builds
     in `dtype`: on the host first, in fp32 (torch's default) unless a dtype is set."""
     dtype = {"auto": "fp32"}.get(dtype, dtype)
-    return (f"weights ({dtype})", _serve_weights(model, DTYPE_BYTES[dtype])), _kv_bytes_per_token(model, DTYPE_BYTES[dtype])
+    return (f"weights ({dtype})", _serve_weights(model, DTYPE_BYTES[dtype])), _kv_bytes_per_token(
+        model, DTYPE_BYTES[dtype]
+    )
 
 
 def _given(value, default):
@@ -91,7 +93,9 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
         parts[weights[0]] = weights[1]
         if scenario.name == "serve":
             kv_bytes = root.engine.kv_cache_bytes
-            parts["KV cache"] = (kv_bytes // per_token if kv_bytes is not None else scenario.kv_cache_tokens) * per_token
+            parts["KV cache"] = (
+                kv_bytes // per_token if kv_bytes is not None else scenario.kv_cache_tokens
+            ) * per_token
             parts["swap pool"] = scenario.swap_space_tokens * per_token
             parts["prompt tokens"] = requests * model.max_model_len * 8
         else:
