@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import typing
 from importlib import resources
 
@@ -211,6 +212,26 @@ def _plugin(kind: str, node) -> dict:
     return node
 
 
+def _missing_choice(cfg: DictConfig, err: OmegaConfBaseException) -> str | None:
+    """`${a.b.${c}}` where `c`'s value is no key of a.b (an experiment's table read by a setting,
+    +experiment=fig12 fig12.point=r9): which table lacks it, and the keys it has."""
+    found = re.match(r"Interpolation key '([^']+)' not found", str(err))
+    if not found or "." not in found[1]:
+        return None
+    parts = found[1].split(".")
+    for depth in range(len(parts) - 1, 0, -1):  # the deepest table on the way that there is
+        table, key = ".".join(parts[:depth]), parts[depth]
+        node = OmegaConf.select(cfg, table, default=None, throw_on_resolution_failure=False)
+        if isinstance(node, DictConfig):
+            break
+    else:
+        return None
+    return (
+        f"{getattr(err, 'full_key', None) or 'the config'} reads {found[1]}, but {table} has no {key!r}: "
+        f"its keys are {', '.join(map(str, node))}"
+    )
+
+
 def validate(cfg: DictConfig | dict) -> dict:
     """Check a composed config; return its groups' validated models. Raises UserError (one line)."""
     try:
@@ -218,7 +239,7 @@ def validate(cfg: DictConfig | dict) -> dict:
     except OmegaConfBaseException as err:  # an interpolation that does not resolve
         from kvbench.schema.hydra_errors import hydra_line
 
-        raise UserError(hydra_line(err)) from None
+        raise UserError(_missing_choice(cfg, err) or hydra_line(err)) from None
     data.pop("hydra", None)
     known = top_level_keys()
     for key in data:
