@@ -316,13 +316,36 @@ def composing_once(args):
         config = checked.pop(tuple(sweep_overrides), None)
         return config if config is not None else compose(self, master_config, sweep_overrides)
 
+    load, apply = ConfigLoaderImpl.load_configuration, ConfigLoaderImpl._apply_overrides_to_config
+    swept: set[str] = set()  # while a sweep's master config composes: the groups its points choose
+
+    def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
+        if run_mode != RunMode.MULTIRUN:
+            return load(self, config_name, overrides, run_mode, *args, **kwargs)
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        swept.update(o.key_or_group for o in parsed if o.is_sweep_override() and "." not in o.key_or_group)
+        try:
+            return load(self, config_name, overrides, run_mode, *args, **kwargs)
+        finally:
+            swept.clear()
+
+    def apply_overrides(overrides, cfg) -> None:
+        # A key of a group the points choose (-m +allocator=paged,hybrid allocator.block_size=32)
+        # has no node in the master config, which composes without the swept groups: each
+        # point's config applies it.
+        apply([o for o in overrides if o.key_or_group.split(".")[0] not in swept - set(cfg)], cfg)
+
     patches = [
         (Sweeper, "validate_batch_is_legal", validate_batch_is_legal),
         (ConfigLoaderImpl, "load_sweep_config", load_sweep_config),
+        (ConfigLoaderImpl, "load_configuration", load_configuration),
+        (ConfigLoaderImpl, "_apply_overrides_to_config", staticmethod(apply_overrides)),
     ]
     if mode_is_the_command_lines(args):  # None: RUN, or MULTIRUN with -m (Hydra's _run_app)
         patches.append((Hydra, "get_mode", lambda self, config_name, overrides: None))
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    originals = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]  # a staticmethod as it is
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)
     try:

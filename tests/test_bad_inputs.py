@@ -324,6 +324,10 @@ RUN_CASES = [
     (["workload=trace", "workload.path=FILES/nan.csv"], "nan.csv row 2"),
     (["workload=trace", "workload.path=FILES/long.csv"], "more than max_model_len=2048"),
     (["workload=fixed", "workload.input_len=2000", "workload.output_len=100"], "more than max_model_len=2048"),
+    # one of two columns for a length was read, silently
+    (["workload=trace", "workload.path=FILES/twice.csv"], "the header has input_len twice, two columns for input_len"),
+    (["workload=trace", "workload.path=FILES/alias.csv"], "the header has input_len and prompt_len"),
+    (["workload=trace", "workload.path=FILES/wide.csv"], "wide.csv line 2: field larger than field limit"),
     # no Poisson arrival within duration_s: an IndexError
     (["workload=trace", "workload.path=FILES/three.csv", "workload.duration_s=0.0001"], "the workload has no requests"),
     (  # it said max_model_len=8
@@ -432,6 +436,9 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "nan.csv").write_text("input_len,output_len,arrival_s\n3,20,nan\n")
     (files / "long.csv").write_text("input_len,output_len\n3000,20\n")
     (files / "three.csv").write_text("input_len,output_len\n10,20\n30,40\n50,60\n")
+    (files / "twice.csv").write_text("input_len,output_len,input_len\n10,20,30\n")
+    (files / "alias.csv").write_text("input_len,prompt_len,output_len\n10,20,30\n")
+    (files / "wide.csv").write_text("input_len,output_len\n10," + "2" * 200_000 + "\n")
     (files / "timed.csv").write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n10,20,0.0\n30,40,0.5\n")
     assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
 

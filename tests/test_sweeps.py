@@ -234,6 +234,14 @@ def test_how_a_sweep_is_reported_names_no_point_and_a_baseline_it_lacks_is_refus
     assert not list((tmp_path / "other").glob("*/metrics.csv"))  # it ran every point before it said so
 
 
+def test_a_key_of_a_swept_plugin_group_applies_to_every_point(tmp_path, monkeypatch):
+    # it was refused: the sweep's master config composes without the group its points choose
+    args = ("+allocator=hybrid,paged", "allocator.block_size=32", "workload.num_requests=20", "plots=false")
+    sweep_in_process(tmp_path, monkeypatch, *args)
+    rows = summary(tmp_path / "sweep")
+    assert sorted((r["allocator"], r["block_size"]) for r in rows) == [("hybrid", "32"), ("paged", "32")]
+
+
 def test_ctrl_c_in_a_sweep_is_one_line_exit_130_and_a_rerun_skips_the_points_that_finished(
     tmp_path, monkeypatch, capsys
 ):

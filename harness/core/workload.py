@@ -116,6 +116,9 @@ def _trace_columns(path: str, header) -> dict[str, str]:
     found = {}
     for ours, spellings in TRACE_COLUMNS.items():
         present = [name for name in spellings if name in (header or ())]
+        if len(present) > 1 or (present and header.count(present[0]) > 1):  # which one would be read?
+            named = " and ".join(present) if len(present) > 1 else f"{present[0]} twice"
+            raise UserError(f"trace {path}: the header has {named}, two columns for {ours}: keep one")
         if present:
             found[ours] = present[0]
     if not header:  # an empty file: no header line at all
@@ -136,37 +139,46 @@ def load_trace(path: str) -> list[tuple[int, int, float | None, int]]:
         raise UserError("workload=trace needs workload.path=FILE.csv (columns input_len,output_len[,arrival_s])")
     if not os.path.isfile(path):
         raise UserError(f"trace file {path!r} does not exist")
-    rows = []
     with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is no header
         reader = csv.DictReader(f)
-        if reader.fieldnames:  # ` input_len , output_len `: the names without their spaces
-            reader.fieldnames = [name.strip() for name in reader.fieldnames]
-        columns = _trace_columns(path, reader.fieldnames)
-        width = len(reader.fieldnames)
-        for line, row in enumerate(reader, start=2):
-            if None in row or None in row.values():  # DictReader's extra fields, or missing ones
-                fields = width + len(row.get(None, ())) - sum(v is None for v in row.values())
-                raise UserError(f"trace {path} row {line}: {fields} field(s), but the header has {width}")
-            try:
-                i, o = (float(row[columns[c]]) for c in ("input_len", "output_len"))
-                a = row.get(columns.get("arrival_s", "arrival_s"))
-                a = float(a) if a not in (None, "") else None
-            except ValueError:
-                raise UserError(
-                    f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)"
-                ) from None
-            if not (i.is_integer() and o.is_integer()):
-                raise UserError(f"trace {path} row {line}: lengths must be whole numbers of tokens, got {row}")
-            if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
-                raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
-            if "arrival_s" in columns and a is None:
-                raise UserError(
-                    f"trace {path} row {line}: no {columns['arrival_s']}; give every row its arrival "
-                    f"time, or drop the column to have requests arrive at workload.rate"
-                )
-            rows.append((int(i), int(o), a, line))
+        try:
+            rows = _trace_rows(path, reader)
+        except csv.Error as err:  # a field past the csv module's limit, a NUL byte
+            raise UserError(f"trace {path} line {reader.line_num + 1}: {err}") from None  # the line it was reading
     if not rows:
         raise UserError(f"trace {path} has no rows")
+    return rows
+
+
+def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float | None, int]]:
+    """Each row of a trace as load_trace returns it; a bad row is one line that names it."""
+    rows = []
+    if reader.fieldnames:  # ` input_len , output_len `: the names without their spaces
+        reader.fieldnames = [name.strip() for name in reader.fieldnames]
+    columns = _trace_columns(path, reader.fieldnames)
+    width = len(reader.fieldnames)
+    for line, row in enumerate(reader, start=2):
+        if None in row or None in row.values():  # DictReader's extra fields, or missing ones
+            fields = width + len(row.get(None, ())) - sum(v is None for v in row.values())
+            raise UserError(f"trace {path} row {line}: {fields} field(s), but the header has {width}")
+        try:
+            i, o = (float(row[columns[c]]) for c in ("input_len", "output_len"))
+            a = row.get(columns.get("arrival_s", "arrival_s"))
+            a = float(a) if a not in (None, "") else None
+        except ValueError:
+            raise UserError(
+                f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)"
+            ) from None
+        if not (i.is_integer() and o.is_integer()):
+            raise UserError(f"trace {path} row {line}: lengths must be whole numbers of tokens, got {row}")
+        if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
+            raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
+        if "arrival_s" in columns and a is None:
+            raise UserError(
+                f"trace {path} row {line}: no {columns['arrival_s']}; give every row its arrival "
+                f"time, or drop the column to have requests arrive at workload.rate"
+            )
+        rows.append((int(i), int(o), a, line))
     return rows
 
 

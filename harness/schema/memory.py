@@ -138,8 +138,13 @@ def refuse_if_too_big(root, model, hardware, workload, scenario, allocator: dict
     total, parts = estimate(root, model, hardware, workload, scenario, allocator)
     free = available_bytes()
     if total > free:
+        shrink = {  # what each scenario's estimate is made of
+            "serve": "the model, the KV pool (engine.kv_cache_bytes, scenario.kv_cache_tokens) or the workload",
+            "profile": "the model or the KV pool (scenario.kv_cache_tokens)",
+            "validate": "the model or the KV pools (scenario.kv_cache_tokens, scenario.profiling.kv_cache_tokens)",
+            "kernel": "the model or the batch (batch=...)",
+        }.get(scenario.name, "the KV pool (engine.kv_cache_bytes, hardware.*) or the workload")
         raise UserError(
             f"scenario={scenario.name} with model={model.name} would allocate about {_gb(total)} "
-            f"({', '.join(parts)}) but this machine has {_gb(free)} available; shrink the model, "
-            f"the KV pool (engine.kv_cache_bytes, scenario.kv_cache_tokens), the batch or the workload"
+            f"({', '.join(parts)}) but this machine has {_gb(free)} available; shrink {shrink}"
         )
