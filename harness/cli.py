@@ -151,9 +151,22 @@ def failed_rows(cfg: DictConfig) -> list[dict]:
         return [{}]
 
 
+def refuse_preset_clash() -> None:
+    """+preset=vllm sets the paged allocator's knobs: another allocator would be refused for a
+    key it lacks, with no word of the preset that set it."""
+    choices = HydraConfig.get().runtime.choices
+    preset, allocator = choices.get("preset"), choices.get("allocator")
+    if preset == "vllm" and allocator not in (None, "paged"):
+        raise UserError(
+            f"+preset=vllm configures vLLM's paged allocator (conf/preset/vllm.yaml), not allocator={allocator}: "
+            f"drop +allocator={allocator}, or the preset"
+        )
+
+
 def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
     from kvbench.scenarios.run import run_point
 
+    refuse_preset_clash()
     schema.validate(cfg)
     refuse_unread_overrides(cfg)
     with sweep.deadline(float(cfg.sweep.point_timeout_s)), profiled(cfg, out_dir):

@@ -396,6 +396,8 @@ RUN_CASES = [
     (["~workload.rate"], "~workload.rate deletes a key every run reads: set it instead (workload.rate=VALUE)"),
     (["~measure"], "~measure deletes a section every run reads: set its keys instead (measure.KEY=VALUE)"),
     (["=5"], "an override has no key (=VALUE): write KEY=VALUE"),
+    # it said "allocator.watermark is not a key of allocator=contiguous", a key the preset set
+    (["+preset=vllm", "+allocator=contiguous"], "+preset=vllm configures vLLM's paged allocator"),
     # settings that the run recorded as its columns but never read
     (["+model.window=128", "workload.num_requests=5"], "model.window is read by window layers only, and model=opt-13b"),
     (["+model.linear_state_dim=16"], "model.linear_state_dim is read by linear layers only"),
