@@ -8,17 +8,22 @@ change). The packaged policy is conf/compare_policy.yaml; its header documents e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from kvbench.errors import UserError
+from kvbench.schema.groups import SCENARIOS
+from kvbench.schema.messages import closest, unknown_key
 from kvbench.schema.policy import check_policy
 
 DEFAULT_POLICY = "compare_policy.yaml"
 TEST_METHODS = ("mannwhitneyu", "bootstrap")
+# a bootstrap of more resamples than this is a typo: it would run for hours, and its interval
+# stops narrowing long before
+MAX_RESAMPLES = 1_000_000
 # how min_effect is measured: between the medians of the samples, or the best sample of each side
 EFFECTS = ("median", "best")
 
@@ -82,16 +87,58 @@ class Policy:
         return {**self.rules, **self.scenario_rules.get(scenario, {})}
 
 
+class _DuplicateKey(Exception):
+    """A mapping of the YAML gives one key twice: (key, first line, second line)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (which would otherwise
+    keep the last silently: a rule written twice judges by whichever comes second)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may override on purpose
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: the base class refuses it
+                    continue
+                if duplicate:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(source) -> dict:
     try:
-        data = yaml.safe_load(source.read_text())
+        data = yaml.load(source.read_text(), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as err:
         raise UserError(f"policy {source} is not UTF-8 text (byte {err.start}); give a YAML file") from None
+    except _DuplicateKey as err:
+        key, first, second = err.args
+        lines = f"line {first}" if first == second else f"lines {first} and {second}"
+        raise UserError(
+            f"policy {source}: key {key!r} is given twice in one mapping ({lines}); give each key once"
+        ) from None
     except yaml.YAMLError as err:
         raise UserError(f"policy {source} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise UserError(f"policy {source} needs a 'metrics:' mapping of metric -> {{better, tolerance}}")
     check_policy(data, source)  # unknown keys and bad values, named as key=value
+    for section in ("identity", "environment"):
+        columns = data.get(section) or []
+        twice = next((c for i, c in enumerate(columns) if c in columns[:i]), None)
+        if twice is not None:  # identity's would break the merge, environment's be reported twice
+            raise UserError(f"policy {source}: {section} lists {twice!r} twice; list each column once")
+    unknown = next((name for name in data.get("scenarios") or {} if name not in SCENARIOS), None)
+    if unknown is not None:  # its rules would never apply
+        raise UserError(
+            f"policy {source}: scenarios.{unknown} is not a scenario{closest(str(unknown), SCENARIOS)} "
+            f"(the scenarios: {', '.join(SCENARIOS)})"
+        )
     return data
 
 
@@ -128,6 +175,13 @@ def _rules(metrics: dict, known: dict) -> dict:
             raise UserError(f"policy {where}: effect must be one of {', '.join(EFFECTS)}, not {effect!r}")
         if effect != "median" and min_effect is None:
             raise UserError(f"policy {where}: effect applies to measured metrics (give min_effect)")
+        if spec.get("abs_tolerance", 0) and tolerance is None:  # no verdict would ever add it
+            why = (
+                "a measured metric is judged by min_effect"
+                if min_effect is not None
+                else "tolerance null reports only; give tolerance: 0 for an absolute slack alone"
+            )
+            raise UserError(f"policy {where}: abs_tolerance applies to exact metrics with a tolerance ({why})")
         rules[metric] = Rule(
             spec["better"],
             None if tolerance is None else float(tolerance),
@@ -142,13 +196,19 @@ def _test(spec, source) -> SignificanceTest:
     spec = spec or {}
     if not isinstance(spec, dict):
         raise UserError(f"policy {source}: test must be a mapping of method, alpha, resamples")
+    known = [field.name for field in fields(SignificanceTest)]
+    unknown = next((key for key in spec if key not in known), None)
+    if unknown is not None:
+        raise UserError(f"policy {source}: {unknown_key(f'test.{unknown}', known, 'test')}")
     method = spec.get("method", SignificanceTest.method)
     if method not in TEST_METHODS:
         raise UserError(f"policy {source}: test.method must be one of {', '.join(TEST_METHODS)}, not {method!r}")
     alpha = _fraction(f"{source} test", "alpha", spec.get("alpha", SignificanceTest.alpha), 0.0, 0.5)
     resamples = spec.get("resamples", SignificanceTest.resamples)
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
-        raise UserError(f"policy {source}: test.resamples must be a whole number >= 100, not {resamples!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or not 100 <= resamples <= MAX_RESAMPLES:
+        raise UserError(
+            f"policy {source}: test.resamples must be a whole number from 100 to {MAX_RESAMPLES:,}, not {resamples!r}"
+        )
     return SignificanceTest(method, alpha, resamples)
 
 
