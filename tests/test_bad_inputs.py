@@ -324,6 +324,9 @@ RUN_CASES = [
     (["workload=trace", "workload.path=FILES/nan.csv"], "nan.csv row 2"),
     (["workload=trace", "workload.path=FILES/long.csv"], "more than max_model_len=2048"),
     (["workload=fixed", "workload.input_len=2000", "workload.output_len=100"], "more than max_model_len=2048"),
+    # it ran, with duration_s=inf and a request throughput of 0
+    (["workload=trace", "workload.path=FILES/far.csv"], "its arrival times span 1e+300 s, more than 1e+09 s"),
+    (["workload=trace", "workload.path="], "workload.path=: is required: workload.path=FILE.csv"),  # it said "is a directory"
     # one of two columns for a length was read, silently
     (["workload=trace", "workload.path=FILES/twice.csv"], "the header has input_len twice, two columns for input_len"),
     (["workload=trace", "workload.path=FILES/alias.csv"], "the header has input_len and prompt_len"),
@@ -438,6 +441,7 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "nan.csv").write_text("input_len,output_len,arrival_s\n3,20,nan\n")
     (files / "long.csv").write_text("input_len,output_len\n3000,20\n")
     (files / "three.csv").write_text("input_len,output_len\n10,20\n30,40\n50,60\n")
+    (files / "far.csv").write_text("input_len,output_len,arrival_s\n10,20,1\n10,20,1e300\n")
     (files / "twice.csv").write_text("input_len,output_len,input_len\n10,20,30\n")
     (files / "alias.csv").write_text("input_len,prompt_len,output_len\n10,20,30\n")
     (files / "wide.csv").write_text("input_len,output_len\n10," + "2" * 200_000 + "\n")
@@ -515,6 +519,7 @@ def result_files(files):
     (files / "good.csv").write_text(GOOD)
     (files / "other.csv").write_text(GOOD.replace("opt-13b", "llama-3-8b"))
     (files / "rated.csv").write_text(GOOD.replace("\n", ",workload.rate\n", 1).replace(",1.5\n", ",1.5,4\n"))
+    (files / "far.csv").write_text("input_len,output_len,arrival_s\n10,20,1\n10,20,1e300\n")
     (files / "twice.csv").write_text(GOOD + GOOD.splitlines()[1] + "\n")
     (files / "header.csv").write_text(GOOD.splitlines()[0] + "\n")
     (files / "binary.csv").write_bytes(b"\xff\xfe\x00garbage")

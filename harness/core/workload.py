@@ -93,6 +93,8 @@ def arrivals(
 
 # Column spellings of other tools' length traces, mapped onto kvbench's: vLLM-style
 # benchmark traces and Vidur's request traces (which give arrival times in seconds).
+# arrivals further apart than this are in another unit (milliseconds since the epoch) or a typo
+MAX_TRACE_SPAN_S = 1e9
 TRACE_COLUMNS = {
     "input_len": ("input_len", "prompt_len", "num_prefill_tokens"),
     "output_len": ("output_len", "num_decode_tokens"),
@@ -229,6 +231,11 @@ def trace_requests(
         if len(taken) < len(kept):
             cutoff = taken[-1][2]
         times = np.array([r[2] for r in taken], dtype=float)
+        if times[-1] - times[0] > MAX_TRACE_SPAN_S:  # sorted: the span of the arrivals taken
+            raise UserError(
+                f"trace {path}: its arrival times span {times[-1] - times[0]:.3g} s, more than "
+                f"{MAX_TRACE_SPAN_S:.0e} s (31 years): give them in seconds"
+            )
         dropped = sum(1 for r in too_long if r[2] <= cutoff)
     else:
         if count is not None and count > len(kept):

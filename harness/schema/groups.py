@@ -248,7 +248,7 @@ class TraceWorkload(Workload):
     @field_validator("path")
     @classmethod
     def _readable_csv(cls, path: str) -> str:
-        if path == "???":
+        if path in ("???", ""):  # `workload.path=` is the empty string, which names the working directory
             raise ValueError("is required: workload.path=FILE.csv (columns input_len,output_len[,arrival_s])")
         file = Path(path)
         if not file.exists():
