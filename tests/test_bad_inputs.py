@@ -326,7 +326,10 @@ RUN_CASES = [
     (["workload=fixed", "workload.input_len=2000", "workload.output_len=100"], "more than max_model_len=2048"),
     # it ran, with duration_s=inf and a request throughput of 0
     (["workload=trace", "workload.path=FILES/far.csv"], "its arrival times span 1e+300 s, more than 1e+09 s"),
-    (["workload=trace", "workload.path="], "workload.path=: is required: workload.path=FILE.csv"),  # it said "is a directory"
+    (
+        ["workload=trace", "workload.path="],
+        "workload.path=: is required: workload.path=FILE.csv",
+    ),  # it said "is a directory"
     # one of two columns for a length was read, silently
     (["workload=trace", "workload.path=FILES/twice.csv"], "the header has input_len twice, two columns for input_len"),
     (["workload=trace", "workload.path=FILES/alias.csv"], "the header has input_len and prompt_len"),
