@@ -268,6 +268,19 @@ CROSS_CASES = [
     (["scenario=profile"], "scenario=profile with model=opt-13b would allocate about"),
     (["scenario=profile", "model=llama-3-8b", "scenario.kv_cache_tokens=16"], "weights (fp32) 35.3 GB"),
     (["scenario=validate"], "scenario=validate with model=opt-13b would allocate about"),
+    # what the real model or the kernel could not build: tracebacks part-way into the run
+    (["scenario=serve", "model=tiny", "model.head_dim=15"], "model.head_dim=15 must be even for scenario=serve"),
+    (
+        [
+            "scenario=serve",
+            "model=tiny",
+            "+model.layer_pattern=[linear]",
+            "+model.linear_state_dim=16",
+            "+allocator=hybrid",
+        ],
+        "model.layer_pattern=[linear] has no attention layer",
+    ),
+    (["scenario=kernel", "model=tiny-gemma3", "+allocator=hybrid"], "allocator=hybrid keeps a pool per layer kind"),
     # validate's changes to its serve and profile runs, checked as those scenarios check them
     (
         ["scenario=validate", "model=tiny", "+scenario.serve.bogus=1"],

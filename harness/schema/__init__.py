@@ -278,10 +278,33 @@ def validate(cfg: DictConfig | dict) -> dict:
             f"max_model_len={model.max_model_len} (model.max_model_len)"
         )
     refuse_pool_beyond_the_gpu(checked)
+    refuse_shapes_the_real_model_cannot_run(checked)
     refuse_if_too_big(
         checked["root"], model, checked["hardware"], workload, checked["scenario"], checked.get("allocator") or {}
     )
     return checked
+
+
+def refuse_shapes_the_real_model_cannot_run(checked: dict) -> None:
+    """What the real model (serve, profile, validate) and the kernel scenario cannot build."""
+    scenario, model = checked["scenario"].name, checked["model"]
+    allocator = (checked.get("allocator") or {}).get("name")
+    if scenario in ("serve", "profile", "validate"):
+        if model.head_dim % 2:
+            raise UserError(
+                f"model.head_dim={model.head_dim} must be even for scenario={scenario}: the real model's rotary "
+                f"embedding turns pairs of dimensions"
+            )
+        if model.layer_pattern and not {"full", "window"} & set(model.layer_pattern):
+            raise UserError(
+                f"model.layer_pattern=[{','.join(model.layer_pattern)}] has no attention layer; scenario={scenario}'s "
+                f"model needs a full or window layer among its linear ones"
+            )
+    if scenario == "kernel" and allocator == "hybrid":
+        raise UserError(
+            "allocator=hybrid keeps a pool per layer kind; scenario=kernel times one attention layer's kernel on "
+            "one block table: choose allocator=paged or contiguous (bench scenario=serve runs hybrid models whole)"
+        )
 
 
 def refuse_pool_beyond_the_gpu(checked: dict) -> None:
