@@ -300,6 +300,16 @@ def refuse_shapes_the_real_model_cannot_run(checked: dict) -> None:
                 f"model.layer_pattern=[{','.join(model.layer_pattern)}] has no attention layer; scenario={scenario}'s "
                 f"model needs a full or window layer among its linear ones"
             )
+    graph = checked.get("graph") or {}
+    limits = {"piecewise": "max_num_batched_tokens", "full": "max_num_seqs"}  # what a step's graph is sized by
+    if graph.get("name") in limits and graph.get("capture_sizes"):
+        knob = limits[graph["name"]]
+        limit = getattr(checked["root"].scheduler, knob)
+        if max(graph["capture_sizes"]) > limit:  # every step would be padded past what it can hold
+            raise UserError(
+                f"graph.capture_sizes={list(graph['capture_sizes'])} must stay <= scheduler.{knob}={limit}: "
+                f"no step of graph={graph['name']} is larger, and a bigger graph pads every step to its size"
+            )
     if scenario == "kernel" and allocator == "hybrid":
         raise UserError(
             "allocator=hybrid keeps a pool per layer kind; scenario=kernel times one attention layer's kernel on "
