@@ -12,6 +12,7 @@ import math
 import os
 
 from kvbench.errors import UserError
+from kvbench.schema import groups as sections
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 REQUEST_BYTES = 2048  # a Request, its Sequence(s) and the recorder's per-request entries
@@ -53,11 +54,6 @@ def _serve_weights(model, dtype_bytes: int) -> float:
     return params * dtype_bytes + model.max_model_len * model.head_dim * 4  # + the RoPE tables
 
 
-# conf/scenario/serve.yaml's and profile.yaml's, which validate's serve and profile runs start from
-SERVE_SWAP_SPACE_TOKENS = 8192
-PROFILE_KV_CACHE_TOKENS = 65536
-
-
 def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
     """(the weights' part name and bytes, KV bytes per token) of the real model a scenario builds
     in `dtype`: on the host first, in fp32 (torch's default) unless a dtype is set."""
@@ -67,8 +63,10 @@ def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
     )
 
 
-def _given(value, default):
-    return default if value is None else value
+def _given(changes, key: str, section):
+    """validate's change to `key`, else the scenario's own default (its schema's, as its YAML's)."""
+    value = getattr(changes, key)
+    return section.model_fields[key].default if value is None else value
 
 
 def _num_requests(workload, scenario) -> float:
@@ -105,8 +103,8 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
         # (unless scenario.profile names a profile.csv), then the serve runs', each with its pool.
         serve, profiling = scenario.serve, scenario.profiling  # changes: None where unset
         weights, per_token = _real_model(model, serve.dtype or "auto")
-        serve_kv = scenario.kv_cache_tokens + _given(serve.swap_space_tokens, SERVE_SWAP_SPACE_TOKENS)
-        profile_kv = 0 if scenario.profile else _given(profiling.kv_cache_tokens, PROFILE_KV_CACHE_TOKENS)
+        serve_kv = scenario.kv_cache_tokens + _given(serve, "swap_space_tokens", sections.Serve)
+        profile_kv = 0 if scenario.profile else _given(profiling, "kv_cache_tokens", sections.Profile)
         parts[f"{weights[0]} x2"] = 2 * weights[1]
         parts["KV cache"] = max(serve_kv, profile_kv) * per_token
         parts["prompt tokens"] = requests * model.max_model_len * 8
