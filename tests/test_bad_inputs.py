@@ -206,6 +206,23 @@ COMPOSE_CASES = [
     (["workload.shuffle=true"], "workload=trace has it: e.g. workload=trace workload.shuffle=true"),
     (["scenario.num_requests=3"], "scenario=serve has it: e.g. scenario=serve scenario.num_requests=3"),
     (["executor.profile=p.csv"], "executor=calibrated has it: e.g. executor=calibrated executor.profile=p.csv"),
+    # a key inside a table only some options have (it said `not a key of scenario; did you mean
+    # scenario.profiling.rep_ms?`, listing every scenario's keys)
+    (
+        ["scenario=profile", "scenario.profiling.repeats=2"],
+        "scenario.profiling is not a key of the chosen scenario; scenario=validate has it: e.g. "
+        "scenario=validate +scenario.profiling.repeats=2",
+    ),
+    (
+        ["scenario=validate", "scenario.profiling.repeats=2"],
+        "scenario.profiling.repeats is a scenario.profiling key that this config does not set: add it with "
+        "+scenario.profiling.repeats=2",
+    ),
+    (
+        ["scenario=validate", "scenario.profiling.repeatz=2"],
+        "scenario.profiling.repeatz is not a key of scenario.profiling; did you mean scenario.profiling.repeats? "
+        "(its keys: device,",
+    ),
     # an experiment's settings: its own keys, or none (fig2's keys were `did you mean fig12?`)
     (["+experiment=fig2", "fig2.nope=1"], "fig2.nope: +experiment=fig2 has no settings of its own"),
     (

@@ -55,8 +55,37 @@ def _nested(group: str, rest: str) -> tuple[str, list[str]] | None:
     return (where, list(model.model_fields)) if where != group else None
 
 
-def _unknown_key(full_key: str, add: str = "", chosen: bool = False) -> str:
-    """`chosen`: the key's group has a node (a plugin group: one is chosen) and lacks the key."""
+def _option_section_key(group: str, rest: str, add: str, missing: str) -> str | None:
+    """For `group.section.key` where `section` is a table of some options of an option group
+    (scenario.profiling on scenario=validate): which options have the section when the chosen one
+    lacks it (`missing` is the key Hydra could not find), else the section's own keys."""
+    head, _, tail = rest.partition(".")
+    options = OPTION_GROUPS[group][1]
+    owners = {name: model.model_fields[head] for name, model in options.items() if head in model.model_fields}
+    sections = [
+        f.annotation for f in owners.values() if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+    ]
+    if not sections:
+        return None
+    where = f"{group}.{head}"
+    if missing == head:  # the chosen option has no such section
+        value = add.partition("=")[2] or "VALUE"
+        return (
+            f"{where} is not a key of the chosen {group}; {' and '.join(f'{group}={o}' for o in owners)} "
+            f"{'has' if len(owners) == 1 else 'have'} it: e.g. {group}={next(iter(owners))} "
+            f"+{group}.{rest}={value}"
+        )
+    fields = list(dict.fromkeys(name for model in sections for name in model.model_fields))
+    if "." not in tail and tail in fields:
+        how = add or f"+{group}.{rest}=VALUE"
+        return f"{group}.{rest} is a {where} key that this config does not set: add it with {how}"
+    return unknown_key(f"{group}.{rest}", fields, where)
+
+
+def _unknown_key(full_key: str, add: str = "", chosen: bool = False, missing: str = "") -> str:
+    """`chosen`: the key's group has a node (a plugin group: one is chosen) and lacks the key;
+    `missing`: the key Hydra could not find, where it says (the last part of a dotted key or
+    a section above it)."""
     group, _, rest = full_key.partition(".")
     if not rest and full_key in EXPERIMENT_SECTIONS:  # fig12=...: the table of an experiment not chosen
         return (
@@ -81,6 +110,10 @@ def _unknown_key(full_key: str, add: str = "", chosen: bool = False) -> str:
         )
     if nested is not None:
         return unknown_key(full_key, nested[1], nested[0])
+    if group in OPTION_GROUPS and "." in rest:  # scenario.profiling.repeats: a section some options have
+        line = _option_section_key(group, rest, add, missing)
+        if line:
+            return line
     if group in groups.PLUGINS and rest in group_fields(group):
         if chosen:  # a plugin is chosen, and it lacks the key
             return elsewhere_line(group, rest, add.partition("=")[2] or "VALUE") or unknown_key(
@@ -127,7 +160,8 @@ def hydra_line(err: BaseException) -> str | None:
                 return f"{key} has no default to change: add the group with a + ({add})"
             group = key.split(".", 1)[0]
             chosen = cause is not None and f"Key '{group}' is not in struct" not in str(cause)
-            return _unknown_key(key, add, chosen)
+            missing = str(cause).split("Key '", 1)[-1].split("'", 1)[0] if cause is not None else ""
+            return _unknown_key(key, add, chosen, missing)
         if message.startswith("Ambiguous value for argument"):
             return (
                 f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "
