@@ -432,6 +432,12 @@ FAST = ["progress=false", "workload.num_requests=3", "hydra/job_logging=none", "
             "allocator contiguous cannot hold the linear layers of model qwen3-next-like",
         ),
         (["model=gemma-3-like", "hardware=h200"], "allocator paged cannot hold the window layers"),
+        # the way out each scenario takes (the kernel scenario pointed at hybrid, which it refuses;
+        # serve pointed at as_full, which it refuses for linear layers)
+        (
+            ["scenario=serve", "model=tiny-qwen3-next", "+allocator=paged"],
+            "use +allocator=hybrid (policy shared or static: as_full has no state slots for linear layers)",
+        ),
         (
             ["model=gpt-oss-like", "hardware=h200", "+allocator=hybrid", "allocator.policy=split"],
             "allocator.policy=split must be 'shared', 'static' or 'as_full'",
@@ -453,6 +459,16 @@ FAST = ["progress=false", "workload.num_requests=3", "hydra/job_logging=none", "
 def test_bad_hybrid_input_is_one_line_with_exit_code_2(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     assert message in refused(lambda: cli.main([*args, *FAST]))
+
+
+def test_the_kernel_scenario_on_a_window_model_names_a_way_it_takes(tmp_path, monkeypatch):
+    # it said `use +allocator=hybrid`, which the kernel scenario refuses
+    monkeypatch.chdir(tmp_path)
+    line = refused(lambda: cli.main(["scenario=kernel", "model=tiny-gemma3", "+allocator=paged", *FAST[2:]]))
+    assert (
+        "scenario=kernel times one full-attention layer on one block table: choose a model whose layers are all" in line
+    )
+    assert "+allocator=hybrid (" not in line
 
 
 class NoWindowBackend(EagerBackend):

@@ -67,10 +67,25 @@ def allocator_class(cfg: DictConfig, model: ModelSpec) -> tuple[type, dict]:
     if unserved:
         raise UserError(
             f"allocator {cls.name} cannot hold the {' and '.join(unserved)} layers of model "
-            f"{model.name} (it holds: {', '.join(cls.layer_kinds)}); use +allocator=hybrid "
-            f"(allocator.policy=as_full keeps every layer as full attention)"
+            f"{model.name} (it holds: {', '.join(cls.layer_kinds)}); {_other_layers_hint(cfg, unserved)}"
         )
     return cls, options
+
+
+def _other_layers_hint(cfg: DictConfig, unserved: list[str]) -> str:
+    """What runs a model with layers other than full attention, in this scenario: the kernel
+    scenario times one full-attention layer and takes no hybrid pool; as_full (every layer sized
+    as full attention) is a memory baseline that serves no linear layer."""
+    scenario = cfg.scenario.name
+    if scenario == "kernel":
+        return (
+            "scenario=kernel times one full-attention layer on one block table: choose a model whose "
+            "layers are all full attention (e.g. model=tiny), or run this one whole with "
+            "scenario=serve +allocator=hybrid"
+        )
+    if scenario == "simulate" or "linear" not in unserved:
+        return "use +allocator=hybrid (allocator.policy=as_full sizes every layer as full attention)"
+    return "use +allocator=hybrid (policy shared or static: as_full has no state slots for linear layers)"
 
 
 def build_allocator(cfg: DictConfig, model: ModelSpec, num_slots: int, max_model_len: int | None = None):
