@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_module
 from kvbench.core.scheduler import Scheduler
 from kvbench.errors import UserError
 from kvbench.executors.calibrated import CalibratedExecutor, load_profile, local_device_name, model_shape
-from kvbench.executors.step_fit import FEATURES, heldout_split
+from kvbench.executors.step_fit import FEATURES, fit, heldout_split
 from kvbench.registry import default_registry
 from kvbench.reporting.results import write_csv
 from kvbench.scenarios.build import load_specs
@@ -296,6 +296,33 @@ def test_a_grid_too_small_to_fit_says_how_many_shapes_the_fit_needs(tmp_path):
     small = ["scenario.prefill_len=[16]", "scenario.prefill_seqs=[1]", "scenario.decode_batch=[1]"]
     with pytest.raises(UserError, match=r"needs at least 5 measured shapes, and 3 of the grid's 3 ran"):
         profile(tmp_path, *small, "scenario.decode_context=[16]")
+
+
+def test_a_fit_with_too_few_shapes_to_hold_any_out_reports_no_held_out_error():
+    # it scored the forms on the shapes they were fitted to and reported that as held-out error
+    rows = [
+        {"num_tokens": n, "num_seqs": b, "context_tokens": n * 4, "attention_pairs": n * n, "phase": "prefill"}
+        for n, b in ((16, 1), (64, 1), (256, 2), (512, 4), (128, 3))
+    ]
+    times = [1e-3 + 2e-6 * r["num_tokens"] + 4e-4 * r["num_seqs"] for r in rows]
+    report = fit(rows, times, held=[0])  # 4 shapes left cannot fit 5 coefficients
+    assert report.num_heldout == 0 and report.held == ()
+    assert np.isnan(report.heldout_median) and np.isnan(report.heldout_max)
+    assert report.fit_median < 0.01 and report.fit_max >= report.fit_median
+    held = fit(rows * 3, times * 3, held=[0, 5])  # enough left: two shapes held out and scored
+    assert held.num_heldout == 2 and held.held == (0, 5) and held.heldout_median < 0.01
+
+
+def test_a_profile_that_holds_out_no_shape_marks_none_and_says_why(tmp_path, caplog):
+    small = ["scenario.prefill_len=[16,32]", "scenario.prefill_seqs=[1]", "scenario.decode_batch=[1,2]"]
+    with caplog.at_level("WARNING", logger="kvbench"):
+        row = profile(tmp_path, *small, "scenario.decode_context=[16]", "scenario.mixed_batch=[1]")[0]
+    assert row["profile_shapes"] == 5 and row["fit_heldout_shapes"] == 0
+    assert np.isnan(row["fit_heldout_median_err"]) and row["fit_median_err"] >= 0
+    assert {r["heldout"] for r in read_rows(tmp_path / "profile.csv")} == {"False"}
+    assert "scenario.heldout_frac=0.25 holds out no shape: 5 measured leave too few" in caplog.text
+    # the profile still calibrates a simulation, refitted to the same coefficients
+    assert load_profile(str(tmp_path / "profile.csv")).report.num_heldout == 0
 
 
 def test_repeats_below_one_are_refused(tmp_path):

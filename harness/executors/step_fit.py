@@ -18,6 +18,7 @@ four dimensions, and a dot product of five numbers costs nothing on the simulato
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,11 +97,14 @@ def relative_errors(model: StepTimeModel, rows: list[dict], times: np.ndarray) -
 @dataclass(frozen=True)
 class FitReport:
     model: StepTimeModel
-    heldout_median: float  # median |predicted - measured| / measured over the held-out shapes
+    heldout_median: float  # median |predicted - measured| / measured over the held-out shapes; nan if none
     heldout_max: float
     num_fit: int
     num_heldout: int
-    scores: dict  # form -> held-out median relative error
+    scores: dict  # form -> held-out median relative error (in-sample where none is held out)
+    held: tuple  # the shapes scored as held out: none where too few are left to fit
+    fit_median: float  # the final fit's median relative error over every shape (in-sample)
+    fit_max: float
 
 
 def heldout_split(rows: list[dict], heldout_frac: float, seed: int) -> list[int]:
@@ -115,17 +119,34 @@ def heldout_split(rows: list[dict], heldout_frac: float, seed: int) -> list[int]
 
 
 def fit(rows: list[dict], times, held: list[int]) -> FitReport:
-    """Choose the form on the `held` (held-out) shapes, fitting the others; refit it on all."""
+    """Choose the form on the `held` (held-out) shapes, fitting the others; refit it on all.
+    Where nothing is held out, or too few shapes would be left to fit, the forms are scored on
+    the shapes they were fitted to: the report then says so (no held-out shapes, a nan
+    held-out error), and its in-sample error is the only one it has."""
     times = np.asarray(times, dtype=float)
     held = sorted(set(held))
     train = [i for i in range(len(rows)) if i not in set(held)]
+    scored = held
     if not held or len(train) <= len(FEATURES):  # too few shapes to hold any out: score on all
-        train = held = list(range(len(rows)))
+        train = scored = list(range(len(rows)))
+        held = []
     pick = lambda idx: [rows[i] for i in idx]
     scores, worst = {}, {}
     for form in FORMS:
         model = fit_form(form, pick(train), times[train])
-        errors = relative_errors(model, pick(held), times[held])
+        errors = relative_errors(model, pick(scored), times[scored])
         scores[form], worst[form] = float(np.median(errors)), float(errors.max())
     best = min(FORMS, key=lambda f: (round(scores[f], 4), FORMS.index(f)))
-    return FitReport(fit_form(best, rows, times), scores[best], worst[best], len(train), len(held), scores)
+    final = fit_form(best, rows, times)
+    in_sample = relative_errors(final, rows, times)
+    return FitReport(
+        final,
+        scores[best] if held else math.nan,
+        worst[best] if held else math.nan,
+        len(train),
+        len(held),
+        scores,
+        tuple(held),
+        float(np.median(in_sample)),
+        float(in_sample.max()),
+    )

@@ -68,6 +68,7 @@ RUN_LINES = [
             ("Held-out shapes", "fit_heldout_shapes", "{:.0f}"),
             ("Held-out median error", "fit_heldout_median_err", "{:.1%}"),
             ("Held-out max error", "fit_heldout_max_err", "{:.1%}"),
+            ("In-sample median error", "fit_median_err", "{:.1%}"),
         ],
     ),
     (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios.build import build_allocator, plugin_cfg
 from kvbench.scenarios.serve import RealModel, real_model, step_clock
 from kvbench.scenarios.synthetic_steps import Shape, StepTimer
+
+log = logging.getLogger("kvbench")
 
 
 def out_dir(scenario: DictConfig) -> Path:
@@ -213,8 +216,16 @@ def run(cfg: DictConfig, between=None) -> list[dict]:
     rows, skipped = profile_rows(cfg, bool(cfg.progress), between)
     profile_s, profile_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     times = np.array([r[fit_column(r)] for r in rows])
-    held = heldout_split(rows, heldout_frac, int(cfg.seed))
-    report = fit(rows, times, held)
+    report = fit(rows, times, heldout_split(rows, heldout_frac, int(cfg.seed)))
+    if heldout_frac and not report.num_heldout:
+        log.warning(
+            "scenario.heldout_frac=%g holds out no shape: %d measured leave too few to fit %d "
+            "coefficients on the rest; the fit's error is in-sample (fit_median_err)",
+            heldout_frac,
+            len(rows),
+            len(FEATURES) + 1,
+        )
+    held = set(report.held)
     for i, (row, predicted) in enumerate(zip(rows, report.model.predict_rows(rows))):
         row.update(predicted_s=float(predicted), heldout=i in held)
     folder = out_dir(scenario)
@@ -232,6 +243,8 @@ def run(cfg: DictConfig, between=None) -> list[dict]:
         "fit_heldout_median_err": report.heldout_median,
         "fit_heldout_max_err": report.heldout_max,
         "fit_heldout_shapes": report.num_heldout,
+        "fit_median_err": report.fit_median,
+        "fit_max_err": report.fit_max,
     }
     fit_doc = {**summary, "model": report.model.as_dict(), "heldout_median_err_by_form": report.scores}
     write_atomic(folder / "profile_fit.json", json.dumps(fit_doc, indent=2) + "\n")
