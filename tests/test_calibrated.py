@@ -248,6 +248,31 @@ def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and "no such file" in result.stderr
 
 
+def test_a_profile_path_that_is_a_directory_points_at_the_profile_inside(tiny_profile):
+    folder = str(Path(tiny_profile).parent)  # it said "no such file" of a folder that exists
+    with pytest.raises(UserError, match=r"executor.profile='.*' is a directory, not a profile.csv; did you mean "):
+        load_profile(folder)
+    empty = Path(folder) / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match=r"scenario.profile='.*' is a directory, not a profile.csv; write one"):
+        load_profile(str(empty), key="scenario.profile")
+
+
+def test_validation_checks_a_given_profile_before_any_served_run(tmp_path, monkeypatch):
+    # it served a whole run, then said `executor.profile=...: no such file` of scenario.profile
+    import kvbench.scenarios.validate_simulator as validation
+
+    monkeypatch.setattr(validation, "serve", lambda *a, **k: pytest.fail("served before the profile was checked"))
+    given = lambda profile: run_point(
+        compose_cfg("scenario=validate", "model=tiny", f"scenario.out_dir={tmp_path}", f"scenario.profile={profile}")
+    )
+    with pytest.raises(UserError, match=r"^scenario.profile='.*none.csv': no such file"):
+        given(tmp_path / "none.csv")
+    other = synthetic_profile(tmp_path / "small.csv", model="small")  # measured on another model
+    with pytest.raises(UserError, match="small"):
+        given(other)
+
+
 def test_a_malformed_profile_names_the_row(tiny_profile):
     rows = read_rows(tiny_profile)
     rows[4]["time_s_median"] = "fast"
@@ -294,8 +319,12 @@ def test_a_grid_longer_than_the_model_is_refused(tmp_path):
 
 def test_a_grid_too_small_to_fit_says_how_many_shapes_the_fit_needs(tmp_path):
     small = ["scenario.prefill_len=[16]", "scenario.prefill_seqs=[1]", "scenario.decode_batch=[1]"]
-    with pytest.raises(UserError, match=r"needs at least 5 measured shapes, and 3 of the grid's 3 ran"):
+    with pytest.raises(UserError, match=r"needs at least 5 measured shapes, and 3 of the grid's 3 ran; give"):
         profile(tmp_path, *small, "scenario.decode_context=[16]")
+    # the shapes the limits ruled out count in the grid (it said "3 of the grid's 3 ran")
+    limited = [*small, "scenario.decode_batch=[1,8]", "scenario.decode_context=[16]", "scheduler.max_num_seqs=4"]
+    with pytest.raises(UserError, match=r"and 3 of the grid's 4 ran \(1 exceeds scheduler.max_num_seqs or"):
+        profile(tmp_path, *limited)
 
 
 def test_a_fit_with_too_few_shapes_to_hold_any_out_reports_no_held_out_error():

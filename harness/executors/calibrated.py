@@ -105,11 +105,16 @@ def _number(path: str, line: int, row: dict, column: str) -> float:
     return value
 
 
-def load_profile(path: str) -> Profile:
-    """Read and check a profile.csv (naming the row at fault), then fit its step-time model."""
+def load_profile(path: str, key: str = "executor.profile") -> Profile:
+    """Read and check a profile.csv (naming the row at fault), then fit its step-time model;
+    `key` is the setting that named the file, for the error."""
     file = Path(path)
+    if file.is_dir():
+        inside = file / "profile.csv"
+        hint = f"did you mean {key}={str(inside)!r}?" if inside.is_file() else "write one with bench scenario=profile"
+        raise UserError(f"{key}={path!r} is a directory, not a profile.csv; {hint}")
     if not file.is_file():
-        raise UserError(f"executor.profile={path!r}: no such file; write one with bench scenario=profile")
+        raise UserError(f"{key}={path!r}: no such file; write one with bench scenario=profile")
     data = file.read_bytes()
     # The csv module, not pandas: this runs at every calibrated simulation's start, where
     # importing pandas (0.3 s) would be a tenth of a 1,000-request run; cells stay text, each

@@ -167,11 +167,21 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     statistic = str(scenario.get("fit_to", "mean"))
     measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between, statistic=statistic)
     if len(measured) < len(FEATURES) + 1:
+        unheld = len(shapes) - len(measured)
+        why = [
+            f"{ruled_out} {'exceeds' if ruled_out == 1 else 'exceed'} scheduler.max_num_seqs or max_num_batched_tokens"
+            if ruled_out
+            else "",
+            f"{unheld} {'does' if unheld == 1 else 'do'} not fit the KV pool of scenario.kv_cache_tokens="
+            f"{scenario.kv_cache_tokens}"
+            if unheld
+            else "",
+        ]
+        why = "; ".join(w for w in why if w)
         raise UserError(
             f"the step-time fit needs at least {len(FEATURES) + 1} measured shapes, and {len(measured)} of "
-            f"the grid's {len(shapes)} ran (a shape must fit scheduler.* and scenario.kv_cache_tokens="
-            f"{scenario.kv_cache_tokens}); give the grid more values (scenario.prefill_len, "
-            f"scenario.decode_batch, ...) or raise those limits"
+            f"the grid's {len(shapes) + ruled_out} ran{f' ({why})' if why else ''}; give the grid more values "
+            f"(scenario.prefill_len, scenario.decode_batch, ...) or raise those limits"
         )
     identity = {
         "model": spec.name,

@@ -20,12 +20,13 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import UserError
+from kvbench.executors.calibrated import load_profile
 from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios.build import load_specs, plugin_cfg
 from kvbench.scenarios.profile import out_dir, step_timer
 from kvbench.scenarios.profile import run as run_profile
 from kvbench.scenarios.serve import serve
-from kvbench.scenarios.simulate import simulate
+from kvbench.scenarios.simulate import make_executor, simulate
 from kvbench.scenarios.synthetic_steps import Shape
 
 # The serving metrics compared: label -> result column. Renaming a result column is one edit here.
@@ -269,7 +270,7 @@ def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     runs, load = check(scenario)
     folder = out_dir(scenario)
-    model, _ = load_specs(cfg)
+    model, hardware = load_specs(cfg)
     changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
     profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
     host = ModelProbe(profile_cfg, model.max_model_len)
@@ -289,6 +290,9 @@ def run(cfg: DictConfig) -> list[dict]:
     base.engine.kv_cache_bytes = kv_bytes
     sim_cfg = OmegaConf.merge(base, {"executor": None})
     sim_cfg.executor = {"name": "calibrated", "profile": str(profile), "device": "local"}
+    if scenario.get("profile"):  # a profile given: checked before the serve runs, not after the first
+        load_profile(str(profile), key="scenario.profile")
+        make_executor(sim_cfg, model, hardware)
     if load is not None:  # below the rate the simulated server saturates at, so both reach steady state
         saturated, _ = simulate(OmegaConf.merge(sim_cfg, {"workload": {"rate": float("inf")}, "progress": False}))
         rate = load * float(saturated[REQUEST_RATE])
