@@ -8,9 +8,13 @@ search.
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 from hydra import compose, initialize_config_module
 
+from kvbench.errors import UserError
 from kvbench.scenarios.run import run_point
 
 from helpers.engine import GREEDY, SAMPLED, alone, beams_alone, make_requests, outputs, run_engine
@@ -129,3 +133,27 @@ def test_serve_scenario_reports_the_host_time_split():
     assert all(row[f"{p}_s"] > 0 for p in ("schedule", "prepare", "forward", "sample"))
     assert sum(row[f"{p}_frac"] for p in phases) == pytest.approx(1.0)
     assert row["output_throughput"] == pytest.approx(5 * 6 / row["duration_s"])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning to cores needs Linux's sched_setaffinity")
+def test_cpu_affinity_pins_exactly_the_listed_cores_or_refuses(monkeypatch):
+    # [0, 99] ran pinned to core 0 and recorded [0, 99]; [] and [99] gave a bare errno
+    from kvbench.scenarios import serve as serving
+
+    before = os.sched_getaffinity(0)
+    first = min(serving.START_CORES)
+    missing = max(serving.START_CORES) + 1
+    try:
+        for cores, message in (
+            ([], "names no core: list some of"),
+            ([missing], f"this process may run on cores {serving._ranges(sorted(serving.START_CORES))[0]}"),
+            ([first, missing], f"only, not [{missing}]"),
+        ):
+            with pytest.raises(UserError, match=re.escape(message)):
+                serving.pin_cores(cores)
+            assert os.sched_getaffinity(0) == before  # a refused set changes nothing
+        serving.pin_cores([first])
+        assert os.sched_getaffinity(0) == {first}
+    finally:
+        os.sched_setaffinity(0, before)
+    assert serving._ranges([0, 1, 2, 5, 7, 8]) == ["0-2", "5", "7-8"]

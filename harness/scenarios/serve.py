@@ -67,14 +67,45 @@ def serve_workload(cfg: DictConfig) -> dict:
     return spec
 
 
+# the cores this process could run on when it started: a run pinned earlier in a sweep narrows
+# what sched_getaffinity reports, not what a later run may ask for
+START_CORES = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+
+
+def pin_cores(cores: list[int]) -> None:
+    """Run this process on exactly `cores`, or refuse: the kernel would silently drop the cores
+    it cannot use ([0, 99] runs on core 0 alone) and refuse a set of none with a bare errno."""
+    setting = f"scenario.cpu_affinity={cores}"
+    if not hasattr(os, "sched_setaffinity"):
+        raise UserError(f"{setting}: this platform cannot pin a process to cores; set it to null")
+    allowed = ", ".join(_ranges(sorted(START_CORES)))
+    if not cores:
+        raise UserError(f"{setting} names no core: list some of {allowed}, or null to keep every core")
+    unknown = sorted(set(cores) - START_CORES)
+    if unknown:
+        raise UserError(f"{setting}: this process may run on cores {allowed} only, not {unknown}")
+    try:
+        os.sched_setaffinity(0, set(cores))
+    except OSError as err:
+        raise UserError(f"{setting} cannot be applied: {err}") from None
+
+
+def _ranges(cores: list[int]) -> list[str]:
+    """[0, 1, 2, 5] -> ['0-2', '5']."""
+    spans: list[list[int]] = []
+    for core in cores:
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return [f"{a}-{b}" if b > a else str(a) for a, b in spans]
+
+
 def pin_threads(scenario: DictConfig, device: torch.device) -> None:
     """Fix torch's intra- and inter-op thread counts and, if set, the cores this process runs on."""
     cores = scenario.get("cpu_affinity")
     if cores is not None:
-        try:
-            os.sched_setaffinity(0, {int(c) for c in cores})
-        except (OSError, ValueError, TypeError) as err:
-            raise UserError(f"scenario.cpu_affinity={list(cores)} cannot be applied: {err}") from None
+        pin_cores([int(c) for c in cores])
     threads = scenario.get("cpu_threads")
     if device.type != "cpu" or threads is None:
         return
