@@ -461,6 +461,11 @@ RUN_CASES = [
     ),
     # it said the 15,808-slot pool was smaller than a 1,984-slot request
     (["+allocator=paged", "allocator.watermark=0.95", "workload.num_requests=5"], "keeps 15008 of them free"),
+    # serve's pool is scenario.kv_cache_tokens: it said "0 token slots ... give more memory (hardware.*"
+    (
+        ["scenario=serve", "model=tiny", "scenario.num_requests=2", "scenario.kv_cache_tokens=8"],
+        "78-token request; raise scenario.kv_cache_tokens (now 8, which rounds down to 0 whole 16-token blocks)",
+    ),
     (["~workload"], "workload is required"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
 ]

@@ -30,6 +30,10 @@ from kvbench.errors import UserError
 
 
 class Engine:
+    # how a run gives its KV pool more room, for the errors that say it is too small; serve,
+    # whose pool is scenario.kv_cache_tokens, names that instead
+    more_memory = "give more memory (hardware.*, engine.kv_cache_bytes) or a smaller model"
+
     def __init__(
         self, scheduler: Scheduler, executor, recorder: Recorder | None = None, progress: bool = True, seed: int = 0
     ):
@@ -50,13 +54,12 @@ class Engine:
                 raise UserError(
                     f"the KV pool ({self.allocator.num_slots} token slots) keeps {kept} of them free "
                     f"(allocator.watermark), so a {longest}-token request ({self.allocator.footprint(longest)} "
-                    f"slots) can never be admitted; lower allocator.watermark or give more memory"
+                    f"slots) can never be admitted; lower allocator.watermark or {self.more_memory}"
                 )
             raise UserError(
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
                 f"{self.allocator.name} needs {self.allocator.footprint(longest)} slots for a "
-                f"{longest}-token request; give more memory (hardware.*, engine.kv_cache_bytes) "
-                f"or a smaller model"
+                f"{longest}-token request; {self.more_memory}"
             )
         allocator, widest = self.allocator, max(r.width for r in requests)
         if widest > self.scheduler.max_num_seqs:
@@ -75,7 +78,7 @@ class Engine:
                 f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
                 f"sequences of one request ({allocator.footprint(longest)} slots each with "
                 f"{allocator.name}, and its admission watermark kept free); lower workload.n / "
-                f"workload.beam_width or give more memory"
+                f"workload.beam_width or {self.more_memory}"
             )
         if self.scheduler.preemption == "swap" and allocator.supports_swap:
             blocks = cdiv(longest, allocator.block_size)

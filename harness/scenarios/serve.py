@@ -193,6 +193,19 @@ def warm_up(cfg: DictConfig, real: RealModel, steps: int) -> None:
         timer.time(Shape(decode_seqs=4, decode_context=length))
 
 
+def pool_hint(kv_bytes, num_slots: int, allocator) -> str:
+    """How a served run's KV pool gets more room: the setting that sized it, and the whole
+    blocks it came to where the allocator rounded it down."""
+    blocks, size = allocator.num_slots // allocator.block_size, allocator.block_size
+    rounded = f"rounds down to {blocks} whole {size}-token block{'' if blocks == 1 else 's'}"
+    if kv_bytes is not None:
+        slots = f"{num_slots} token slot{'' if num_slots == 1 else 's'}"
+        return f"raise engine.kv_cache_bytes (now {kv_bytes}: {slots}, which {rounded})"
+    return (
+        f"raise scenario.kv_cache_tokens (now {num_slots}{', which ' + rounded if blocks * size != num_slots else ''})"
+    )
+
+
 def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     """One served run: its result row and the engine (whose recorder holds the steps);
     `prepare(engine)`, when given, sees the engine before the first step."""
@@ -220,6 +233,7 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
 
     engine = build_engine(cfg, model_spec, num_slots, make_executor, swap_slots=swap_slots)
     engine.step_clock = step_clock(scenario, device, async_scheduling)
+    engine.more_memory = pool_hint(kv_bytes, num_slots, engine.allocator)
     if device.type == "cuda":  # capture before the first step, so no step's time includes it
         engine.executor.capture_graphs(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens))
     warm_up(cfg, real, int(scenario.get("warmup_steps", 0)))
