@@ -40,14 +40,17 @@ def interpreting(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
 
 
-def roofline_hardware(cfg: DictConfig, device: torch.device) -> Hardware:
-    """The detected GPU's profile on CUDA (when kvbench has one), else the configured one."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for fragment, profile in GPU_PROFILES:
-            if fragment in name:
-                path = resources.files("kvbench.conf") / "hardware" / f"{profile}.yaml"
-                return Hardware.from_cfg(OmegaConf.to_container(OmegaConf.load(str(path))))
+def roofline_hardware(cfg: DictConfig, device: torch.device) -> Hardware | None:
+    """The detected GPU's profile on CUDA (when kvbench has one), else the configured one; None
+    on a CPU, whose memory bandwidth no hardware profile describes (a GPU's would make any CPU
+    kernel read as a fraction of a percent of its roofline)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for fragment, profile in GPU_PROFILES:
+        if fragment in name:
+            path = resources.files("kvbench.conf") / "hardware" / f"{profile}.yaml"
+            return Hardware.from_cfg(OmegaConf.to_container(OmegaConf.load(str(path))))
     return Hardware.from_cfg(OmegaConf.to_container(cfg.hardware, resolve=True))
 
 
@@ -155,8 +158,8 @@ def run(cfg: DictConfig) -> list[dict]:
     row.update(
         bytes_moved=moved,
         achieved_gbps=moved / p50 / 1e9,
-        roofline_frac=moved / p50 / hardware.hbm_bytes_per_s,
-        roofline_hardware=hardware.name,
+        roofline_frac=moved / p50 / hardware.hbm_bytes_per_s if hardware else float("nan"),
+        roofline_hardware=hardware.name if hardware else "",
     )
 
     if sc.check_error:
