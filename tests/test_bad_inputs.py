@@ -206,6 +206,12 @@ COMPOSE_CASES = [
     (["workload.shuffle=true"], "workload=trace has it: e.g. workload=trace workload.shuffle=true"),
     (["scenario.num_requests=3"], "scenario=serve has it: e.g. scenario=serve scenario.num_requests=3"),
     (["executor.profile=p.csv"], "executor=calibrated has it: e.g. executor=calibrated executor.profile=p.csv"),
+    # a rate in the wrong unit (TFLOP/s for FLOP/s) simulated steps of days and reported them
+    (
+        ["hardware.peak_flops=312"],
+        "hardware.peak_flops=312 must be >= 1e+09 (dense peak at the model's dtype in FLOP/s, e.g. 312e12)",
+    ),
+    (["hardware.hbm_bytes_per_s=1.5"], "hardware.hbm_bytes_per_s=1.5 must be >= 1e+09 (device memory bandwidth in"),
     # a key inside a table only some options have (it said `not a key of scenario; did you mean
     # scenario.profiling.rep_ms?`, listing every scenario's keys)
     (

@@ -179,10 +179,14 @@ class Model(Section):
 
 class Hardware(Section):
     name: str = Field(description="the hardware's name in result rows")
-    hbm_bytes_per_s: Float = Field(gt=0, le=1024 * TB)
-    peak_flops: Float = Field(gt=0, le=1e20)
+    # Lower bounds in physical units: a value in GB/s or TFLOP/s where bytes/s or FLOP/s are
+    # meant (peak_flops=312) would otherwise simulate steps of days and report them.
+    hbm_bytes_per_s: Float = Field(ge=1e9, le=1024 * TB, description="device memory bandwidth in bytes/s, e.g. 1555e9")
+    peak_flops: Float = Field(ge=1e9, le=1e20, description="dense peak at the model's dtype in FLOP/s, e.g. 312e12")
     memory_bytes: Float = Field(gt=0, le=1024 * TB, description="device memory per GPU, bytes")
-    pcie_bytes_per_s: Float = Field(25e9, gt=0, le=1024 * TB)
+    pcie_bytes_per_s: Float = Field(
+        25e9, ge=1e6, le=1024 * TB, description="host-device copy rate for swapping in bytes/s, e.g. 25e9"
+    )
     copy_latency_s: Float = Field(10e-6, ge=0, le=1.0)
     hbm_efficiency: Float = Field(1.0, gt=0, le=1)
     flops_efficiency: Float = Field(1.0, gt=0, le=1)

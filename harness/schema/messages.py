@@ -59,9 +59,27 @@ def _fields_at(model, loc: list[str]) -> list[str]:
     )
 
 
+BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+
+def _field_at(model, loc: list[str]):
+    """The FieldInfo of the (nested) key at `loc`, or None."""
+    cursor, field = model, None
+    for part in loc:
+        fields = cursor.model_fields if isinstance(cursor, type) and issubclass(cursor, BaseModel) else {}
+        field = fields.get(part)
+        if field is None:
+            return None
+        cursor = field.annotation
+    return field
+
+
 def allowed(error: dict) -> str:
     """What a pydantic error says is allowed, in kvbench's words (`must be > 0`)."""
     message = error["msg"]
+    bound = next(iter((error.get("ctx") or {}).values()), None) if error["type"] in BOUNDS else None
+    if isinstance(bound, (int, float)) and abs(bound) >= 1e6:  # 1e+09, not 1000000000
+        return f"must be {BOUNDS[error['type']]} {bound:.4g}"
     if error["type"] == "value_error":
         return message.removeprefix("Value error, ")
     if error["type"] in ("bool_type", "bool_parsing"):
@@ -116,7 +134,11 @@ def validation_line(err: ValidationError, group: str, model) -> str:
         message = allowed(error)
         blamed = message.split("=", 1)[0]
         return f"{group}.{message}" if group and blamed in model.model_fields else f"{group or 'config'}: {message}"
-    return rule(f"{key}={show(error.get('input'))}", allowed(error))
+    text = allowed(error)
+    field = _field_at(model, loc) if error["type"] in BOUNDS else None
+    if field is not None and field.description and "/s" in field.description:  # a rate: say its unit
+        text += f" ({field.description})"
+    return rule(f"{key}={show(error.get('input'))}", text)
 
 
 def _union_member(part: str) -> bool:
