@@ -155,19 +155,9 @@ def _bench_run(side: Side, overrides: list[str], index: int) -> None:
     side.outputs.append(sweep)
 
 
-def _typed(rows: list[dict]) -> list[dict]:
-    """CSV strings back to numbers, column by column, where every value of the column is one."""
-    frame = pd.DataFrame(rows)
-    for column in frame:
-        numbers = pd.to_numeric(frame[column], errors="coerce")
-        if numbers.notna().all():
-            frame[column] = numbers
-    return frame.to_dict("records")
-
-
 def merge_bench_runs(sweeps: list[Path]) -> pd.DataFrame:
     """Each point's runs as one row: medians, and every run's value as samples."""
-    runs = [sorted(_typed(load_rows(s)), key=lambda r: str(r.get("point"))) for s in sweeps]
+    runs = [sorted(load_rows(s).to_dict("records"), key=lambda r: str(r.get("point"))) for s in sweeps]
     rows = aggregate(runs)
     for row, *each in zip(rows, *runs):
         failed = [r for r in each if r.get("status") != "ok"]

@@ -22,6 +22,7 @@ import pandas as pd
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.report import load_rows
+from kvbench.reporting.results import cell_text
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
 
@@ -77,23 +78,12 @@ def _label(point: pd.Series, shown: list[str]) -> str:
     return ", ".join(f"{c}={point[c] if point[c] != '' else '(unset)'}" for c in shown) or "(the only point)"
 
 
-def _identity_cell(value) -> str:
-    """One identity value as text: a number by its value (rate 1 is rate 1.0, which a column of
-    1, 8 and 0.5 or a blank cell reads), a text as it is, missing as empty."""
-    if isinstance(value, (bool, np.bool_)):
-        return str(value)
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        if math.isnan(value):
-            return ""
-        return str(int(value)) if float(value).is_integer() else repr(float(value))
-    return "" if value is None or value is pd.NA else str(value)
-
-
 def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """The identity columns as points are matched on: text, numbers written one way, missing as empty."""
-    return frame[columns].astype(object).map(_identity_cell)
+    """The identity columns as points are matched on: each cell as results.cell_text writes it,
+    so a number matches by its value (rate 1 is rate 1.0, which a column of 1, 8 and 0.5 or a
+    blank cell reads), a text as it is, and a missing cell is empty."""
+    cells = frame[columns].astype(object)
+    return cells.where(cells.notna(), None).map(cell_text)
 
 
 def _no_match(base: pd.DataFrame, cur: pd.DataFrame, columns: list[str]) -> str:

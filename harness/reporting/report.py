@@ -128,21 +128,19 @@ def _load_sweeps(sweep_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
     """load_sweeps' rows, and each file they were read from (resolved) -> the input it came with.
     An input given twice, or two inputs that hold the same file, are refused: their points would
     count twice."""
-    loaded, read, owner = [], {}, {}
-    for i, path in enumerate(sweep_dirs):
+    loaded, read = [], {}
+    for path in sweep_dirs:
         frame, files = _load_rows(path)
         check_results(frame, path)
-        for file in files:
-            j = owner.setdefault(file.resolve(), i)
-            if j != i:
-                other = sweep_dirs[j]
+        for file in map(Path.resolve, files):
+            if file in read:  # an input's own files are distinct: another input holds it too
+                other = read[file]
                 raise UserError(
-                    f"{path} is given twice{f' (as {other} and {path})' if str(other) != str(path) else ''}: "
-                    f"give each input once"
+                    f"{path} is given twice (as {other} and {path}): give each input once"
                     if other.resolve() == path.resolve()
                     else f"{other} and {path} both hold {file}: give each input once"
                 )
-            read[file.resolve()] = path
+            read[file] = path
         loaded.append(frame)
     if len(sweep_dirs) == 1:
         return loaded[0], read
