@@ -103,7 +103,14 @@ def trace(tmp_path, text: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "header", ["input_len,output_len", "prompt_len,output_len", "num_prefill_tokens,num_decode_tokens"]
+    "header",
+    [
+        "input_len,output_len",
+        "prompt_len,output_len",
+        "prompt_len,expected_output_len",
+        "num_prefill_tokens,num_decode_tokens",
+        "Request tokens,Response tokens",
+    ],
 )
 def test_a_trace_reads_kvbench_vllm_and_vidur_column_spellings(tmp_path, header):
     path = trace(tmp_path, f"{header}\n10,5\n20,6\n")
@@ -131,6 +138,16 @@ def test_a_vidur_trace_s_arrived_at_gives_the_arrivals(tmp_path):
     path = trace(tmp_path, "arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n1.5,20,6\n")
     requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
     assert [(r.arrival_s, r.prompt_len) for r in requests] == [(0.0, 10), (1.5, 20)]
+
+
+def test_a_burstgpt_trace_gives_its_timestamps_and_token_counts(tmp_path):
+    path = trace(
+        tmp_path,
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,230,1317,API log\n",
+    )
+    requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in requests] == [(5.0, 472, 18), (45.0, 1087, 230)]
 
 
 def test_an_over_long_trace_row_is_dropped_and_counted(tmp_path):

@@ -12,7 +12,8 @@ Length distributions:
   assumed spread (sigma 0.6 / 0.8).
 - `uniform`: vLLM's random dataset, lengths uniform in [L(1-r), L(1+r)].
 - `fixed`: every request has the same lengths.
-- `trace`: a CSV with `input_len,output_len` and optionally `arrival_s` (vLLM's `prompt_len` and
+- `trace`: a CSV with `input_len,output_len` and optionally `arrival_s` (vLLM's
+  `prompt_len,expected_output_len`, BurstGPT's `Request tokens,Response tokens,Timestamp` and
   Vidur's `num_prefill_tokens,num_decode_tokens,arrived_at` are read too): requests in the order
   of their arrival times when the file has them (every row must), else in file order.
 """
@@ -91,14 +92,16 @@ def arrivals(
             times.append(t)
 
 
-# Column spellings of other tools' length traces, mapped onto kvbench's: vLLM-style
-# benchmark traces and Vidur's request traces (which give arrival times in seconds).
+# Column spellings of other tools' length traces, mapped onto kvbench's: vLLM's benchmark
+# requests (SampleRequest's prompt_len, expected_output_len), BurstGPT's CSV (a trace vLLM's
+# benchmark replays: Timestamp in seconds from its start, Request / Response tokens) and Vidur's
+# request traces (arrived_at in seconds).
 # arrivals further apart than this are in another unit (milliseconds since the epoch) or a typo
 MAX_TRACE_SPAN_S = 1e9
 TRACE_COLUMNS = {
-    "input_len": ("input_len", "prompt_len", "num_prefill_tokens"),
-    "output_len": ("output_len", "num_decode_tokens"),
-    "arrival_s": ("arrival_s", "arrived_at"),
+    "input_len": ("input_len", "prompt_len", "num_prefill_tokens", "Request tokens"),
+    "output_len": ("output_len", "expected_output_len", "num_decode_tokens", "Response tokens"),
+    "arrival_s": ("arrival_s", "arrived_at", "Timestamp"),
 }
 
 
