@@ -247,3 +247,110 @@ def test_blank_metrics_and_failed_rows_are_judged_as_before(tmp_path):
 def test_options_of_against_without_it_are_refused(tmp_path, flags, said):
     write_csv(tmp_path / "s.csv", [row("paged", 2.0)])
     assert said in refused(lambda: compare.main([str(tmp_path / "s.csv")] * 2 + flags))
+
+
+# --- tables whose shape pandas would read without a word ------------------------------------------
+
+GOOD = "scenario,allocator,model,seed,status,request_throughput\nsimulate,paged,opt-13b,0,ok,2.0\n"
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        (GOOD + "simulate,pow2,opt-13b,0,ok,1.0,\n", "line 3: 7 fields, but its header has 6"),
+        (GOOD + "simulate,pow2\n", "line 3: 2 fields, but its header has 6"),
+        (GOOD.replace("seed", "allocator"), "its header names allocator twice"),
+        (GOOD.replace("ok,2.0", "ok,abc"), "request_throughput is 'abc' in row 1"),
+        (GOOD.replace("allocator,", "").replace("paged,", ""), None),
+    ],
+    ids=["a field too many", "a row cut short", "a column named twice", "text in a metric", "no allocator"],
+)
+def test_a_malformed_table_is_refused_by_both_tools_not_read_shifted(tmp_path, text, said):
+    table = tmp_path / "t.csv"
+    table.write_text(text if said else text.replace("request_throughput", "kv_token_util"))
+    message = refused(lambda: report.main([str(table), "--out", str(tmp_path / "out")]))
+    assert (said or "no allocator column") in message
+    assert not (tmp_path / "out" / "report.html").exists()
+    if said and ("fields" in said or "twice" in said):  # compare reads the table the same way
+        assert said in refused(lambda: compare.main([str(table), str(table)]))
+
+
+def test_an_allocator_named_by_a_number_is_a_name(tmp_path):
+    whole = sweep(tmp_path / "s", [row("1", 2.0), row("2", 1.0)])
+    result = run_report(whole)
+    assert result.returncode == 0, result.stderr
+    assert pd.read_csv(whole / "summary.csv", dtype=str)["allocator"].tolist() == ["1", "2"]
+
+
+def test_a_point_whose_metrics_lost_their_row_is_refused_not_dropped(tmp_path):
+    whole = sweep(tmp_path / "s", [row("paged", 2.0), row("pow2", 1.0)])
+    (whole / "p1" / "metrics.csv").write_text((whole / "p1" / "metrics.csv").read_text().splitlines()[0] + "\n")
+    assert "p1/metrics.csv has a header but no row" in refused(lambda: report.main([str(whole)]))
+
+
+def test_a_folder_and_its_own_summary_are_not_counted_twice(tmp_path):
+    whole = sweep(tmp_path / "s", [row("paged", 2.0), row("pow2", 1.0)])
+    assert run_report(whole).returncode == 0
+    message = refused(lambda: report.main([str(whole), str(whole / "summary.csv"), "--out", str(tmp_path / "o")]))
+    assert "summary.csv is" in message and "own table" in message
+
+
+def test_a_report_into_another_sweeps_folder_is_refused_and_a_stale_plot_goes(tmp_path):
+    kv = dict(kv_token_util=0.5, median_ttft_ms=10.0, median_tpot_ms=1.0, mean_batch_size=3.0)
+    rated = sweep(tmp_path / "rated", [{**point, **kv} for point in RATES])
+    assert run_report(rated).returncode == 0 and (rated / "latency_vs_rate.png").is_file()
+    other = sweep(tmp_path / "other", [row("paged", 2.0), row("pow2", 1.0)])
+    summary = (rated / "summary.csv").read_bytes()
+    assert "holds another sweep's points" in refused(lambda: report.main([str(other), "--out", str(rated)]))
+    assert (rated / "summary.csv").read_bytes() == summary
+    for point in ("p1", "p3"):  # the rate 8 points go: one rate left, no rate axis to draw
+        (rated / point / "metrics.csv").unlink()
+    assert run_report(rated).returncode == 0
+    assert not (rated / "latency_vs_rate.png").exists()
+
+
+def test_the_current_folder_is_named_by_its_name(tmp_path, monkeypatch):
+    first = sweep(tmp_path / "first", [row("paged", 2.0)])
+    second = sweep(tmp_path / "second", [row("paged", 1.0)])
+    monkeypatch.chdir(first)
+    assert run_report(".", second, "--out", tmp_path / "o").returncode == 0
+    assert pd.read_csv(tmp_path / "o" / "summary.csv")["sweep"].tolist() == ["first", "second"]
+
+
+def test_an_empty_baseline_name_is_refused(tmp_path):
+    whole = sweep(tmp_path / "s", [row("paged", 2.0), row("pow2", 1.0)])
+    assert "--baseline is empty" in refused(lambda: report.main([str(whole), "--baseline", " "]))
+
+
+# --- bench-compare: nothing compared is no OK ------------------------------------------------------
+
+
+def test_points_that_failed_on_both_sides_are_no_ok(tmp_path):
+    failed = [row(a, None, status="failed", reason="weights leave no KV memory") for a in ("paged", "pow2")]
+    write_csv(tmp_path / "f.csv", failed)
+    message = refused(lambda: compare.main([str(tmp_path / "f.csv")] * 2))
+    assert "no matched point ran in both" in message and "weights leave no KV memory" in message
+
+
+@pytest.mark.parametrize(
+    "samples, said",
+    [('{"request_throughput":["abc"]}', '["abc"]'), ('{"request_throughput":5}', "as 5"), ("[1]", None)],
+)
+def test_a_samples_cell_that_is_not_lists_of_numbers_is_refused(tmp_path, samples, said):
+    serve = dict(scenario="serve", repeats=2)
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,2.0]}')])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **serve, samples=samples)])
+    if said is None:  # not a mapping: no samples, the point's value alone
+        assert run_compare(tmp_path / "base.csv", tmp_path / "cur.csv").returncode == 0
+    else:
+        message = refused(lambda: compare.main([str(tmp_path / "base.csv"), str(tmp_path / "cur.csv")]))
+        assert said in message and "a list of numbers" in message
+
+
+def test_a_measured_metric_that_fell_to_zero_is_judged_not_a_crash(tmp_path):
+    serve = dict(scenario="serve", repeats=2)
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0, **serve, median_ttft_ms=50.0)])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **serve, median_ttft_ms=0.0)])
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "median_ttft_ms" in result.stdout

@@ -49,10 +49,16 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
         for bench in data["benchmarks"]:
             runs = pd.DataFrame(bench.get("runs") or [bench["stats"]])[list(BENCHMARK_STATS.values())]
             runs = runs.astype(float).set_axis(list(BENCHMARK_STATS), axis=1)
+            if not isinstance(bench["fullname"], str) or not bench["fullname"]:
+                raise ValueError(f"a benchmark's fullname is {bench['fullname']!r}")
             counts = {k: v for k, v in (bench.get("extra_info") or {}).items() if type(v) in (int, float)}
             meta = {"status": "ok", SAMPLES: runs.to_dict("list"), **env}
-            rows.append({"benchmark": bench["fullname"], **runs.median(), "runs": len(runs), **counts, **meta})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # AttributeError: a list, not an object
+            row = {"benchmark": bench["fullname"], **runs.median(), "runs": len(runs)}
+            taken = sorted((set(row) | set(meta)) & set(counts))
+            if taken:
+                raise ValueError(f"{bench['fullname']}'s extra_info names {', '.join(taken)}, a column of its own")
+            rows.append({**row, **counts, **meta})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:  # AttributeError: a list
         raise UserError(f"{path} is not a pytest-benchmark JSON file ({err})") from None
     return pd.DataFrame(rows)
 
@@ -61,7 +67,7 @@ def read_side(path) -> pd.DataFrame:
     p = Path(path)
     if not p.exists():
         raise UserError(f"{path} does not exist; give a summary.csv, a sweep directory or a benchmark JSON")
-    frame = benchmark_frame(p) if p.suffix == ".json" else pd.DataFrame(load_rows(p))
+    frame = benchmark_frame(p) if p.suffix.lower() == ".json" else pd.DataFrame(load_rows(p))
     if frame.empty:
         raise UserError(f"{path} has no result rows")
     return frame
@@ -222,6 +228,12 @@ def compare(
     both = merged["_merge"] == "both"
     matched = merged[both]
     _check_judged(merged[both & ran[BASE] & ran[CUR]], baseline, current, policy, names)
+    if both.any() and not (both & (ran[BASE] | ran[CUR])).any():  # a failure in both is no regression
+        failed = matched.iloc[0]
+        raise UserError(
+            f"no matched point ran in both the {names[0]} and the {names[1]}, so nothing would be compared: "
+            f"every one failed in both (e.g. {_label(failed, shown)}: {failed.get(f'reason{CUR}', '')})"
+        )
     problems, tally = [], {NO_CHANGE: 0, SMALL: 0, NOT_MEANINGFUL: 0, "tested": 0}
 
     def problem(text: str, point: pd.Series, measured: bool = False) -> None:

@@ -80,7 +80,9 @@ def kv_breakdown(frame: pd.DataFrame):
     panels = []
     for name, _, _, rows in _series(frame) if x else [("", None, "-", frame)]:
         labels = pd.to_numeric(rows[x]).map("{:g}".format) if x else point_labels(rows)
-        shares = [(pd.to_numeric(rows[key], errors="coerce").fillna(0) * 100).tolist() for key, _, _ in KV_PARTS]
+        # a share the table lacks, or a cell left blank, draws as 0 (a single run's figure does too)
+        kv = rows.reindex(columns=[key for key, _, _ in KV_PARTS])
+        shares = [(pd.to_numeric(kv[key], errors="coerce").fillna(0) * 100).tolist() for key, _, _ in KV_PARTS]
         panels.append((name, list(labels), shares))
     return kv_figure(panels, rates=bool(x), title=context_title(frame))
 

@@ -65,6 +65,8 @@ KEY_METRICS = [
 POINT_COLUMNS = [*IDENTITY, "block_size", "rate", "batch_spec"]
 # What bench-report writes into its output directory: none of them may be one of its inputs.
 WRITTEN = ("summary.csv", "report.html")
+# The plots a report may draw (plots.draw_all); one this report does not draw is an earlier one's
+PLOTS = ("kv_breakdown.png", "throughput_latency.png", "latency_vs_rate.png", "latency_vs_context.png")
 
 
 def load_rows(path: Path) -> pd.DataFrame:
@@ -108,6 +110,16 @@ def check_results(frame: pd.DataFrame, path) -> None:
             f"{path} holds no results: it has neither a status column nor a result metric "
             f"({_listed(KEY_METRICS, 3)}: docs/metrics.md); its columns: {_listed(frame.columns)}"
         )
+    if "kv_token_util" in frame and "allocator" not in frame:
+        raise UserError(f"{path} has serving metrics but no allocator column: each row names the allocator it ran")
+    for column in [c for c in KEY_METRICS if c in frame]:
+        cells = frame[column]
+        bad = cells.notna() & pd.to_numeric(cells, errors="coerce").isna()
+        if bad.any():
+            raise UserError(
+                f"{path}: {column} is {cells[bad].iloc[0]!r} in row {bad.to_numpy().argmax() + 1}; "
+                f"a metric cell holds a number, or is blank where the point has none"
+            )
     again = frame.duplicated()
     if again.any():
         rows = pd.util.hash_pandas_object(frame, index=False).tolist()
@@ -133,8 +145,10 @@ def _load_sweeps(sweep_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
         frame, files = _load_rows(path)
         check_results(frame, path)
         for file in map(Path.resolve, files):
-            if file in read:  # an input's own files are distinct: another input holds it too
-                other = read[file]
+            other = read.get(file)
+            if other is path:  # two of its point folders are one (a link)
+                raise UserError(f"{path} holds {file} twice (a point folder linked to another): give each point once")
+            if other is not None:
                 raise UserError(
                     f"{path} is given twice (as {other} and {path}): give each input once"
                     if other.resolve() == path.resolve()
@@ -142,9 +156,16 @@ def _load_sweeps(sweep_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
                 )
             read[file] = path
         loaded.append(frame)
+    folders = {p.resolve(): p for p in sweep_dirs if p.is_dir()}
+    for path in sweep_dirs:
+        if path.is_file() and path.resolve().parent in folders:
+            raise UserError(
+                f"{path} is {folders[path.resolve().parent]}'s own table: its points would count twice; "
+                f"give the folder or the file"
+            )
     if len(sweep_dirs) == 1:
         return loaded[0], read
-    names = [d.name for d in sweep_dirs]
+    names = [d.resolve().name or str(d) for d in sweep_dirs]  # `.` is named by its folder
     if len(set(names)) < len(names):  # results/a/sweep and results/b/sweep
         names = [str(d) for d in sweep_dirs]
     frames = [frame.drop(columns="sweep", errors="ignore").assign(sweep=n) for frame, n in zip(loaded, names)]
@@ -177,6 +198,12 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
                 f"{file.name} in {out_dir} is an input ({source}'s points), which the report would replace: "
                 f"give --out DIR to write it elsewhere"
             )
+    inputs = {d.resolve() for d in sweep_dirs}
+    if out_dir.resolve() not in inputs and any(out_dir.glob("*/metrics.csv")):
+        raise UserError(
+            f"--out {out_dir} holds another sweep's points (*/metrics.csv): its summary.csv and report "
+            f"would describe other points; give a new or empty folder"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     if summary.resolve() not in read:
@@ -187,6 +214,8 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
         from kvbench.reporting.plots import draw_all  # matplotlib takes a second; bench-compare needs none
 
         drawn = draw_all(frame, out_dir)
+        for stale in set(PLOTS) - {path.name for path in drawn}:  # an earlier report's, of other points
+            (out_dir / stale).unlink(missing_ok=True)
     page = out_dir / "report.html"
     write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo))
     return [*written, *drawn, page], frame, chosen, slo
@@ -370,6 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.out is None and args.dirs[0].is_file():
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
+        if args.baseline is not None and not args.baseline.strip():
+            raise UserError("--baseline is empty: name an allocator of the sweep (e.g. --baseline contiguous)")
         if args.slo is not None and not args.slo > 0:
             raise UserError(f"--slo {args.slo:g} must be a number > 0 (seconds per output token)")
         if args.slo is not None and not math.isfinite(args.slo):  # as report.slo_s_per_token refuses it

@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import tempfile
+from collections import Counter
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,11 +101,31 @@ def write_csv(path: Path, rows) -> None:
     write_atomic(path, frame.to_csv(index=False))
 
 
+# Identity columns that hold names: read as text, so that an allocator named 1 is not a number
+TEXT_IDENTITY = {c: str for c in IDENTITY if c != "seed"}
+
+
 def read_csv(path: Path) -> pd.DataFrame:
+    """A result table. Its shape is checked first, with the csv module, because pandas reads a
+    malformed one without a word: a header that names a column twice (renamed `name.1`), a row
+    with a field more than the header (its first field taken for an index, every cell shifted)
+    or fewer (filled with blanks)."""
     import pandas as pd
 
     try:
-        return pd.read_csv(path)
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = csv.reader(f)
+            header = next(rows, [])
+            twice = [name for name, count in Counter(header).items() if count > 1]
+            if twice:
+                raise UserError(f"{path}: its header names {', '.join(twice[:3])} twice; a column is named once")
+            for row in rows:
+                if row and len(row) != len(header):
+                    raise UserError(
+                        f"{path} line {rows.line_num}: {len(row)} fields, but its header has {len(header)} "
+                        f"(a row cut short, or a field too many)"
+                    )
+        return pd.read_csv(path, dtype=TEXT_IDENTITY)
     except (UnicodeDecodeError, ValueError) as err:  # csv.Error is a ValueError too
         raise UserError(f"{path} is not a readable CSV file ({type(err).__name__})") from None
 
@@ -113,7 +134,11 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
     """Every point's rows under a sweep directory, in directory order, with a `point` column."""
     import pandas as pd
 
-    frames = [read_csv(m).assign(point=m.parent.name) for m in sorted(Path(sweep_dir).glob("*/metrics.csv"))]
+    frames = []
+    for path in sorted(Path(sweep_dir).glob("*/metrics.csv")):
+        frames.append(read_csv(path).assign(point=path.parent.name))
+        if frames[-1].empty:  # a run writes its row and header together, atomically: this file was cut
+            raise UserError(f"{path} has a header but no row: its point's result is lost; rerun that point")
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -82,7 +82,7 @@ def judge(base: list[float], cur: list[float], rule: Rule, test: SignificanceTes
     else:
         b, c = float(np.median(base_arr)), float(np.median(cur_arr))
     ratio = _worse_ratio(b, c, rule.better)
-    change = ratio - 1 if ratio >= 1 else -(1 / ratio - 1)
+    change = ratio - 1 if ratio >= 1 else -(1 / ratio - 1) if ratio > 0 else -math.inf  # 0: worse went to 0
     if len(base_arr) < 2 or len(cur_arr) < 2:
         return Judgement(
             NOT_MEANINGFUL,

@@ -106,4 +106,12 @@ def samples_of(cell) -> dict[str, list[float]]:
         data = json.loads(cell)
     except ValueError:
         raise UserError(f"a result row's {SAMPLES} column is not JSON: {cell[:60]!r}") from None
-    return {k: [float(x) for x in v] for k, v in data.items()} if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    for metric, values in data.items():
+        if not isinstance(values, list) or not all(type(x) in (int, float) for x in values):
+            raise UserError(
+                f"a result row's {SAMPLES} column gives {metric} as {json.dumps(values)[:60]}: "
+                f"each metric's samples are a list of numbers"
+            )
+    return {k: [float(x) for x in v] for k, v in data.items()}
