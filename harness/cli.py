@@ -131,6 +131,16 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"{arrivals[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
                 f"time (rate and burstiness shape arrivals only for a trace without them): drop it"
             )
+    served_rate = cfg.scenario.get("rate") if scenario == "serve" else None
+    if served_rate is not None and "workload.rate" in overridden:
+        raise UserError(
+            f"workload.rate is not read: scenario=serve replaces it with scenario.rate={served_rate} "
+            f"(inf: every request at t=0); set scenario.rate=VALUE, or scenario.rate=null to keep workload.rate"
+        )
+    if served_rate is not None and math.isinf(float(served_rate)) and "workload.burstiness" in overridden:
+        raise UserError(
+            "workload.burstiness is not read: scenario.rate=inf sends every request at t=0, with no gaps to shape"
+        )
     if "workload.burstiness" in overridden and cfg.workload.kind != "trace" and math.isinf(float(cfg.workload.rate)):
         raise UserError("workload.burstiness is not read: rate=inf sends every request at t=0, with no gaps to shape")
     graph = plugin_cfg(cfg, "graph")["name"]
@@ -372,6 +382,7 @@ def refuse_absent_baseline(batch, configs) -> None:
     """Before a sweep's first point: a report.baseline given that no point's allocator is (its
     report would end the sweep with this error, every point run)."""
     asked = {value for overrides in batch for key, value in map(split_override, overrides) if key == "report.baseline"}
+    asked.discard("null")  # the default: the sweep's first system in the paper's order
     systems = [str(name) for name in (OmegaConf.select(c, "allocator.name", default=None) for c in configs) if name]
     for name in asked - set(systems):
         raise UserError(

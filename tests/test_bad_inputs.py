@@ -474,6 +474,18 @@ RUN_CASES = [
     ),
     (["~workload"], "workload is required"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
+    # these ran: serve recorded workload.rate=2 with every request at t=0; a rate of 1e-300 req/s
+    # gave duration_s=inf and latencies of 0; 4096 threads on 2 cores ran on past a minute
+    (["scenario=serve", "model=tiny", "workload.rate=2"], "workload.rate is not read: scenario=serve replaces it"),
+    (
+        ["scenario=serve", "model=tiny", "workload.burstiness=0.5"],
+        "workload.burstiness is not read: scenario.rate=inf",
+    ),
+    (["workload.rate=1e-300", "workload.num_requests=5"], "spreads 5 requests over 2"),
+    (
+        ["scenario=serve", "model=tiny", "scenario.num_requests=2", "scenario.cpu_threads=4096"],
+        "scenario.cpu_threads=4096 is more than the",
+    ),
 ]
 
 

@@ -79,6 +79,9 @@ def test_bad_report_settings_are_refused(report, message):
         report_settings(report)
 
 
+FIG2_RUN = {"model": "opt-13b", "hardware": "a100-40gb"}
+
+
 def ok_row(**values) -> dict:
     return {"status": "ok", "workload": "sharegpt", "normalized_latency_s_per_tok": "0.1", **values}
 
@@ -87,6 +90,13 @@ def ok_row(**values) -> dict:
     "figure, rows, message",
     [  # each compared the paper with a sweep that cannot answer its question
         (fig2, [ok_row(allocator="paged", model="llama-3-8b", hardware="h100-sxm")], "fig2: the paper's shares are"),
+        (fig2, [ok_row(allocator="paged", workload="alpaca", **FIG2_RUN)], "this sweep ran workload=alpaca"),
+        (fig2, [ok_row(allocator="paged", rate="100.0", block_size="128", **FIG2_RUN)], "ran block_size=128, rate=100"),
+        (
+            fig14_15,
+            [ok_row(**{"fig14_15.sharing": "parallel", "fig14_15.width": "2", "workload.n": "3"})],
+            "workload.n is set on the command line",
+        ),
         (fig18, [ok_row(block_size="16"), ok_row(block_size="16", seed="1")], "fig18: sharegpt ran at one block size"),
         (
             fig14_15,
@@ -242,6 +252,14 @@ def test_fig14_15_compares_every_width_with_the_paper_s_range_over_the_widths(tm
         (tmp_path / f"p{point}" / "metrics.csv").write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
     written = write_comparison(tmp_path, {"paper": "fig14_15"})
     assert [p.name for p in written] == ["paper_comparison.csv", "paper_comparison.md", "fig14_15_sharing.png"]
+    (tmp_path / "fig14_15_sharing.png").unlink()
+    written = write_comparison(tmp_path, {"paper": "fig14_15"}, plots=False)  # plots=false: no figure at all
+    assert [p.name for p in written] == ["paper_comparison.csv", "paper_comparison.md"]
+    assert not (tmp_path / "fig14_15_sharing.png").exists()
+
+
+def test_report_baseline_null_is_the_default_not_an_error():
+    assert report_settings({"baseline": None})["baseline"] == "contiguous"
 
 
 def test_fig14_15_without_sharing_columns_says_which_experiment_makes_them():

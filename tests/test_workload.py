@@ -49,7 +49,8 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
     path = tmp_path / "trace.csv"
     path.write_text("input_len,output_len,arrival_s\n10,5,0.5\n20,6,0.1\n30,7,2.0\n")
     requests = generate({"kind": "trace", "path": str(path), "rate": 1.0}, seed=0, max_model_len=2048)
-    assert [(r.prompt_len, r.output_len, r.arrival_s) for r in requests] == [(20, 6, 0.1), (10, 5, 0.5), (30, 7, 2.0)]
+    assert [(r.prompt_len, r.output_len) for r in requests] == [(20, 6), (10, 5), (30, 7)]
+    assert [r.arrival_s for r in requests] == pytest.approx([0.0, 0.4, 1.9])  # from the first arrival on
 
 
 @pytest.mark.parametrize(
@@ -147,7 +148,32 @@ def test_a_burstgpt_trace_gives_its_timestamps_and_token_counts(tmp_path):
         "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,230,1317,API log\n",
     )
     requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
-    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in requests] == [(5.0, 472, 18), (45.0, 1087, 230)]
+    # times count from the trace's first arrival
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in requests] == [(0.0, 472, 18), (40.0, 1087, 230)]
+
+
+def test_a_trace_that_starts_late_runs_as_one_that_starts_at_0(tmp_path):
+    rows = "".join(f"{10 + i},{5 + i % 7},{t}\n" for i, t in enumerate([0.0, 0.4, 0.9, 1.5, 2.0, 2.2]))
+    early = trace(tmp_path, "input_len,output_len,arrival_s\n" + rows)
+    late = str(tmp_path / "late.csv")
+    (tmp_path / "late.csv").write_text(
+        "input_len,output_len,arrival_s\n"
+        + "".join(f"{r.rsplit(',', 1)[0]},{1000 + float(r.rsplit(',', 1)[1])}\n" for r in rows.splitlines())
+    )
+    spec = {"kind": "trace", "rate": 1.0, "duration_s": 2.0}
+    times = [[r.arrival_s for r in generate({**spec, "path": p}, seed=0, max_model_len=2048)] for p in (early, late)]
+    assert times[0] == pytest.approx(times[1]) and len(times[0]) == 5  # duration_s counts from the first too
+
+
+def test_arrival_times_too_large_to_tell_apart_are_refused(tmp_path):
+    path = trace(tmp_path, "input_len,output_len,arrival_s\n10,5,1e17\n10,5,100000000000000001\n")
+    with pytest.raises(UserError, match="cannot be told apart to the microsecond"):
+        generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
+
+
+def test_a_rate_that_spreads_requests_past_31_years_is_refused():
+    with pytest.raises(UserError, match="spreads 5 requests over"):
+        generate({"kind": "sharegpt", "rate": 1e-300, "num_requests": 5}, seed=0, max_model_len=2048)
 
 
 def test_an_over_long_trace_row_is_dropped_and_counted(tmp_path):

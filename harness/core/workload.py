@@ -12,7 +12,8 @@ Length distributions:
   assumed spread (sigma 0.6 / 0.8).
 - `uniform`: vLLM's random dataset, lengths uniform in [L(1-r), L(1+r)].
 - `fixed`: every request has the same lengths.
-- `trace`: a CSV with `input_len,output_len` and optionally `arrival_s` (vLLM's
+- `trace`: a CSV with `input_len,output_len` and optionally `arrival_s`, counted from the first
+  row's arrival (vLLM's
   `prompt_len,expected_output_len`, BurstGPT's `Request tokens,Response tokens,Timestamp` and
   Vidur's `num_prefill_tokens,num_decode_tokens,arrived_at` are read too): requests in the order
   of their arrival times when the file has them (every row must), else in file order.
@@ -228,6 +229,11 @@ def trace_requests(
         )
     if kept[0][2] is not None:  # load_trace: every row has its arrival time, or none has
         kept.sort(key=lambda r: r[2])
+        # Times count from the first arrival: a trace that starts at 1,000 s, or at an epoch time,
+        # runs as one that starts at 0 (else the measurement window, a share of the run from 0,
+        # would open before the first request, and durations at 1e17 s would round to nothing).
+        first = kept[0][2]
+        kept = [(i, o, a - first, line) for i, o, a, line in kept]
         cutoff = math.inf if duration is None else duration
         kept = [r for r in kept if r[2] <= cutoff]
         taken = kept[:count] if count is not None else kept
@@ -238,6 +244,11 @@ def trace_requests(
             raise UserError(
                 f"trace {path}: its arrival times span {times[-1] - times[0]:.3g} s, more than "
                 f"{MAX_TRACE_SPAN_S:.0e} s (31 years): give them in seconds"
+            )
+        if np.spacing(first + times[-1]) > 1e-6:
+            raise UserError(
+                f"trace {path}: arrival times as large as {first + times[-1]:.3g} cannot be told apart to the "
+                f"microsecond: give them in seconds, from the trace's start"
             )
         dropped = sum(1 for r in too_long if r[2] <= cutoff)
     else:
@@ -321,6 +332,12 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
         times = arrivals(
             rng, rate, burstiness, None if count is None else int(count), None if duration is None else float(duration)
         )
+        if len(times) and times[-1] > MAX_TRACE_SPAN_S:
+            raise UserError(
+                f"a rate of {rate:g} req/s (workload.rate; scenario.rate under serve) spreads {len(times)} "
+                f"requests over {times[-1]:.3g} s, more than {MAX_TRACE_SPAN_S:.0e} s (31 years): a rate in "
+                f"requests per second, e.g. 4"
+            )
         # the shared prefix counts against the length limit the dataset's pairs are filtered by
         inputs, outputs = _lengths(cfg, rng, len(times), max_model_len - prefix_len)
 

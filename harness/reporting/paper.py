@@ -116,6 +116,18 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
             f"fig2: the paper's shares are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s; this sweep ran "
             f"{', '.join(other)}: drop the model or hardware override (or sweep without +experiment=fig2)"
         )
+    off = set()  # the paper's setup beside the model: ShareGPT lengths at 4 req/s, blocks of 16
+    for r in _ok(rows):
+        if r.get("workload") not in ("sharegpt", "trace"):  # a trace: ShareGPT's lengths, maybe
+            off.add(f"workload={r.get('workload')}")
+        for key, paper in (("rate", 4.0), ("block_size", 16.0)):
+            if number(r, key) == number(r, key) and number(r, key) != paper:  # a recorded one differs
+                off.add(f"{key}={number(r, key):g}")
+    if off:
+        raise UserError(
+            f"fig2: the paper's shares are ShareGPT's at 4 req/s with blocks of 16 tokens; this sweep ran "
+            f"{', '.join(sorted(off))}: drop that override (or sweep without +experiment=fig2)"
+        )
     out = []
     for allocator in PAPER_ORDER:
         for (part, columns), paper in zip(FIG2_PARTS.items(), FIG2[allocator]):
@@ -247,6 +259,12 @@ def fig14_15(rows: list[dict], cfg) -> list[dict]:
             "fig14_15: no point says its sharing (columns fig14_15.sharing and fig14_15.width, "
             "workload alpaca or sharegpt): run bench +experiment=fig14_15"
         )
+    knobs = sorted({k for r in _ok(rows) for k in ("workload.n", "workload.beam_width") if r.get(k) not in (None, "")})
+    if knobs:  # the experiment sets them from fig14_15.width: the width compared would not be the one run
+        raise UserError(
+            f"fig14_15: {knobs[0]} is set on the command line, but the experiment sets it from fig14_15.sharing "
+            f"and fig14_15.width: drop it, and give the width as fig14_15.width=2,4,6"
+        )
     alone = sorted({width for _, _, width in points if width < 2})
     if alone:
         raise UserError(
@@ -337,8 +355,8 @@ def report_settings(report) -> dict:
     slo = report.get("slo_s_per_token", 0.5)
     if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not slo > 0:
         raise UserError(f"report.slo_s_per_token={slo!r} must be a number > 0 (seconds per output token)")
-    baseline = report.get("baseline", "contiguous")
-    if not isinstance(baseline, str) or not baseline:
+    baseline = report.get("baseline", "contiguous") or "contiguous"  # null: the default
+    if not isinstance(baseline, str):
         raise UserError(f"report.baseline={baseline!r} must name an allocator of the sweep")
     return {"paper": paper, "slo": float(slo), "baseline": baseline}
 
@@ -373,8 +391,9 @@ def sweep_rows(sweep_dir: Path) -> list[dict]:
     return rows
 
 
-def write_comparison(sweep_dir: Path, report) -> list[Path]:
-    """Compare a finished experiment sweep with the paper; return the files written."""
+def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
+    """Compare a finished experiment sweep with the paper; return the files written (its figure
+    only with `plots`: `plots=false` draws nothing)."""
     settings = report_settings(report)
     rows = sweep_rows(sweep_dir)
     if not _ok(rows):
@@ -384,6 +403,12 @@ def write_comparison(sweep_dir: Path, report) -> list[Path]:
     written = [sweep_dir / "paper_comparison.csv", sweep_dir / "paper_comparison.md"]
     write_csv(written[0], compared)
     write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's"))
+    if name == "fig12":
+        found = capacities(rows, settings["slo"])
+        write_csv(sweep_dir / "capacity.csv", capacity_rows(found, settings["baseline"]))
+        written.append(sweep_dir / "capacity.csv")
+    if not plots:
+        return written
     from kvbench.reporting import paper_plots  # matplotlib is slow to load; only plots need it
 
     if name == "fig2":
@@ -391,9 +416,7 @@ def write_comparison(sweep_dir: Path, report) -> list[Path]:
     if name == "fig14_15":
         written.append(paper_plots.sharing_savings(sharing_points(rows), sweep_dir))
     if name == "fig12":
-        found = capacities(rows, settings["slo"])
-        write_csv(sweep_dir / "capacity.csv", capacity_rows(found, settings["baseline"]))
-        written += [sweep_dir / "capacity.csv", paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir)]
+        written.append(paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir))
     return written
 
 
@@ -407,7 +430,8 @@ class PaperComparison(Callback):
         if self._settings(config)["paper"] is None:
             return
         try:
-            for path in write_comparison(Path(config.hydra.sweep.dir), config.get("report")):
+            plots = config.get("plots", True) is not False
+            for path in write_comparison(Path(config.hydra.sweep.dir), config.get("report"), plots):
                 log.info("wrote %s", path)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)

@@ -33,8 +33,11 @@ def configured(sweep_dir: Path) -> tuple[str, bool, float]:
         return DEFAULT_BASELINE, False, DEFAULT_SLO
     cfg = OmegaConf.load(saved)
     overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []
+    baseline = OmegaConf.select(cfg, "report.baseline", default=DEFAULT_BASELINE)
+    if baseline is None:  # null: the default, which falls back to the sweep's first system
+        return DEFAULT_BASELINE, False, float(OmegaConf.select(cfg, "report.slo_s_per_token", default=DEFAULT_SLO))
     explicit = any(o.lstrip("+~").startswith("report.baseline=") for o in overrides)
-    baseline = str(OmegaConf.select(cfg, "report.baseline", default=DEFAULT_BASELINE))
+    baseline = str(baseline)
     return baseline, explicit, float(OmegaConf.select(cfg, "report.slo_s_per_token", default=DEFAULT_SLO))
 
 

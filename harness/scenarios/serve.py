@@ -111,6 +111,12 @@ def pin_threads(scenario: DictConfig, device: torch.device) -> None:
         return
     if int(threads) < 1:
         raise UserError(f"scenario.cpu_threads={threads} must be >= 1 (or null for torch's default)")
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if int(threads) > usable:  # oversubscribed threads wait on each other: 256 on 2 cores ran 27 s, not 1
+        raise UserError(
+            f"scenario.cpu_threads={threads} is more than the {usable} core(s) this process may use: "
+            f"at most {usable} (or null for torch's default)"
+        )
     torch.set_num_threads(int(threads))
     try:
         torch.set_num_interop_threads(1)

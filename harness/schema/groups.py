@@ -188,8 +188,9 @@ class Hardware(Section):
         25e9, ge=1e6, le=1024 * TB, description="host-device copy rate for swapping in bytes/s, e.g. 25e9"
     )
     copy_latency_s: Float = Field(10e-6, ge=0, le=1.0)
-    hbm_efficiency: Float = Field(1.0, gt=0, le=1)
-    flops_efficiency: Float = Field(1.0, gt=0, le=1)
+    # below 1 % of its peak a device is not what the profile names (a step would take days)
+    hbm_efficiency: Float = Field(1.0, ge=0.01, le=1, description="achievable / peak bandwidth, in [0.01, 1]")
+    flops_efficiency: Float = Field(1.0, ge=0.01, le=1, description="achievable / peak compute, in [0.01, 1]")
     step_overhead_s: Float = Field(0.0, ge=0, le=60.0)
     gpu_memory_utilization: Float = Field(0.9, gt=0, le=1)
     num_gpus: Int = Field(1, ge=1, le=100_000)
@@ -387,7 +388,7 @@ class CalibratedExecutor(Section):
     name: Literal["calibrated"]
     profile: str | None = None
     device: str = "local"
-    time_scale: Float = Field(1.0, gt=0, le=100)
+    time_scale: Float = Field(1.0, ge=0.01, le=100)
 
 
 EXECUTORS = {"roofline": RooflineExecutor, "calibrated": CalibratedExecutor}
