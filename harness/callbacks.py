@@ -9,6 +9,7 @@ finished points' metrics.csv stay as they are either way.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -27,6 +28,7 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.lock = SweepLock(Path(config.hydra.sweep.dir))
         try:
+            check_joblib(config.hydra.get("launcher") or {})
             self.lock.acquire()
         except Exception as err:
             if not reportable(err):
@@ -85,3 +87,30 @@ class SweepSummary(Callback):
                     f"summary.csv); the first, {first}"
                 )
             )
+
+
+def check_joblib(launcher) -> None:
+    """hydra/launcher=joblib's settings that joblib refuses only once the sweep launches (a
+    traceback), and its timeout, which ends the whole sweep with no summary of the points it
+    finished: each point has its own, sweep.point_timeout_s."""
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
+        return
+    n_jobs, prefer, batch_size = launcher.get("n_jobs"), launcher.get("prefer"), launcher.get("batch_size")
+    if n_jobs == 0:
+        raise UserError("hydra.launcher.n_jobs=0 runs nothing: a number of processes >= 1, or -1 for one a core")
+    if prefer not in (None, "processes", "threads"):
+        raise UserError(f"hydra.launcher.prefer={prefer} must be processes, threads or null")
+    if str(batch_size) != "auto" and not (str(batch_size).isdigit() and int(batch_size) >= 1):
+        raise UserError(f"hydra.launcher.batch_size={batch_size} must be auto or a whole number >= 1")
+    pre_dispatch = str(launcher.get("pre_dispatch", "2*n_jobs"))
+    if pre_dispatch != "all" and not re.fullmatch(r"\d+|(\d+\s*\*\s*)?n_jobs", pre_dispatch.strip()):
+        raise UserError(f"hydra.launcher.pre_dispatch={pre_dispatch} must be all, a number, or N*n_jobs, e.g. 2*n_jobs")
+    backends = ("loky", "multiprocessing", "threading", "sequential")
+    for key, allowed in (("backend", backends), ("require", ("sharedmem",))):
+        if launcher.get(key) not in (None, *allowed):
+            raise UserError(f"hydra.launcher.{key}={launcher.get(key)} must be {', '.join(allowed)} or null")
+    if launcher.get("timeout") is not None:
+        raise UserError(
+            f"hydra.launcher.timeout={launcher.get('timeout')} would stop the whole sweep and leave no summary of "
+            f"the points it finished: give each point its limit with sweep.point_timeout_s instead"
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import math
 import os
@@ -242,8 +243,10 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
             log.warning("point %s failed: %s", out_dir.name, reason)
             rows, status = failed_rows(cfg), "failed"
     env = environment()
+    overridden = point_overrides()
     for row in rows:
-        row.update(point_overrides())
+        # an identity column the row has is the value the run read (seed=1e3 ran, and is, seed 1000)
+        row.update({key: value for key, value in overridden.items() if key not in IDENTITY or key not in row})
         row.setdefault("device", "cpu")
         row.update(status=status, reason=reason, **env)
     drawing = not multirun and cfg.plots is True
@@ -334,6 +337,7 @@ def composing_once(args):
         for overrides in batch:
             checked[tuple(overrides)] = compose(loader, master_config=self.config, sweep_overrides=list(overrides))
         refuse_absent_baseline(batch, [checked[tuple(overrides)] for overrides in batch])
+        refuse_twice_swept(batch, [checked[tuple(overrides)] for overrides in batch])
 
     def load_sweep_config(self, master_config, sweep_overrides):
         config = checked.pop(tuple(sweep_overrides), None)
@@ -376,6 +380,30 @@ def composing_once(args):
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+
+
+def refuse_twice_swept(batch, configs) -> None:
+    """Before a sweep's first point: two points that are one (seed=1000,1e3: Hydra keeps both
+    spellings) would run twice and leave two rows of one identity, which no comparison can match."""
+
+    def canonical(value):  # 1e3 is 1000
+        if isinstance(value, dict):
+            return {k: canonical(v) for k, v in value.items() if k != "hydra"}
+        if isinstance(value, list):
+            return [canonical(v) for v in value]
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    seen: dict[str, list[str]] = {}
+    for overrides, config in zip(batch, configs):
+        body = json.dumps(canonical(OmegaConf.to_container(config, resolve=False)), sort_keys=True, default=str)
+        if body in seen:
+            first, second = seen[body], list(overrides)
+            apart = [o for o in first if o not in second], [o for o in second if o not in first]
+            raise UserError(
+                f"the sweep runs one point twice: {' '.join(apart[0])} and {' '.join(apart[1])} are the same "
+                f"setting; give each value once"
+            )
+        seen[body] = list(overrides)
 
 
 def refuse_absent_baseline(batch, configs) -> None:

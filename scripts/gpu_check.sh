@@ -104,7 +104,7 @@ fi
 # ---- 4. graph modes on the tiny model -------------------------------------------------------
 sweep graphs "$LIMIT_GRAPHS" scenario=serve model=tiny +backend=triton_paged \
   +graph=eager,full,piecewise "workload.num_requests=$GRAPH_BATCHES" engine.async_scheduling=false,true \
-  workload=fixed workload.rate=inf "${GRAPH_EXTRA[@]}"
+  workload=fixed "${GRAPH_EXTRA[@]}"
 
 # ---- 5. the calibrated simulator against the real engine -----------------------------------
 stage "profile + validate the calibrated simulator"

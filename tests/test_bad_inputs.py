@@ -482,6 +482,27 @@ RUN_CASES = [
         "workload.burstiness is not read: scenario.rate=inf",
     ),
     (["workload.rate=1e-300", "workload.num_requests=5"], "spreads 5 requests over 2"),
+    # joblib refused these once the sweep launched (a traceback); its timeout ended the sweep with no summary
+    (
+        ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0", "hydra.sweep.dir=FILES/sweep-f"],
+        "n_jobs=0 runs nothing",
+    ),
+    (
+        ["-m", "hydra/launcher=joblib", "hydra.launcher.timeout=5", "hydra.sweep.dir=FILES/sweep-g"],
+        "would stop the whole sweep and leave no summary",
+    ),
+    # it said "graph.capture_sizes is not a key of graph (its keys: name, capture_sizes)"
+    (
+        ["+graph=eager", "graph.capture_sizes=[1]"],
+        "graph.capture_sizes is a graph key that the chosen graph's config does not set: add it with "
+        "+graph.capture_sizes=[1]",
+    ),
+    (["seed=4294967295"], "seed=4294967295 must be <= 4294967294"),  # it said <= 4.295e+09
+    # two spellings of one seed ran twice and left two rows of one identity
+    (
+        ["-m", "seed=1000,1e3", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-e"],
+        "the sweep runs one point twice: seed=1000 and seed=1000.0 are the same setting",
+    ),
     (
         ["scenario=serve", "model=tiny", "scenario.num_requests=2", "scenario.cpu_threads=4096"],
         "scenario.cpu_threads=4096 is more than the",

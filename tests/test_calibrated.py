@@ -8,6 +8,7 @@ executor must drive the very scheduler and allocators every other executor does.
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -350,6 +351,8 @@ def test_a_profile_that_holds_out_no_shape_marks_none_and_says_why(tmp_path, cap
     assert np.isnan(row["fit_heldout_median_err"]) and row["fit_median_err"] >= 0
     assert {r["heldout"] for r in read_rows(tmp_path / "profile.csv")} == {"False"}
     assert "scenario.heldout_frac=0.25 holds out no shape: 5 measured leave too few" in caplog.text
+    fit_doc = json.loads((tmp_path / "profile_fit.json").read_text(), parse_constant=pytest.fail)  # strict JSON
+    assert fit_doc["fit_heldout_median_err"] is None and fit_doc["fit_median_err"] >= 0
     # the profile still calibrates a simulation, refitted to the same coefficients
     assert load_profile(str(tmp_path / "profile.csv")).report.num_heldout == 0
 

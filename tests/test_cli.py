@@ -54,6 +54,16 @@ def test_a_run_writes_one_row_with_identity_serving_and_environment_columns(tmp_
         assert column in row
 
 
+def test_a_row_records_the_values_the_run_read_not_their_spelling(tmp_path):
+    (tmp_path / "timed.csv").write_text("arrival_s,input_len,output_len\n0.0,10,5\n0.5,20,6\n")
+    result = bench(tmp_path, "seed=1e3", "workload=trace", f"workload.path={tmp_path / 'timed.csv'}", "plots=false")
+    assert result.returncode == 0, result.stderr
+    (metrics,) = tmp_path.glob("results/runs/*/metrics.csv")
+    (row,) = csv.DictReader(metrics.open())
+    assert row["seed"] == "1000"  # seed=1e3 ran as seed 1000, which a sweep's seed=1000 matches
+    assert row["rate"] == ""  # the trace's own arrival times: workload.rate was not read
+
+
 def test_a_single_run_draws_its_kv_breakdown_beside_its_row_by_default(tmp_path):
     result = bench(tmp_path, "workload.num_requests=10", "workload.duration_s=null")
     assert result.returncode == 0, result.stderr

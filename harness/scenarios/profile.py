@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -257,5 +258,14 @@ def run(cfg: DictConfig, between=None) -> list[dict]:
         "fit_max_err": report.fit_max,
     }
     fit_doc = {**summary, "model": report.model.as_dict(), "heldout_median_err_by_form": report.scores}
-    write_atomic(folder / "profile_fit.json", json.dumps(fit_doc, indent=2) + "\n")
+    # strict JSON: a figure that does not exist (no shape held out) is null, not NaN or Infinity
+    write_atomic(folder / "profile_fit.json", json.dumps(_no_nan(fit_doc), indent=2, allow_nan=False) + "\n")
     return [{**summary, "device": rows[0]["device"], "dtype": rows[0]["dtype"]}]
+
+
+def _no_nan(value):
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -22,6 +22,9 @@ SCENARIOS = {
 
 def identity(cfg: DictConfig) -> dict:
     rate = float(cfg.workload.rate)
+    seed = cfg.seed
+    if isinstance(seed, float) and seed.is_integer():  # seed=1e3 is seed 1000 (the schema took it so)
+        seed = int(seed)
     return {
         "scenario": cfg.scenario.name,
         "allocator": plugin_cfg(cfg, "allocator")["name"],
@@ -30,10 +33,19 @@ def identity(cfg: DictConfig) -> dict:
         "model": cfg.model.name,
         "hardware": cfg.hardware.name,
         "workload": cfg.workload.kind,
-        "seed": cfg.seed,
+        "seed": seed,
         "block_size": plugin_cfg(cfg, "allocator").get("block_size", ""),
-        "rate": "inf" if math.isinf(rate) else rate,
+        # a trace's own arrival times leave workload.rate unread: no rate is recorded
+        "rate": "" if _timed_trace(cfg) else "inf" if math.isinf(rate) else rate,
     }
+
+
+def _timed_trace(cfg: DictConfig) -> bool:
+    if cfg.workload.kind != "trace":
+        return False
+    from kvbench.core.workload import trace_has_arrival_times
+
+    return trace_has_arrival_times(str(cfg.workload.get("path") or ""))
 
 
 def run_point(cfg: DictConfig) -> list[dict]:

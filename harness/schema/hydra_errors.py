@@ -115,9 +115,10 @@ def _unknown_key(full_key: str, add: str = "", chosen: bool = False, missing: st
         if line:
             return line
     if group in groups.PLUGINS and rest in group_fields(group):
-        if chosen:  # a plugin is chosen, and it lacks the key
-            return elsewhere_line(group, rest, add.partition("=")[2] or "VALUE") or unknown_key(
-                full_key, group_fields(group), group
+        if chosen:  # a plugin is chosen, and its config lacks the key: others have it, or it may add it
+            return elsewhere_line(group, rest, add.partition("=")[2] or "VALUE") or (
+                f"{full_key} is a {group} key that the chosen {group}'s config does not set: add it with "
+                f"{add or '+' + full_key + '=VALUE'}"
             )
         return f"{full_key} is an option of a plugin, and no {group} is chosen: add +{group}=NAME first"
     if group in OPTION_GROUPS and "." not in rest:  # a key of other options only

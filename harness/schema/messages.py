@@ -79,13 +79,18 @@ def allowed(error: dict) -> str:
     message = error["msg"]
     bound = next(iter((error.get("ctx") or {}).values()), None) if error["type"] in BOUNDS else None
     if isinstance(bound, (int, float)) and abs(bound) >= 1e6:  # 1e+09, not 1000000000
-        return f"must be {BOUNDS[error['type']]} {bound:.4g}"
+        text = f"{bound:.4g}"
+        if float(text) != bound:  # rounded, it would allow what it refuses (seed <= 4.295e+09)
+            text = str(int(bound)) if float(bound).is_integer() else repr(float(bound))
+        return f"must be {BOUNDS[error['type']]} {text}"
     if error["type"] == "value_error":
         return message.removeprefix("Value error, ")
     if error["type"] in ("bool_type", "bool_parsing"):
         return "must be true or false"
     if error["type"] == "int_from_float":
         return "must be a whole number"
+    if error["type"] == "int_parsing_size":  # 1e308: a whole number past any range here
+        return "must be a whole number of a sensible size (see bench --help for its range)"
     if error["type"] in ("int_parsing", "int_type"):
         return "must be an integer"
     if error["type"] in ("float_parsing", "float_type"):
