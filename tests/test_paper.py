@@ -71,6 +71,7 @@ def test_a_baseline_that_is_not_in_the_sweep_names_the_systems_that_are():
     [
         ({"slo_s_per_token": 0}, "slo_s_per_token=0 must be a number > 0"),
         ({"slo_s_per_token": -1.5}, "slo_s_per_token=-1.5"),
+        ({"slo_s_per_token": float("inf")}, "slo_s_per_token=inf must be a number > 0 and <= 1e6"),
         ({"paper": "fig99"}, "report.paper='fig99' is not one of fig2, fig12"),
     ],
 )
@@ -192,7 +193,7 @@ def test_a_target_latency_of_zero_is_refused_before_the_sweep_runs(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: report.slo_s_per_token=0 must be a number > 0 (seconds per output token)"
+        "error: report.slo_s_per_token=0 must be a number > 0 and <= 1e6 (seconds per output token)"
     )
     assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
 

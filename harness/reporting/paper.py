@@ -353,8 +353,8 @@ def report_settings(report) -> dict:
     if paper is not None and paper not in FIGURES:
         raise UserError(f"report.paper={paper!r} is not one of {', '.join(FIGURES)}")
     slo = report.get("slo_s_per_token", 0.5)
-    if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not slo > 0:
-        raise UserError(f"report.slo_s_per_token={slo!r} must be a number > 0 (seconds per output token)")
+    if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo <= 1e6:  # Report's range
+        raise UserError(f"report.slo_s_per_token={slo!r} must be a number > 0 and <= 1e6 (seconds per output token)")
     baseline = report.get("baseline", "contiguous") or "contiguous"  # null: the default
     if not isinstance(baseline, str):
         raise UserError(f"report.baseline={baseline!r} must name an allocator of the sweep")
