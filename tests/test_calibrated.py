@@ -272,6 +272,12 @@ def test_validation_checks_a_given_profile_before_any_served_run(tmp_path, monke
     other = synthetic_profile(tmp_path / "small.csv", model="small")  # measured on another model
     with pytest.raises(UserError, match="small"):
         given(other)
+    # it calibrated cpu-clock serve runs with wall-clock steps, which hold other processes' time
+    wall = synthetic_profile(tmp_path / "wall.csv", clock="wall")
+    with pytest.raises(
+        UserError, match="was measured with clock=wall, but the serve runs time their steps with clock=cpu"
+    ):
+        given(wall)
 
 
 def test_a_malformed_profile_names_the_row(tiny_profile):

@@ -291,7 +291,15 @@ def run(cfg: DictConfig) -> list[dict]:
     sim_cfg = OmegaConf.merge(base, {"executor": None})
     sim_cfg.executor = {"name": "calibrated", "profile": str(profile), "device": "local"}
     if scenario.get("profile"):  # a profile given: checked before the serve runs, not after the first
-        load_profile(str(profile), key="scenario.profile")
+        given = load_profile(str(profile), key="scenario.profile")
+        clocks = {row.get("clock") for row in given.rows} - {None, ""}
+        serve_clock = str((scenario.get("serve") or {}).get("clock", "wall"))
+        if clocks and clocks != {serve_clock}:  # a step on the wall clock holds other processes' time too
+            raise UserError(
+                f"scenario.profile={profile} was measured with clock={'/'.join(sorted(clocks))}, but the serve runs "
+                f"time their steps with clock={serve_clock}: profile with scenario.profiling.clock={serve_clock}, "
+                f"or set scenario.serve.clock to match"
+            )
         make_executor(sim_cfg, model, hardware)
     if load is not None:  # below the rate the simulated server saturates at, so both reach steady state
         saturated, _ = simulate(OmegaConf.merge(sim_cfg, {"workload": {"rate": float("inf")}, "progress": False}))
