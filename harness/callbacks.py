@@ -1,5 +1,8 @@
 """Hydra callback: one sweep per directory while it runs; at its end summary.csv, the plots and the report.
 
+Before the first point it also checks the joblib launcher's settings that joblib itself would
+refuse only once the sweep had launched (`check_joblib`).
+
 A sweep holds a lock on its directory from start to end, so a second sweep into the same
 directory is refused instead of computing its points again or mixing two sweeps' rows. A sweep
 with a failed point, or whose summary could not be written, exits 2 with one line; the

@@ -138,12 +138,11 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
             f"workload.rate is not read: scenario=serve replaces it with scenario.rate={served_rate} "
             f"(inf: every request at t=0); set scenario.rate=VALUE, or scenario.rate=null to keep workload.rate"
         )
-    if served_rate is not None and math.isinf(float(served_rate)) and "workload.burstiness" in overridden:
+    rate_key, rate = ("scenario.rate", served_rate) if served_rate is not None else ("rate", cfg.workload.rate)
+    if "workload.burstiness" in overridden and math.isinf(float(rate)):  # a timed trace was refused above
         raise UserError(
-            "workload.burstiness is not read: scenario.rate=inf sends every request at t=0, with no gaps to shape"
+            f"workload.burstiness is not read: {rate_key}=inf sends every request at t=0, with no gaps to shape"
         )
-    if "workload.burstiness" in overridden and cfg.workload.kind != "trace" and math.isinf(float(cfg.workload.rate)):
-        raise UserError("workload.burstiness is not read: rate=inf sends every request at t=0, with no gaps to shape")
     graph = plugin_cfg(cfg, "graph")["name"]
     if scenario == "kernel" and graph != "eager":  # a graph mode wraps the model's forward, which a kernel has not
         raise UserError(

@@ -163,6 +163,10 @@ def test_a_trace_that_starts_late_runs_as_one_that_starts_at_0(tmp_path):
     spec = {"kind": "trace", "rate": 1.0, "duration_s": 2.0}
     times = [[r.arrival_s for r in generate({**spec, "path": p}, seed=0, max_model_len=2048)] for p in (early, late)]
     assert times[0] == pytest.approx(times[1]) and len(times[0]) == 5  # duration_s counts from the first too
+    # a row too long to run counts as dropped by the same clock (it was compared with the unshifted one)
+    (tmp_path / "late.csv").write_text((tmp_path / "late.csv").read_text() + "3000,5,1001.0\n3000,5,1003.0\n")
+    requests = generate({**spec, "path": late}, seed=0, max_model_len=2048)
+    assert len(requests) == 5 and requests.dropped == 1
 
 
 def test_arrival_times_too_large_to_tell_apart_are_refused(tmp_path):

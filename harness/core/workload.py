@@ -13,10 +13,10 @@ Length distributions:
 - `uniform`: vLLM's random dataset, lengths uniform in [L(1-r), L(1+r)].
 - `fixed`: every request has the same lengths.
 - `trace`: a CSV with `input_len,output_len` and optionally `arrival_s`, counted from the first
-  row's arrival (vLLM's
-  `prompt_len,expected_output_len`, BurstGPT's `Request tokens,Response tokens,Timestamp` and
-  Vidur's `num_prefill_tokens,num_decode_tokens,arrived_at` are read too): requests in the order
-  of their arrival times when the file has them (every row must), else in file order.
+  arrival (vLLM's `prompt_len,expected_output_len`, BurstGPT's `Request tokens,Response tokens,
+  Timestamp` and Vidur's `num_prefill_tokens,num_decode_tokens,arrived_at` are read too):
+  requests in the order of their arrival times when the file has them (every row must), else in
+  file order.
 """
 
 from __future__ import annotations
@@ -207,6 +207,13 @@ def trace_requests(
     """
     path = cfg.get("path")
     rows = load_trace(path)
+    first = 0.0
+    if rows[0][2] is not None:  # load_trace: every row has its arrival time, or none has
+        # Times count from the trace's first arrival: one that starts at 1,000 s, or at an epoch
+        # time, runs as one that starts at 0 (else the measurement window, a share of the run from
+        # 0, would open before the first request, and durations at 1e17 s would round to nothing).
+        first = min(r[2] for r in rows)
+        rows = [(i, o, a - first, line) for i, o, a, line in rows]
     prefix = int(cfg.get("prefix_len", 0) or 0)  # max_len is what the shared prefix leaves of max_model_len
     limit = (
         f"max_model_len={max_len + prefix} less workload.prefix_len={prefix}: {max_len}"
@@ -227,13 +234,8 @@ def trace_requests(
             f"trace {path}: every row has more than {limit} tokens "
             f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len"
         )
-    if kept[0][2] is not None:  # load_trace: every row has its arrival time, or none has
+    if kept[0][2] is not None:
         kept.sort(key=lambda r: r[2])
-        # Times count from the first arrival: a trace that starts at 1,000 s, or at an epoch time,
-        # runs as one that starts at 0 (else the measurement window, a share of the run from 0,
-        # would open before the first request, and durations at 1e17 s would round to nothing).
-        first = kept[0][2]
-        kept = [(i, o, a - first, line) for i, o, a, line in kept]
         cutoff = math.inf if duration is None else duration
         kept = [r for r in kept if r[2] <= cutoff]
         taken = kept[:count] if count is not None else kept

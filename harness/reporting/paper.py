@@ -24,6 +24,8 @@ from omegaconf import DictConfig
 
 from kvbench.errors import UserError
 from kvbench.reporting.results import write_atomic, write_csv
+from kvbench.schema.docs import constraints
+from kvbench.schema.groups import Report
 
 log = logging.getLogger("kvbench")
 
@@ -121,8 +123,9 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
         if r.get("workload") not in ("sharegpt", "trace"):  # a trace: ShareGPT's lengths, maybe
             off.add(f"workload={r.get('workload')}")
         for key, paper in (("rate", 4.0), ("block_size", 16.0)):
-            if number(r, key) == number(r, key) and number(r, key) != paper:  # a recorded one differs
-                off.add(f"{key}={number(r, key):g}")
+            value = number(r, key)
+            if value == value and value != paper:  # recorded (not NaN), and not the paper's
+                off.add(f"{key}={value:g}")
     if off:
         raise UserError(
             f"fig2: the paper's shares are ShareGPT's at 4 req/s with blocks of 16 tokens; this sweep ran "
@@ -352,10 +355,15 @@ def report_settings(report) -> dict:
     paper = report.get("paper")
     if paper is not None and paper not in FIGURES:
         raise UserError(f"report.paper={paper!r} is not one of {', '.join(FIGURES)}")
-    slo = report.get("slo_s_per_token", 0.5)
-    if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo <= 1e6:  # Report's range
-        raise UserError(f"report.slo_s_per_token={slo!r} must be a number > 0 and <= 1e6 (seconds per output token)")
-    baseline = report.get("baseline", "contiguous") or "contiguous"  # null: the default
+    fields = Report.model_fields  # the defaults and the range are the schema's
+    slo = report.get("slo_s_per_token", fields["slo_s_per_token"].default)
+    most = next(c.le for c in constraints(fields["slo_s_per_token"]) if getattr(c, "le", None) is not None)
+    if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo <= most:
+        written = f"{most:.0e}".replace("e+0", "e")  # 1e6, as the schema writes it
+        raise UserError(
+            f"report.slo_s_per_token={slo!r} must be a number > 0 and <= {written} (seconds per output token)"
+        )
+    baseline = report.get("baseline") or fields["baseline"].default  # null: the default
     if not isinstance(baseline, str):
         raise UserError(f"report.baseline={baseline!r} must name an allocator of the sweep")
     return {"paper": paper, "slo": float(slo), "baseline": baseline}

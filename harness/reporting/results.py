@@ -113,19 +113,19 @@ def read_csv(path: Path) -> pd.DataFrame:
     import pandas as pd
 
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = csv.reader(f)
-            header = next(rows, [])
-            twice = [name for name, count in Counter(header).items() if count > 1]
-            if twice:
-                raise UserError(f"{path}: its header names {', '.join(twice[:3])} twice; a column is named once")
-            for row in rows:
-                if row and len(row) != len(header):
-                    raise UserError(
-                        f"{path} line {rows.line_num}: {len(row)} fields, but its header has {len(header)} "
-                        f"(a row cut short, or a field too many)"
-                    )
-        return pd.read_csv(path, dtype=TEXT_IDENTITY)
+        text = Path(path).read_text(encoding="utf-8-sig")  # read once, for both
+        rows = csv.reader(io.StringIO(text, newline=""))
+        header = next(rows, [])
+        twice = [name for name, count in Counter(header).items() if count > 1]
+        if twice:
+            raise UserError(f"{path}: its header names {', '.join(twice[:3])} twice; a column is named once")
+        for row in rows:
+            if row and len(row) != len(header):
+                raise UserError(
+                    f"{path} line {rows.line_num}: {len(row)} fields, but its header has {len(header)} "
+                    f"(a row cut short, or a field too many)"
+                )
+        return pd.read_csv(io.StringIO(text), dtype=TEXT_IDENTITY)
     except (UnicodeDecodeError, ValueError) as err:  # csv.Error is a ValueError too
         raise UserError(f"{path} is not a readable CSV file ({type(err).__name__})") from None
 

@@ -188,7 +188,7 @@ class Hardware(Section):
         25e9, ge=1e6, le=1024 * TB, description="host-device copy rate for swapping in bytes/s, e.g. 25e9"
     )
     copy_latency_s: Float = Field(10e-6, ge=0, le=1.0)
-    # below 1 % of its peak a device is not what the profile names (a step would take days)
+    # below 1 % of its peak a device is not the one this profile names (1e-300 gave infinite step times)
     hbm_efficiency: Float = Field(1.0, ge=0.01, le=1, description="achievable / peak bandwidth, in [0.01, 1]")
     flops_efficiency: Float = Field(1.0, ge=0.01, le=1, description="achievable / peak compute, in [0.01, 1]")
     step_overhead_s: Float = Field(0.0, ge=0, le=60.0)
