@@ -6,8 +6,11 @@
 
 The reference is checked out as a git worktree (detached, in the system's temp folder) and
 both trees are imported the same way, each in its own worker process, with this environment's
-packages. Repeats are interleaved (reference, this tree, reference, ...), so both see the same
-machine load; each line prints the medians, the min-max over repeats and the ratio new / ref.
+packages. Repeats are interleaved (reference then this tree, then this tree then reference, and
+so on), so both see the same machine load; each line prints the medians, the min-max over
+repeats, the ratio new / ref of the medians, and the median and range of the paired ratios
+(each repeat's two runs, back to back, divided): on a shared host whose speed wanders by half
+between minutes, a pair shares its moment's speed, where the two medians may not.
 A whole-process case prints its CPU seconds (user + system) too: waiting for a core on a shared
 host lengthens the wall time but not those.
 
@@ -268,12 +271,16 @@ def main() -> None:
     if args.opcodes:
         return print_opcodes(trees, args.ref, [c for c in cases if c.startswith(("decode:", "simdecode:"))])
     print(f"ref = {args.ref} ({trees['ref']}), new = {ROOT}; {args.repeats} interleaved repeats")
-    print(f"{'case':<18} {'ref median':>11} {'(min-max)':>19} {'new median':>11} {'(min-max)':>19} {'new/ref':>8}")
+    print(
+        f"{'case':<18} {'ref median':>11} {'(min-max)':>19} {'new median':>11} {'(min-max)':>19} {'new/ref':>8}"
+        f" {'paired':>7} {'(min-max)':>13}"
+    )
     for case in cases:
         seen = {"ref": [], "new": []}
-        for _ in range(args.repeats):
-            for side, tree in trees.items():
-                seen[side].append(run_case(tree, case))
+        for repeat in range(args.repeats):
+            # ref, new, then new, ref: a host that drifts slower or faster favours neither side
+            for side in ("ref", "new") if repeat % 2 == 0 else ("new", "ref"):
+                seen[side].append(run_case(trees[side], case))
         whole_process = case.startswith(("sim:", "main:"))
         unit, scale = ("s", 1.0) if whole_process else ("us", 1e6)
         print_line(case, *([figure * scale for figure, _ in seen[side]] for side in ("ref", "new")), unit)
@@ -282,10 +289,14 @@ def main() -> None:
 
 
 def print_line(name: str, ref: list[float], new: list[float], unit: str) -> None:
-    """One case: each side's median and min-max, and the ratio of the medians."""
+    """One case: each side's median and min-max, the ratio of the medians, and the median and
+    min-max of the paired ratios (each repeat's new over its ref, run back to back: on a host
+    whose speed wanders between repeats, a pair shares its moment's speed)."""
     cells = [f"{statistics.median(v):>9.1f}{unit:<2} ({min(v):>8.1f}-{max(v):<8.1f})" for v in (ref, new)]
     ratio = statistics.median(new) / statistics.median(ref)
-    print(f"{name:<18} {cells[0]} {cells[1]} {ratio:>7.2f}x", flush=True)
+    pairs = [n / r for n, r in zip(new, ref)]
+    paired = f"{statistics.median(pairs):>6.2f}x ({min(pairs):.2f}-{max(pairs):.2f})"
+    print(f"{name:<18} {cells[0]} {cells[1]} {ratio:>7.2f}x {paired}", flush=True)
 
 
 def print_opcodes(trees: dict, ref: str, cases: list[str]) -> None:

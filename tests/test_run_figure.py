@@ -56,16 +56,25 @@ def test_a_single_runs_figure_is_the_sweeps_figure_of_its_one_point():
     assert one["ticks"] == ["pow2"] and "opt-13b on a100-40gb, sharegpt workload (simulate)" in one["title"]
 
 
-@pytest.mark.parametrize("allocator", ["pow2", "contiguous"])
+@pytest.mark.parametrize("allocator", ["pow2", "contiguous", "a-third-party-allocator-with-a-long-name"])
 def test_a_single_runs_figure_holds_all_it_draws_so_it_is_saved_uncropped(allocator):
-    """draw_run saves it without bbox_inches="tight": nothing drawn (legend, titles, tick and
-    axis labels) may reach past the figure's edges, or the PNG would cut it off."""
+    """draw_run saves it without bbox_inches="tight", laid out by fixed margins: nothing drawn
+    (legend, titles, tick and axis labels) may reach past the figure's edges, or the PNG would
+    cut it off, nor overlap another."""
     fig = breakdown_of_row({**ROW, "allocator": allocator, "model": "qwen3-next-like", "hardware": "h100-sxm"})
     fig.canvas.draw()
-    drawn_box = fig.get_tightbbox(fig.canvas.get_renderer())  # in inches, as the crop would take it
+    renderer = fig.canvas.get_renderer()
+    drawn_box = fig.get_tightbbox(renderer)  # in inches, as the crop would take it
     width, height = fig.get_size_inches()
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    (tick,) = ax.get_xticklabels()
+    tick_box, legend_box = tick.get_window_extent(renderer), fig.legends[0].get_window_extent(renderer)
+    title_box, axes_box = fig._suptitle.get_window_extent(renderer), ax.get_window_extent(renderer)
+    label_box = ax.yaxis.label.get_window_extent(renderer)
     pyplot().close(fig)
     assert 0 <= drawn_box.x0 and drawn_box.x1 <= width and 0 <= drawn_box.y0 and drawn_box.y1 <= height
+    assert tick.get_text() == allocator and legend_box.y1 < tick_box.y0  # the label above the legend
+    assert axes_box.y1 < title_box.y0 and label_box.x0 > 0
 
 
 def test_a_single_run_draws_its_figure_without_loading_pandas(tmp_path):
