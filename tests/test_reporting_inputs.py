@@ -261,9 +261,10 @@ GOOD = "scenario,allocator,model,seed,status,request_throughput\nsimulate,paged,
         (GOOD + "simulate,pow2\n", "line 3: 2 fields, but its header has 6"),
         (GOOD.replace("seed", "allocator"), "its header names allocator twice"),
         (GOOD.replace("ok,2.0", "ok,abc"), "request_throughput is 'abc' in row 1"),
+        (GOOD.replace("ok,2.0", "ok,inf"), "request_throughput is inf in row 1; a point that ran has no infinite"),
         (GOOD.replace("allocator,", "").replace("paged,", ""), None),
     ],
-    ids=["a field too many", "a row cut short", "a column named twice", "text in a metric", "no allocator"],
+    ids=["a field too many", "a row cut short", "a column named twice", "text in a metric", "inf", "no allocator"],
 )
 def test_a_malformed_table_is_refused_by_both_tools_not_read_shifted(tmp_path, text, said):
     table = tmp_path / "t.csv"
@@ -273,6 +274,13 @@ def test_a_malformed_table_is_refused_by_both_tools_not_read_shifted(tmp_path, t
     assert not (tmp_path / "out" / "report.html").exists()
     if said and ("fields" in said or "twice" in said):  # compare reads the table the same way
         assert said in refused(lambda: compare.main([str(table), str(table)]))
+
+
+def test_a_failed_points_infinite_cell_is_no_bad_input_nor_a_missing_reason_column(tmp_path):
+    table = tmp_path / "t.csv"
+    table.write_text(GOOD + "simulate,pow2,opt-13b,0,failed,inf\n")
+    assert run_report(table, "--out", str(tmp_path / "out")).returncode == 0
+    assert "<b>pow2</b>: no reason recorded" in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_an_allocator_named_by_a_number_is_a_name(tmp_path):

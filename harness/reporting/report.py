@@ -112,14 +112,18 @@ def check_results(frame: pd.DataFrame, path) -> None:
         )
     if "kv_token_util" in frame and "allocator" not in frame:
         raise UserError(f"{path} has serving metrics but no allocator column: each row names the allocator it ran")
+    ran = frame["status"].fillna("ok").astype(str).eq("ok") if "status" in frame else True
     for column in [c for c in KEY_METRICS if c in frame]:
         cells = frame[column]
-        bad = cells.notna() & pd.to_numeric(cells, errors="coerce").isna()
-        if bad.any():
-            raise UserError(
-                f"{path}: {column} is {cells[bad].iloc[0]!r} in row {bad.to_numpy().argmax() + 1}; "
-                f"a metric cell holds a number, or is blank where the point has none"
-            )
+        numbers = pd.to_numeric(cells, errors="coerce")
+        for bad, why in (
+            (cells.notna() & numbers.isna(), "a metric cell holds a number, or is blank where the point has none"),
+            (np.isinf(numbers) & ran, "a point that ran has no infinite metric (blank: one it has none of)"),
+        ):
+            if bad.any():
+                cell = cells[bad].iloc[0]
+                value = repr(cell) if isinstance(cell, str) else cell_text(cell)
+                raise UserError(f"{path}: {column} is {value} in row {bad.to_numpy().argmax() + 1}; {why}")
     again = frame.duplicated()
     if again.any():
         rows = pd.util.hash_pandas_object(frame, index=False).tolist()
@@ -332,7 +336,7 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
         names = point_labels(frame).loc[failed.index]
         parts.append(f"<p>{len(failed)} point(s) failed:</p><ul>")
         parts += [
-            f"<li><b>{html.escape(names[i])}</b>: {html.escape(_reason(failed.at[i, 'reason']))}</li>"
+            f"<li><b>{html.escape(names[i])}</b>: {html.escape(_reason(failed.get('reason', {}).get(i)))}</li>"
             for i in failed.index
         ]
         parts.append("</ul>")
