@@ -123,14 +123,16 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"{key} is read by {kind} layers only, and model={cfg.model.name} has none (model.layer_pattern="
                 f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
             )
-    arrivals = sorted({"workload.rate", "workload.burstiness"}.intersection(overridden))
+    served = scenario == "serve" and cfg.scenario.get("rate") is not None  # null keeps the workload's
+    shaping = {"workload.rate", "workload.burstiness"} | ({"scenario.rate"} if served else set())
+    arrivals = sorted(shaping.intersection(overridden))
     if arrivals and cfg.workload.kind == "trace":
         from kvbench.core.workload import trace_has_arrival_times
 
         if trace_has_arrival_times(str(cfg.workload.path)):
             raise UserError(
                 f"{arrivals[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
-                f"time (rate and burstiness shape arrivals only for a trace without them): drop it"
+                f"time (a rate and burstiness shape arrivals only for a trace without them): drop it"
             )
     served_rate = cfg.scenario.get("rate") if scenario == "serve" else None
     if served_rate is not None and "workload.rate" in overridden:

@@ -398,6 +398,11 @@ RUN_CASES = [
         ["workload=trace", "workload.path=FILES/timed.csv", "workload.rate=9"],
         "workload.rate is not read: the trace",
     ),
+    (  # serve's rate replaced the workload's, but a timed trace's requests arrived at its times
+        ["scenario=serve", "model=tiny", "workload=trace", "workload.path=FILES/timed.csv", "scenario.rate=5"],
+        "scenario.rate is not read: the trace",
+    ),
+    (["workload=trace", "workload.path=FILES/timed.csv", "workload.num_requests=10"], "has only 2 rows that fit"),
     (["workload.rate=inf", "workload.num_requests=5", "workload.burstiness=0.5"], "workload.burstiness is not read"),
     (["workload.path=FILES/timed.csv"], "is read by workload=trace only; workload=sharegpt would ignore it"),
     (["+workload.shuffle=true"], "workload.shuffle=true is read by workload=trace only"),

@@ -4,6 +4,7 @@ import contextlib
 import csv
 import errno
 import fcntl
+import json
 import os
 import pty
 import shlex
@@ -62,6 +63,24 @@ def test_a_row_records_the_values_the_run_read_not_their_spelling(tmp_path):
     (row,) = csv.DictReader(metrics.open())
     assert row["seed"] == "1000"  # seed=1e3 ran as seed 1000, which a sweep's seed=1000 matches
     assert row["rate"] == ""  # the trace's own arrival times: workload.rate was not read
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_serve_serves_a_short_trace_whole_and_records_a_rate_only_where_it_read_one(tmp_path, timed):
+    """serve's scenario.num_requests=64 caps a trace, it does not ask 64 rows of a 3-row one;
+    a trace's own arrival times are the arrivals, and then no rate is recorded."""
+    header, times = (
+        ("input_len,output_len,arrival_s", (",0", ",1", ",2")) if timed else ("input_len,output_len", ("",) * 3)
+    )
+    (tmp_path / "t.csv").write_text(header + "\n" + "".join(f"{10 + i},4{t}\n" for i, t in enumerate(times)))
+    args = ["scenario=serve", "model=tiny", "workload=trace", f"workload.path={tmp_path / 't.csv'}", "plots=false"]
+    result = bench(tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    (metrics,) = tmp_path.glob("results/runs/*/metrics.csv")
+    (row,) = csv.DictReader(metrics.open())
+    assert row["requests"] == "3" and row["rate"] == ("" if timed else "inf")
+    arrivals = [json.loads(line)["arrival_s"] for line in (metrics.parent / "requests.jsonl").open()]
+    assert arrivals == ([0.0, 1.0, 2.0] if timed else [0.0] * 3)
 
 
 def test_a_single_run_draws_its_kv_breakdown_beside_its_row_by_default(tmp_path):

@@ -213,10 +213,29 @@ def test_a_shuffled_trace_takes_the_first_rows_and_shuffles_them_with_the_seed(t
     assert [r.prompt_len for r in a] != list(range(1, 51))
 
 
-def test_a_trace_shorter_than_num_requests_is_refused(tmp_path):
-    path = trace(tmp_path, "input_len,output_len\n10,5\n")
+@pytest.mark.parametrize("text", ["input_len,output_len\n10,5\n", "input_len,output_len,arrival_s\n10,5,0\n"])
+def test_a_trace_shorter_than_num_requests_is_refused(tmp_path, text):
+    path = trace(tmp_path, text)  # with its own arrival times or without
     with pytest.raises(UserError, match="num_requests=5 but trace .* has only 1 rows"):
         generate({"kind": "trace", "path": path, "rate": 1.0, "num_requests": 5}, seed=0, max_model_len=2048)
+
+
+def test_a_timed_trace_with_no_row_that_fits_in_its_duration_is_one_line(tmp_path):
+    path = trace(tmp_path, "input_len,output_len,arrival_s\n2000,100,0\n10,5,5\n")
+    with pytest.raises(UserError, match="no row that fits max_model_len=2048 arrives within workload.duration_s=1"):
+        generate({"kind": "trace", "path": path, "rate": 1.0, "duration_s": 1.0}, seed=0, max_model_len=2048)
+    later = generate({"kind": "trace", "path": path, "rate": 1.0, "duration_s": 6.0}, seed=0, max_model_len=2048)
+    assert [(r.arrival_s, r.prompt_len) for r in later] == [(5.0, 10)] and later.dropped == 1
+
+
+@pytest.mark.parametrize("times", ["", ",arrival_s"])
+def test_serve_s_cap_takes_at_most_that_many_rows_and_all_of_a_shorter_trace(tmp_path, times):
+    rows = "".join(f"{10 + i},5{f',{i}' if times else ''}\n" for i in range(3))
+    cfg = {"kind": "trace", "path": trace(tmp_path, f"input_len,output_len{times}\n{rows}"), "rate": float("inf")}
+    assert [r.prompt_len for r in generate(cfg, seed=0, max_model_len=2048, at_most=64)] == [10, 11, 12]
+    assert [r.prompt_len for r in generate(cfg, seed=0, max_model_len=2048, at_most=2)] == [10, 11]
+    capped = generate({**cfg, "num_requests": 2}, seed=0, max_model_len=2048, at_most=64)
+    assert len(capped) == 2  # a count of the workload's own is the workload's
 
 
 def test_a_trace_says_whether_it_gives_arrival_times(tmp_path):

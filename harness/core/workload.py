@@ -196,14 +196,16 @@ def trace_requests(
     count: int | None,
     duration: float | None,
     max_len: int,
+    at_most: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Arrival times and lengths of a trace run, and how many of its rows were dropped.
 
     Rows longer than `max_len` are dropped (the paper filtered its datasets so) and counted when
     they lie among the rows the run reads, or refused with `strict`. The run reads rows in file
     order: those arriving within `duration` when the file has arrival times, else as many as
-    the Poisson arrivals at `rate` within `duration` (or `count` of them) need. `shuffle`
-    shuffles the rows it took with the seed, as the paper's artifact does.
+    the Poisson arrivals at `rate` within `duration` (or `count` of them) need, and `at_most` of
+    them where `count` is not given. `shuffle` shuffles the rows it took with the seed, as the
+    paper's artifact does.
     """
     path = cfg.get("path")
     rows = load_trace(path)
@@ -234,11 +236,20 @@ def trace_requests(
             f"trace {path}: every row has more than {limit} tokens "
             f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len"
         )
+    if count is not None and count > len(kept):  # with or without arrival times
+        raise UserError(f"workload.num_requests={count} but trace {path} has only {len(kept)} rows that fit {limit}")
     if kept[0][2] is not None:
         kept.sort(key=lambda r: r[2])
         cutoff = math.inf if duration is None else duration
-        kept = [r for r in kept if r[2] <= cutoff]
-        taken = kept[:count] if count is not None else kept
+        within = [r for r in kept if r[2] <= cutoff]
+        if not within:  # the rows that arrive in time were all too long
+            raise UserError(
+                f"trace {path}: no row that fits {limit} arrives within workload.duration_s={duration} "
+                f"(the first arrives at {kept[0][2]:.6g} s from the trace's start); raise workload.duration_s"
+            )
+        kept = within
+        most = count if count is not None else at_most
+        taken = kept[:most] if most is not None else kept
         if len(taken) < len(kept):
             cutoff = taken[-1][2]
         times = np.array([r[2] for r in taken], dtype=float)
@@ -254,13 +265,9 @@ def trace_requests(
             )
         dropped = sum(1 for r in too_long if r[2] <= cutoff)
     else:
-        if count is not None and count > len(kept):
-            raise UserError(
-                f"workload.num_requests={count} but trace {path} has only {len(kept)} rows that fit {limit}"
-            )
         if count is None and (duration is None or math.isinf(rate)):
-            count = len(kept)
-        times = arrivals(rng, rate, burstiness, count, duration)[: len(kept)]
+            count = len(kept) if at_most is None else min(len(kept), at_most)
+        times = arrivals(rng, rate, burstiness, count, duration)[: len(kept) if at_most is None else at_most]
         taken = kept[: len(times)]
         # the line after which no row was read: the file's end, or none (no arrival in duration)
         last = (taken[-1][3] if taken else -math.inf) if len(taken) < len(kept) else math.inf
@@ -278,8 +285,17 @@ class Requests(list):
     dropped = 0
 
 
-def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False, vocab_size: int = 50272) -> Requests:
-    """The requests of one run, sorted by arrival. Token ids are drawn only `with_tokens`."""
+def generate(
+    cfg: dict,
+    seed: int,
+    max_model_len: int,
+    with_tokens: bool = False,
+    vocab_size: int = 50272,
+    at_most: int | None = None,
+) -> Requests:
+    """The requests of one run, sorted by arrival. Token ids are drawn only `with_tokens`.
+    `at_most`: a trace without a count of its own gives at most this many (serve's cap), and
+    all its rows where it has fewer."""
     rate = float(cfg["rate"])
     if not rate > 0:
         raise UserError(f"workload.rate={cfg['rate']} must be > 0 (req/s; inf = all at t=0)")
@@ -329,6 +345,7 @@ def generate(cfg: dict, seed: int, max_model_len: int, with_tokens: bool = False
             None if count is None else int(count),
             None if duration is None else float(duration),
             max_model_len - prefix_len,
+            at_most,
         )
     else:
         times = arrivals(

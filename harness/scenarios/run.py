@@ -36,11 +36,11 @@ def identity(cfg: DictConfig) -> dict:
         "seed": seed,
         "block_size": plugin_cfg(cfg, "allocator").get("block_size", ""),
         # a trace's own arrival times leave workload.rate unread: no rate is recorded
-        "rate": "" if _timed_trace(cfg) else "inf" if math.isinf(rate) else rate,
+        "rate": "" if timed_trace(cfg) else "inf" if math.isinf(rate) else rate,
     }
 
 
-def _timed_trace(cfg: DictConfig) -> bool:
+def timed_trace(cfg: DictConfig) -> bool:
     if cfg.workload.kind != "trace":
         return False
     from kvbench.core.workload import trace_has_arrival_times

@@ -41,6 +41,7 @@ from kvbench.scenarios.build import (
     resolve_device,
 )
 from kvbench.scenarios.kernel_case import TORCH_DTYPES
+from kvbench.scenarios.run import timed_trace
 from kvbench.scenarios.simulate import preemption_report
 from kvbench.scenarios.synthetic_steps import Shape, StepTimer
 
@@ -53,18 +54,23 @@ def resolve_dtype(name: str, device: torch.device) -> str:
     return name
 
 
-def serve_workload(cfg: DictConfig) -> dict:
-    """The workload config with serve's caps applied (scenario.num_requests, scenario.rate)."""
+def serve_workload(cfg: DictConfig) -> tuple[dict, int | None]:
+    """The workload config with serve's caps applied (scenario.num_requests, scenario.rate), and
+    the most requests a trace that sets no count of its own may give (the cap, which a shorter
+    trace is not held to: it serves every row)."""
     spec = OmegaConf.to_container(cfg.workload, resolve=True)
     cap, rate = cfg.scenario.get("num_requests"), cfg.scenario.get("rate")
     if rate is not None:
         spec["rate"] = float(rate)
-    if cap is not None:
-        if int(cap) < 1:
-            raise UserError(f"scenario.num_requests={cap} must be >= 1 (or null for the whole workload)")
-        count = spec.get("num_requests")
-        spec["num_requests"] = int(cap) if count is None else min(int(cap), int(count))
-    return spec
+    if cap is None:
+        return spec, None
+    if int(cap) < 1:
+        raise UserError(f"scenario.num_requests={cap} must be >= 1 (or null for the whole workload)")
+    count = spec.get("num_requests")
+    if count is None and spec.get("kind") == "trace":
+        return spec, int(cap)
+    spec["num_requests"] = int(cap) if count is None else min(int(cap), int(count))
+    return spec, None
 
 
 # the cores this process could run on when it started: a run pinned earlier in a sweep narrows
@@ -221,9 +227,14 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     model_spec, device = real.spec, real.device
     _, hardware = load_specs(cfg)
     async_scheduling = bool(cfg.engine.get("async_scheduling", False))
-    served = serve_workload(cfg)
+    served, at_most = serve_workload(cfg)
     requests = workload.generate(
-        served, int(cfg.seed), model_spec.max_model_len, with_tokens=True, vocab_size=model_spec.vocab_size
+        served,
+        int(cfg.seed),
+        model_spec.max_model_len,
+        with_tokens=True,
+        vocab_size=model_spec.vocab_size,
+        at_most=at_most,
     )
     kv_bytes = cfg.engine.get("kv_cache_bytes")
     num_slots = (
@@ -271,7 +282,8 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     row.update(
         device=str(device),
         dtype=model_spec.dtype,
-        rate="inf" if math.isinf(rate) else rate,
+        # a trace's own arrival times leave the rate unread: none is recorded (run.identity's rule)
+        rate="" if timed_trace(cfg) else "inf" if math.isinf(rate) else rate,
         clock=str(scenario.get("clock", "wall")),
         sampling="greedy" if sampling.greedy else f"t={sampling.temperature},top_p={sampling.top_p}",
     )
