@@ -8,11 +8,12 @@ The reference is checked out as a git worktree (detached, in the system's temp f
 both trees are imported the same way, each in its own worker process, with this environment's
 packages. Both are byte-compiled first (`python -m compileall`, as the README's install does):
 where PYTHONDONTWRITEBYTECODE is set, a tree without bytecode would compile its sources in every
-process, 0.12 s of a short run for this tree's, and the ratio would measure that, not the code. Repeats are interleaved (reference then this tree, then this tree then reference, and
-so on), so both see the same machine load; each line prints the medians, the min-max over
-repeats, the ratio new / ref of the medians, and the median and range of the paired ratios
-(each repeat's two runs, back to back, divided): on a shared host whose speed wanders by half
-between minutes, a pair shares its moment's speed, where the two medians may not.
+process, 0.12 s of a short run for this tree's, and the ratio would measure that, not the code.
+Repeats are interleaved (reference then this tree, then this tree then reference, and so on),
+so both see the same machine load; each line prints the medians, the min-max over repeats, the
+ratio new / ref of the medians, and the median and range of the paired ratios (each repeat's
+two runs, back to back, divided): on a shared host whose speed wanders by half between
+minutes, a pair shares its moment's speed, where the two medians may not.
 A whole-process case prints its CPU seconds (user + system) too: waiting for a core on a shared
 host lengthens the wall time but not those.
 
