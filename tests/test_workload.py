@@ -220,6 +220,22 @@ def test_a_trace_shorter_than_num_requests_is_refused(tmp_path, text):
         generate({"kind": "trace", "path": path, "rate": 1.0, "num_requests": 5}, seed=0, max_model_len=2048)
 
 
+def test_a_short_trace_at_a_huge_rate_draws_arrivals_for_its_rows_only(tmp_path):
+    """3 rows at 1e5 req/s for 1,000 s: 3 arrivals drawn, the same as the first 3 of 1e8 (a
+    run that took 29 s, and that the memory check refused at 1e5 req/s, estimating 1e8 requests)."""
+    from types import SimpleNamespace
+
+    from kvbench.schema.memory import _num_requests
+
+    path = trace(tmp_path, "input_len,output_len\n10,5\n20,5\n30,5\n")
+    cfg = {"kind": "trace", "path": path, "rate": 1e5, "duration_s": 1000.0}
+    requests = generate(cfg, seed=0, max_model_len=2048)
+    expected = np.cumsum(np.random.default_rng(0).gamma(1.0, 1e-5, size=4))[:3]
+    assert [r.arrival_s for r in requests] == expected.tolist()
+    workload = SimpleNamespace(kind="trace", path=path, num_requests=None, rate=1e5, duration_s=1000.0)
+    assert _num_requests(workload, SimpleNamespace()) <= 5  # its lines, not rate x duration
+
+
 def test_a_timed_trace_with_no_row_that_fits_in_its_duration_is_one_line(tmp_path):
     path = trace(tmp_path, "input_len,output_len,arrival_s\n2000,100,0\n10,5,5\n")
     with pytest.raises(UserError, match="no row that fits max_model_len=2048 arrives within workload.duration_s=1"):

@@ -75,9 +75,16 @@ def _uniform(rng: np.random.Generator, length: int, r: float, size: int) -> np.n
 
 
 def arrivals(
-    rng: np.random.Generator, rate: float, burstiness: float, count: int | None, duration_s: float | None
+    rng: np.random.Generator,
+    rate: float,
+    burstiness: float,
+    count: int | None,
+    duration_s: float | None,
+    most: int | None = None,
 ) -> np.ndarray:
-    """Arrival times: gamma-distributed gaps with mean 1/rate (shape 1 = Poisson)."""
+    """Arrival times: gamma-distributed gaps with mean 1/rate (shape 1 = Poisson); `count` of
+    them, or those within `duration_s`, and then no more than `most` (a trace's rows: a 3-row
+    trace at 1e5 req/s for 1,000 s draws 3 gaps, not 1e8)."""
     if math.isinf(rate):
         return np.zeros(count or 0)
     scale = 1.0 / (rate * burstiness)
@@ -85,10 +92,12 @@ def arrivals(
         return np.cumsum(rng.gamma(burstiness, scale, size=count))
     times, t = [], 0.0
     chunk = max(16, int(rate * duration_s * 1.2))
+    if most is not None:
+        chunk = min(chunk, most + 1)  # the arrival after the last is drawn, to end as before
     while True:
         for gap in rng.gamma(burstiness, scale, size=chunk):
             t += gap
-            if t > duration_s:
+            if t > duration_s or len(times) == most:
                 return np.array(times)
             times.append(t)
 
@@ -267,7 +276,8 @@ def trace_requests(
     else:
         if count is None and (duration is None or math.isinf(rate)):
             count = len(kept) if at_most is None else min(len(kept), at_most)
-        times = arrivals(rng, rate, burstiness, count, duration)[: len(kept) if at_most is None else at_most]
+        most = len(kept) if at_most is None else min(len(kept), at_most)
+        times = arrivals(rng, rate, burstiness, count, duration, most)[:most]
         taken = kept[: len(times)]
         # the line after which no row was read: the file's end, or none (no arrival in duration)
         last = (taken[-1][3] if taken else -math.inf) if len(taken) < len(kept) else math.inf

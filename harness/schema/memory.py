@@ -76,8 +76,20 @@ def _num_requests(workload, scenario) -> float:
         count = workload.rate * workload.duration_s
     else:
         count = 0
+    if workload.kind == "trace":  # a trace gives at most its rows, whatever the rate
+        count = min(count, _lines(workload.path)) if count else _lines(workload.path)
     cap = getattr(scenario, "num_requests", None)
     return min(count, cap) if cap else count
+
+
+def _lines(path) -> int:
+    """The lines of a file, a bound on a trace's rows (0 for one that cannot be read: its reader
+    then says why)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1
+    except (OSError, TypeError):
+        return 0
 
 
 def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tuple[float, list[str]]:
