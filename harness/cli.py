@@ -124,6 +124,11 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
             )
     served = scenario == "serve" and cfg.scenario.get("rate") is not None  # null keeps the workload's
+    if "workload.num_prefixes" in overridden and not cfg.workload.get("prefix_len"):
+        raise UserError(
+            "workload.num_prefixes is not read: workload.prefix_len=0 puts no shared system prompt before the "
+            "prompts; set workload.prefix_len=TOKENS too, or drop it"
+        )
     shaping = {"workload.rate", "workload.burstiness"} | ({"scenario.rate"} if served else set())
     arrivals = sorted(shaping.intersection(overridden))
     if arrivals and cfg.workload.kind == "trace":
@@ -337,8 +342,11 @@ def composing_once(args):
         loader = loader.config_loader if loader is not None else self.config_loader
         for overrides in batch:
             checked[tuple(overrides)] = compose(loader, master_config=self.config, sweep_overrides=list(overrides))
-        refuse_absent_baseline(batch, [checked[tuple(overrides)] for overrides in batch])
-        refuse_twice_swept(batch, [checked[tuple(overrides)] for overrides in batch])
+        configs = [checked[tuple(overrides)] for overrides in batch]
+        refuse_swept_experiments(batch)
+        refuse_absent_baseline(batch, configs)
+        refuse_twice_swept(batch, configs)
+        refuse_shared_folders(batch, configs)
 
     def load_sweep_config(self, master_config, sweep_overrides):
         config = checked.pop(tuple(sweep_overrides), None)
@@ -381,6 +389,37 @@ def composing_once(args):
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+
+
+def refuse_swept_experiments(batch) -> None:
+    """Before a sweep's first point: `-m +experiment=fig2,fig13` would run one default point of
+    each, not their sweeps (an experiment's sweep is its own command's), and compare none."""
+    chosen = {value for overrides in batch for key, value in map(split_override, overrides) if key == "experiment"}
+    if len(chosen) > 1:
+        names = sorted(chosen)
+        raise UserError(
+            f"+experiment is swept ({', '.join(names)}): each experiment is a sweep of its own, which a sweep "
+            f"over experiments would not run; run them one at a time (bench +experiment={names[0]}, ...)"
+        )
+
+
+def refuse_shared_folders(batch, configs) -> None:
+    """Before a sweep's first point: points whose folders are one (hydra.sweep.subdir=same) would
+    each overwrite the last one's result."""
+    if len(batch) < 2:
+        return
+    try:
+        folders = [str(OmegaConf.select(c, "hydra.sweep.subdir", throw_on_resolution_failure=True)) for c in configs]
+    except Exception:  # a subdir that resolves only as the point launches (${hydra.job.num}): distinct
+        return
+    for first, (folder, overrides) in enumerate(zip(folders, batch)):
+        if folder in folders[:first]:
+            other = list(batch[folders.index(folder)])
+            apart = [o for o in other if o not in overrides], [o for o in overrides if o not in other]
+            raise UserError(
+                f"hydra.sweep.subdir gives the points {' '.join(apart[0])} and {' '.join(apart[1])} one folder, "
+                f"{folder!r}: each would overwrite the last; keep the default subdir, or one that names each point"
+            )
 
 
 def refuse_twice_swept(batch, configs) -> None:

@@ -512,6 +512,18 @@ RUN_CASES = [
         ["scenario=serve", "model=tiny", "scenario.num_requests=2", "scenario.cpu_threads=4096"],
         "scenario.cpu_threads=4096 is more than the",
     ),
+    # recorded in the row, and the run was the default's to the last bit
+    (["workload.num_prefixes=5"], "workload.num_prefixes is not read: workload.prefix_len=0"),
+    # one default point of each experiment ran, and neither's comparison
+    (
+        ["-m", "+experiment=fig2,fig13", "hydra.sweep.dir=FILES/sweep-h"],
+        "+experiment is swept (fig13, fig2): each experiment is a sweep of its own",
+    ),
+    # the second point overwrote the first: "1 point(s)", exit 0
+    (
+        ["-m", "+allocator=contiguous,paged", "hydra.sweep.subdir=same", "hydra.sweep.dir=FILES/sweep-i"],
+        "hydra.sweep.subdir gives the points +allocator=contiguous and +allocator=paged one folder, 'same'",
+    ),
 ]
 
 

@@ -131,6 +131,26 @@ def test_fig2_files_rounding_under_external_and_other_as_the_paper_does():
     assert compared["% token states"]["paper"] == "26.8"
 
 
+def test_a_system_the_sweep_did_not_run_is_left_out_not_compared_as_nan(tmp_path):
+    row = {"allocator": "pow2", "model": "opt-13b", "hardware": "a100-40gb", "workload": "sharegpt", "status": "ok"}
+    row |= {"kv_token_util": "0.27", "kv_reserved_frac": "0.18", "kv_internal_frag_frac": "0.14"}
+    row |= {"kv_rounding_frac": "0.3", "kv_external_frag_frac": "0.11", "rate": "2.0", "mean_batch_size": "9.5"}
+    compared = fig2([{**row, "rate": "4.0"}], {})  # it compared all four, three of them as nan with runs=0
+    assert {r["system"] for r in compared} == {"Orca (Pow2)"} and {r["runs"] for r in compared} == {1}
+    fig13 = FIGURES["fig13"]([row], {})
+    assert [(r["system"], r["kvbench"]) for r in fig13] == [("Orca (Pow2)", 9.5)]
+
+
+def test_a_comparison_no_point_can_answer_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "p0").mkdir()
+    (tmp_path / "p0" / "metrics.csv").write_text(
+        "allocator,workload,status,rate,mean_batch_size\npaged,sharegpt,ok,4.0,30\n"
+    )
+    with pytest.raises(UserError, match="report.paper=fig13: no successful point of .* is one the paper measured"):
+        write_comparison(tmp_path, {"paper": "fig13"})
+    assert not (tmp_path / "paper_comparison.csv").exists()
+
+
 @pytest.mark.parametrize(
     "overrides, rate, duration",
     [

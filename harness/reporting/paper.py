@@ -133,6 +133,8 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
         )
     out = []
     for allocator in PAPER_ORDER:
+        if not mean_over_seeds(rows, "kv_token_util", allocator=allocator)[1]:
+            continue  # a system the sweep did not run (or whose points all failed) is left out
         for (part, columns), paper in zip(FIG2_PARTS.items(), FIG2[allocator]):
             if paper is None:
                 continue
@@ -161,6 +163,8 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
             continue
         for allocator in PAPER_ORDER:
             value, runs = mean_over_seeds(at_rate, "mean_batch_size", allocator=allocator)
+            if not runs:
+                continue  # a system the sweep did not run at this rate is left out
             ours = _workloads(at_rate)
             label = workload if ours == workload else f"{workload} ({ours})"
             out.append(
@@ -399,6 +403,13 @@ def sweep_rows(sweep_dir: Path) -> list[dict]:
     return rows
 
 
+# what each comparison needs of a sweep's points, for the message when none has it
+PAPER_SETUPS = {
+    "fig2": "the Orca allocators and paged on ShareGPT at 4 req/s",
+    "fig13": " or ".join(f"{workload} at {rate:g} req/s" for workload, rate in FIG13),
+}
+
+
 def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     """Compare a finished experiment sweep with the paper; return the files written (its figure
     only with `plots`: `plots=false` draws nothing)."""
@@ -408,6 +419,11 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
         raise UserError(f"{sweep_dir} has no successful point to compare with the paper")
     name = settings["paper"]
     compared = FIGURES[name](rows, settings)
+    if not compared:  # fig13: no point at one of the paper's rates
+        raise UserError(
+            f"report.paper={name}: no successful point of {sweep_dir} is one the paper measured "
+            f"({PAPER_SETUPS.get(name, 'see docs/paper.md')}); nothing to compare"
+        )
     written = [sweep_dir / "paper_comparison.csv", sweep_dir / "paper_comparison.md"]
     write_csv(written[0], compared)
     write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's"))
