@@ -46,11 +46,39 @@ def fingerprint(cfg: DictConfig, not_measured=()) -> dict:
             node.pop(leaf, None)
     text = json.dumps(resolved, sort_keys=True, default=str)
     env = environment()
-    return {
+    found = {
         "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "kvbench_version": env["kvbench_version"],
         "git_sha": env["git_sha"],
     }
+    files = input_files(resolved)
+    if files:  # only where the point reads one: a fingerprint of before stays the same
+        found["input_files"] = files
+    return found
+
+
+# the config keys that name a file whose contents shape a point's result (its config names only
+# the path: a trace rewritten in place must not leave the old point's row standing)
+INPUT_FILE_KEYS = ("workload.path", "executor.profile", "scenario.profile")
+
+
+def input_files(resolved: dict) -> dict[str, str]:
+    """key -> the sha256 of the file it names, for each of INPUT_FILE_KEYS the point sets."""
+    files = {}
+    for key in INPUT_FILE_KEYS:
+        section, leaf = key.split(".")
+        path = (resolved.get(section) or {}).get(leaf) if isinstance(resolved.get(section), dict) else None
+        if not isinstance(path, str) or not path:
+            continue
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            files[key] = digest.hexdigest()
+        except OSError:
+            files[key] = "unreadable"
+    return files
 
 
 def write_fingerprint(point_dir: Path, current: dict) -> None:
@@ -82,11 +110,16 @@ def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
         stored = json.loads((Path(point_dir) / FINGERPRINT).read_text())
     except (OSError, ValueError):
         return False, "it has no readable fingerprint of what produced it"
-    changed = [
-        f"{key} {stored.get(key)} -> {value}" if key != "config_sha256" else "its config"
-        for key, value in current.items()
-        if stored.get(key) != value
-    ]
+
+    def what(key: str, value) -> str:
+        if key == "config_sha256":
+            return "its config"
+        if key == "input_files":
+            old = stored.get(key) or {}
+            return "the file at " + ", ".join(k for k in value if old.get(k) != value[k])
+        return f"{key} {stored.get(key)} -> {value}"
+
+    changed = [what(key, value) for key, value in current.items() if stored.get(key) != value]
     if changed:
         return False, f"changed since it ran: {', '.join(changed)}"
     return True, "complete from an earlier run of this sweep"

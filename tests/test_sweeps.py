@@ -196,6 +196,22 @@ def test_a_resume_reruns_points_whose_config_changed_or_whose_metrics_are_corrup
     assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["ok", "ok", "ok"]
 
 
+def test_a_resume_reruns_the_points_of_a_trace_rewritten_in_place(tmp_path, monkeypatch, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("input_len,output_len\n20,5\n30,6\n25,4\n")
+    args = ("+allocator=contiguous,paged", "workload=trace", f"workload.path={trace}")
+    sweep_in_process(tmp_path, monkeypatch, *args)
+    assert {r["total_input_tokens"] for r in summary(tmp_path / "sweep")} == {"75"}
+    capsys.readouterr()
+    sweep_in_process(tmp_path, monkeypatch, *args)  # the same file: nothing to redo
+    assert capsys.readouterr().out.count("skipped ") == 2
+
+    trace.write_text("input_len,output_len\n1000,500\n1000,500\n")  # the config names the same path
+    sweep_in_process(tmp_path, monkeypatch, *args)
+    assert capsys.readouterr().out.count("changed since it ran: the file at workload.path") == 2
+    assert {r["total_input_tokens"] for r in summary(tmp_path / "sweep")} == {"2000"}
+
+
 def test_plots_and_progress_name_no_point_and_a_rerun_that_only_draws_skips_every_point(tmp_path, monkeypatch, capsys):
     sweep_in_process(tmp_path, monkeypatch, "workload.rate=1,2", "workload.num_requests=20", "plots=false")
     points = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
