@@ -8,6 +8,8 @@ all sources: a duplicate is an error naming both.
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
 
 import pluggy
 
@@ -19,6 +21,12 @@ KINDS = {
     "backend": "kvbench_backends",
     "graph": "kvbench_graph_modes",
 }
+# the class every plugin of a kind extends (module, name): its contract (docs/design.md)
+BASES = {
+    "allocator": ("kvbench.plugins.allocators.base", "KVAllocator"),
+    "backend": ("kvbench.plugins.backends.base", "AttentionBackend"),
+    "graph": ("kvbench.plugins.graphs.base", "GraphMode"),
+}
 
 
 class Registry:
@@ -26,7 +34,10 @@ class Registry:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         if load_entry_points:
-            self.pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+            try:
+                self.pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+            except Exception as err:  # noqa: BLE001 (an installed plugin that fails to import)
+                raise UserError(f"{_broken_entry_point()}: {type(err).__name__}: {err}; fix or uninstall it") from None
 
     def register(self, plugin, name: str | None = None) -> None:
         self.pm.register(plugin, name=name)
@@ -48,7 +59,15 @@ class Registry:
         found: dict[str, tuple[type, str]] = {}
         for impl in hook.get_hookimpls():
             source = self._source(impl.plugin)
-            for cls in impl.function() or []:
+            where = f"the {kind} plugin from {source} ({KINDS[kind]})"
+            try:
+                given = impl.function()
+            except Exception as err:  # noqa: BLE001 (a third party's hook: say whose, in one line)
+                raise UserError(f"{where} failed: {type(err).__name__}: {err}; fix or uninstall it") from None
+            if given is not None and not isinstance(given, (list, tuple)):
+                raise UserError(f"{where} returned {given!r}; the hook returns a list of classes")
+            for cls in given or []:
+                _check_named(cls, kind, where)
                 if cls.name in found and found[cls.name][0] is not cls:
                     raise UserError(
                         f"two {kind} plugins are named {cls.name!r}: one from {found[cls.name][1]}, "
@@ -61,7 +80,42 @@ class Registry:
         classes = self.classes(kind)
         if name not in classes:
             raise UserError(f"unknown {kind} {name!r}; known: {', '.join(classes) or '(none)'}")
+        _check_contract(classes[name], kind)
         return classes[name]
+
+
+def _check_named(cls, kind: str, where: str) -> None:
+    """A class the hook gave, with a name: what every lookup of the kind relies on."""
+    if not isinstance(cls, type):
+        raise UserError(f"{where} returned {cls!r}, not a class; the hook returns a list of classes")
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        raise UserError(
+            f"{where}: {cls.__qualname__}.name is {getattr(cls, 'name', None)!r}; a {kind} is named by a str"
+        )
+
+
+def _check_contract(cls: type, kind: str) -> None:
+    """The class a run chose: a subclass of its kind's base with nothing abstract left (checked
+    when chosen, so that one unfinished plugin of a package does not stop runs of the others)."""
+    base = getattr(importlib.import_module(BASES[kind][0]), BASES[kind][1])
+    if not issubclass(cls, base):
+        raise UserError(f"{kind} {cls.name!r} ({cls.__module__}.{cls.__qualname__}) does not extend {base.__name__}")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise UserError(f"{kind} {cls.name!r} ({cls.__module__}) does not implement {missing} (see {base.__name__})")
+
+
+def _broken_entry_point() -> str:
+    """Which `kvbench` entry point fails to load, as `package (name = value)`."""
+    from importlib import metadata
+
+    for entry in metadata.entry_points(group=hookspecs.PROJECT):
+        try:
+            entry.load()
+        except Exception:  # noqa: BLE001
+            dist = getattr(entry, "dist", None)
+            return f"the kvbench plugin {dist.name if dist else '?'} ({entry.name} = {entry.value}) cannot be loaded"
+    return "a kvbench plugin cannot be loaded"
 
 
 @functools.lru_cache(maxsize=1)

@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_module
 
 from kvbench.errors import UserError
 from kvbench.hookspecs import hookimpl
+from kvbench.plugins.allocators.base import KVAllocator
 from kvbench.plugins.allocators.contiguous import OracleAllocator
 from kvbench.registry import Registry, default_registry
 from kvbench.scenarios.run import run_point
@@ -73,3 +74,48 @@ def test_a_duplicate_name_is_an_error_naming_both_sources():
 def test_an_unknown_name_lists_the_known_ones():
     with pytest.raises(UserError, match="known: .*contiguous.*paged"):
         Registry().get("allocator", "bogus")
+
+
+def broken_hook(result):
+    module = types.ModuleType("broken_kv")
+
+    @hookimpl
+    def kvbench_allocators():
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    module.kvbench_allocators = kvbench_allocators
+    return module
+
+
+@pytest.mark.parametrize(
+    "result, said",
+    [
+        (RuntimeError("hook exploded"), r"from broken_kv \(kvbench_allocators\) failed: RuntimeError: hook exploded"),
+        (HalfOracleAllocator, "returned <class '.*HalfOracleAllocator'>; the hook returns a list of classes"),
+        ([HalfOracleAllocator, "not a class"], "returned 'not a class', not a class"),
+        ([type("IntName", (OracleAllocator,), {"name": 5})], "IntName.name is 5; a allocator is named by a str"),
+    ],
+)
+def test_a_broken_plugin_hook_is_one_line_naming_it_not_a_traceback_in_every_run(result, said):
+    """It raised out of every run, those that chose no plugin too (the registry is read by the
+    config's checks): a TypeError, AttributeError or the hook's own exception."""
+    registry = Registry()
+    registry.register(broken_hook(result), name="broken_kv")
+    with pytest.raises(UserError, match=said):
+        registry.classes("allocator")
+
+
+def test_a_chosen_plugin_that_breaks_its_contract_is_refused_when_chosen_only():
+    class Unfinished(KVAllocator):  # its abstract methods left
+        name = "unfinished"
+
+    stranger = type("Stranger", (), {"name": "stranger"})
+    registry = Registry()
+    registry.register(plugin_module(Unfinished, stranger), name="third_party_kv")
+    assert registry.get("allocator", "paged")  # the others still run
+    with pytest.raises(UserError, match="allocator 'unfinished' .* does not implement .*admit"):
+        registry.get("allocator", "unfinished")
+    with pytest.raises(UserError, match="allocator 'stranger' .* does not extend KVAllocator"):
+        registry.get("allocator", "stranger")
