@@ -101,6 +101,9 @@ READ_ONLY_BY = {
     "report.goodput": ("simulate", "serve", "validate"),  # the recorder's SLOs; report.* else is a sweep's
     "repeats": ("serve", "kernel"),  # a simulated point is exact for its seed: it runs once (scenarios/repeats)
 }
+# the real model's shape beyond what the roofline reads (cost_model: num_params, layers, heads,
+# head_dim, window, state): a simulated run with executor=roofline would record them unread
+ROOFLINE_UNREAD = ("model.hidden_size", "model.intermediate_size", "model.rope_theta", "model.vocab_size")
 # read at a sweep's end (summary, report, paper comparison): a single run would ignore them
 SWEEP_END_KEYS = ("report.paper", "report.baseline", "report.slo_s_per_token")
 
@@ -124,6 +127,30 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
             )
     served = scenario == "serve" and cfg.scenario.get("rate") is not None  # null keeps the workload's
+    for key in ("allocator.watermark", "allocator.prefix_caching"):
+        if scenario == "kernel" and key in overridden:  # it crashed the placement, or was recorded unread
+            raise UserError(
+                f"{key} is read when a scheduler admits requests; scenario=kernel places one batch with the "
+                f"allocator's layout and would ignore it: drop it"
+            )
+    if "engine.swap_space_bytes" in overridden:
+        if scenario == "serve":
+            raise UserError(
+                "engine.swap_space_bytes is not read by scenario=serve, whose swap pool is "
+                "scenario.swap_space_tokens: set that instead"
+            )
+        if str(cfg.engine.get("preemption")) != "swap":
+            raise UserError(
+                f"engine.swap_space_bytes is read only with engine.preemption=swap; engine.preemption="
+                f"{cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set engine.preemption=swap"
+            )
+    roofline_unread = [k for k in ROOFLINE_UNREAD if k in overridden]
+    if scenario == "simulate" and roofline_unread and cfg.get("executor", {}).get("name") == "roofline":
+        raise UserError(
+            f"{roofline_unread[0]} is not read by the roofline (executor=roofline), which times a step from "
+            f"model.num_params, the layers, heads and head_dim: it shapes the real model (scenario=serve, "
+            f"profile, kernel) and executor=calibrated's profile; drop it"
+        )
     if "workload.num_prefixes" in overridden and not cfg.workload.get("prefix_len"):
         raise UserError(
             "workload.num_prefixes is not read: workload.prefix_len=0 puts no shared system prompt before the "

@@ -28,7 +28,7 @@ from kvbench.schema import groups
 from kvbench.schema.docs import allows_inf, constraints, fields
 from kvbench.schema.hydra_errors import hydra_line
 
-from helpers.cli import refused
+from helpers.cli import in_process, refused
 
 TRACE = "TRACE_CSV"  # replaced by a real trace file's path (fixture `files`)
 
@@ -514,6 +514,17 @@ RUN_CASES = [
     ),
     # recorded in the row, and the run was the default's to the last bit
     (["workload.num_prefixes=5"], "workload.num_prefixes is not read: workload.prefix_len=0"),
+    (["model.hidden_size=1"], "model.hidden_size is not read by the roofline (executor=roofline)"),
+    (  # a RuntimeError: paged could not place sequence 0 (512 tokens) in 1536 slots
+        ["scenario=kernel", "model=tiny", "batch=1d512", "+allocator=paged", "allocator.watermark=0.7"],
+        "allocator.watermark is read when a scheduler admits requests; scenario=kernel",
+    ),
+    (["+model.rope_theta=5"], "model.rope_theta is not read by the roofline"),
+    (["engine.swap_space_bytes=1"], "engine.swap_space_bytes is read only with engine.preemption=swap"),
+    (  # the row said swap_space_bytes=0 beside 60 swapped blocks: serve's pool is scenario.swap_space_tokens
+        ["scenario=serve", "model=tiny", "engine.preemption=swap", "engine.swap_space_bytes=0"],
+        "engine.swap_space_bytes is not read by scenario=serve",
+    ),
     # one default point of each experiment ran, and neither's comparison
     (
         ["-m", "+experiment=fig2,fig13", "hydra.sweep.dir=FILES/sweep-h"],
@@ -543,6 +554,20 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "wide.csv").write_text("input_len,output_len\n10," + "2" * 200_000 + "\n")
     (files / "timed.csv").write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n10,20,0.0\n30,40,0.5\n")
     assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [  # each was refused as bad input, and is not
+        # an idle pool admits without the watermark (vLLM's scheduler): a request that fits it runs
+        ["+allocator=paged", "allocator.watermark=0.95", "scheduler.watermark_when_idle=false"],
+    ],
+)
+def test_bench_runs_what_it_once_refused(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = in_process(lambda: cli.main([*args, "workload.num_requests=10", "plots=false", *FAST]))
+    assert result.returncode == 0, result.stderr
+    assert "Successful requests:" in result.stdout
 
 
 # --- bench-compare and bench-report: arguments, baselines, policies ------------------------------

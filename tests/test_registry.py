@@ -119,3 +119,54 @@ def test_a_chosen_plugin_that_breaks_its_contract_is_refused_when_chosen_only():
         registry.get("allocator", "unfinished")
     with pytest.raises(UserError, match="allocator 'stranger' .* does not extend KVAllocator"):
         registry.get("allocator", "stranger")
+
+
+class OverCounting(OracleAllocator):
+    """Counts more token states than its pool holds: free space, the remainder, went negative."""
+
+    name = "over_counting"
+
+    def kv_slots(self):
+        token, *rest = super().kv_slots()
+        return (token + 10 * self.num_slots, *rest)
+
+
+class NegativeCounting(OracleAllocator):
+    name = "negative_counting"
+
+    def kv_slots(self):
+        token, reserved, *rest = super().kv_slots()
+        return (token, -1 - reserved, *rest)
+
+
+@pytest.mark.parametrize("allocator", [OverCounting, NegativeCounting])
+def test_an_allocator_whose_accounting_is_no_split_of_its_pool_is_refused_not_reported(allocator):
+    """It was published with status ok: token states 685.9 %, free -586.2 %."""
+    registry = default_registry()
+    module = plugin_module(allocator)
+    registry.register(module)
+    try:
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            overrides = ["+allocator=oracle", f"allocator.name={allocator.name}", "workload.num_requests=20"]
+            cfg = compose("bench", overrides=[*overrides, "progress=false"])
+        with pytest.raises(UserError, match=f"allocator {allocator.name}'s accounting at step 0 .* is not a split"):
+            run_point(cfg)
+    finally:
+        registry.unregister(module)
+
+
+class Spare(OracleAllocator):
+    name = "spare"
+
+    def __init__(self, num_slots, max_model_len, block_size=16, spare_blocks: int = 0, **options):
+        super().__init__(num_slots - spare_blocks * block_size, max_model_len, block_size, **options)
+
+
+@pytest.mark.parametrize("value, said", [("3", "allocator.spare_blocks='3' must be an integer"), (True, "=true")])
+def test_a_plugin_s_int_option_refuses_text_and_booleans_which_the_run_would_pass_on(value, said):
+    """'3' reached the constructor as text (a TypeError mid-run) and true ran as 1, recorded as true."""
+    from kvbench.schema import check_plugin_options
+
+    check_plugin_options("allocator", Spare, {"spare_blocks": 3})
+    with pytest.raises(UserError, match=said):
+        check_plugin_options("allocator", Spare, {"spare_blocks": value})

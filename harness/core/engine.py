@@ -47,6 +47,15 @@ class Engine:
         self.step_clock = time.perf_counter  # how a real step is timed (serve: or process CPU time)
 
     def check_fits(self, requests: list[Request]) -> None:
+        # with watermark_when_idle=False an idle pool admits without the watermark: a request that
+        # fits the whole pool runs (alone, at worst), so only the whole pool is asked of it
+        self.allocator.watermark_exempt = not self.scheduler.watermark_when_idle
+        try:
+            self._check_fits(requests)
+        finally:
+            self.allocator.watermark_exempt = False
+
+    def _check_fits(self, requests: list[Request]) -> None:
         longest = max(r.max_tokens for r in requests)
         if not self.allocator.can_ever_admit(longest):
             kept = getattr(self.allocator, "watermark_blocks", 0) * self.allocator.block_size

@@ -18,6 +18,10 @@ import numpy as np
 from kvbench.core.request_log import RequestLog
 from kvbench.core.sequence import Sequence
 from kvbench.core.serving_metrics import ValueCounts, latency_stats, meets_slos
+from kvbench.errors import UserError
+
+# kv_slots()'s five counts, in its order
+KV_COUNTS = ("token", "reserved", "internal", "rounding", "named")
 
 
 class Recorder:
@@ -59,6 +63,7 @@ class Recorder:
         """Before the first step: the KV pool whose accounting every step records."""
         accounting = allocator.accounting()
         self.num_slots = accounting.num_slots
+        self.allocator_name = getattr(allocator, "name", type(allocator).__name__)
         self._by_kind = hasattr(accounting, "by_kind")  # hybrid models: each layer kind's view too
 
     def on_step(self, end_s: float, dt: float, batch_size: int, allocator, schedule_s: float) -> None:
@@ -139,6 +144,24 @@ class Recorder:
             )
         return row
 
+    @property
+    def _accounting(self) -> str:
+        return f"allocator {getattr(self, 'allocator_name', '?')}'s accounting"
+
+    def _check_accounting(self, slots: np.ndarray) -> None:
+        """Each step's counts (docs/paper.md's categories) are >= 0 and fill at most the pool:
+        free space is what they leave, so a count that lies would show as negative free space or
+        a share past 100 %, reported as a result."""
+        held = slots[:, :4].sum(axis=1)
+        bad = (slots < 0).any(axis=1) | (held > self.num_slots)
+        if bad.any():
+            step = int(bad.argmax())
+            counts = ", ".join(f"{name} {int(v)}" for name, v in zip(KV_COUNTS, slots[step]))
+            raise UserError(
+                f"{self._accounting} at step {step} ({counts}) is not a split of its {self.num_slots} "
+                f"slots: each count >= 0 and the first four at most the pool (KVAllocator.kv_slots)"
+            )
+
     def summary(self, num_requests: int, last_admit_s: float, first_arrival_s: float) -> dict:
         ends = np.asarray(self.step_end)
         dts = np.asarray(self.step_dt)
@@ -148,7 +171,11 @@ class Recorder:
         if weight.sum() <= 0:
             weight = dts
         # the steps' tuples read flat: half the time of np.asarray on a list of tuples
-        slots = np.fromiter(chain.from_iterable(self.kv), np.int64, 5 * len(self.kv)).reshape(-1, 5)
+        try:
+            slots = np.fromiter(chain.from_iterable(self.kv), np.int64, 5 * len(self.kv)).reshape(-1, 5)
+        except (TypeError, ValueError, OverflowError) as err:  # a NaN, None or a float past int64
+            raise UserError(f"{self._accounting}: kv_slots() gave a count that is no whole number ({err})") from None
+        self._check_accounting(slots)
         kv = slots / self.num_slots
         token, reserved, internal, rounding = (np.average(kv[:, i], weights=weight) for i in range(4))
         # sharing saves what the block tables name beyond what the pool holds, over the window

@@ -186,11 +186,12 @@ def check_plugin_options(kind: str, cls: type, options: dict) -> None:
         hint = hints.get(key)
         if hint is not None:
             try:
-                TypeAdapter(hint).validate_python(value, strict=hint is bool)
+                # strict for bool and int: the run passes the value as given, so '3' or true must
+                # not pass for an int (a TypeError mid-run, or true recorded as a count)
+                TypeAdapter(hint).validate_python(value, strict=hint in (bool, int))
             except ValidationError as err:
-                raise UserError(
-                    rule(f"{kind}.{key}={show(value)}", allowed(err.errors(include_url=False)[0]))
-                ) from None
+                given = repr(value) if isinstance(value, str) and hint is not str else show(value)  # '3': text
+                raise UserError(rule(f"{kind}.{key}={given}", allowed(err.errors(include_url=False)[0]))) from None
             except Exception:  # an annotation pydantic cannot check (a protocol, a forward ref)
                 pass
 

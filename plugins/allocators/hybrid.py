@@ -215,7 +215,8 @@ class HybridAllocator(KVAllocator):
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
         need = self._pages_at_end(final_len)
-        return all(need.get(id(p), 0) * width <= p.num_blocks - p.watermark_blocks for p in self.pools)
+        kept = (lambda p: 0) if self.watermark_exempt else (lambda p: p.watermark_blocks)  # as paged's
+        return all(need.get(id(p), 0) * width <= p.num_blocks - kept(p) for p in self.pools)
 
     # --- accounting ----------------------------------------------------------------------
     def accounting(self) -> HybridAccounting:

@@ -385,8 +385,10 @@ class PagedAllocator(KVAllocator):
         return cdiv(request_len, self.block_size) * self.block_size
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
-        # admission keeps the watermark free even in an empty pool (by default: watermark_when_idle)
-        return self.footprint(final_len) * width <= (self.num_blocks - self.watermark_blocks) * self.block_size
+        # admission keeps the watermark free even in an empty pool (by default: watermark_when_idle),
+        # and ignores it where the scheduler exempts an idle pool's admissions (watermark_exempt)
+        kept = 0 if self.watermark_exempt else self.watermark_blocks
+        return self.footprint(final_len) * width <= (self.num_blocks - kept) * self.block_size
 
     def named_slots(self) -> int:
         return self.num_named_blocks * self.block_size
