@@ -363,6 +363,7 @@ def composing_once(args):
 
     compose = ConfigLoaderImpl.load_sweep_config
     checked: dict[tuple, object] = {}
+    swept_folders: set[str] = set()  # the point folders of this sweep's batches so far
 
     def validate_batch_is_legal(self, batch) -> None:
         loader = getattr(self, "hydra_context", None)
@@ -374,6 +375,7 @@ def composing_once(args):
         refuse_absent_baseline(batch, configs)
         refuse_twice_swept(batch, configs)
         refuse_shared_folders(batch, configs)
+        refuse_other_sweeps_points(configs, swept_folders)
 
     def load_sweep_config(self, master_config, sweep_overrides):
         config = checked.pop(tuple(sweep_overrides), None)
@@ -430,14 +432,40 @@ def refuse_swept_experiments(batch) -> None:
         )
 
 
+def point_folders(configs) -> list[str] | None:
+    """Each point's folder name, or None where one resolves only as its point launches (a
+    subdir of ${hydra.job.num})."""
+    try:
+        return [str(OmegaConf.select(c, "hydra.sweep.subdir", throw_on_resolution_failure=True)) for c in configs]
+    except Exception:  # noqa: BLE001 (any resolution failure: the checks below are skipped)
+        return None
+
+
+def refuse_other_sweeps_points(configs, swept: set[str]) -> None:
+    """Before a sweep's first point: a sweep folder that holds results of points this sweep does
+    not run (a corrected sweep into the folder of the first, the same value spelled 1 and then
+    1.0). Its summary, report, paper comparison and exit code cover every point in the folder:
+    the earlier sweep's failed points would fail this one, its rows would be averaged in."""
+    folders = point_folders(configs)
+    if not configs or folders is None:
+        return
+    swept.update(folders)
+    sweep_dir = Path(str(OmegaConf.select(configs[0], "hydra.sweep.dir")))
+    others = sorted(p.parent.name for p in sweep_dir.glob("*/metrics.csv") if p.parent.name not in swept)
+    if others:
+        listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise UserError(
+            f"{sweep_dir} holds points this sweep does not run ({listed}), which its summary and report "
+            f"would count; give a new hydra.sweep.dir, or this folder's whole list of points again (its "
+            f"finished points are skipped), or remove those folders"
+        )
+
+
 def refuse_shared_folders(batch, configs) -> None:
     """Before a sweep's first point: points whose folders are one (hydra.sweep.subdir=same) would
     each overwrite the last one's result."""
-    if len(batch) < 2:
-        return
-    try:
-        folders = [str(OmegaConf.select(c, "hydra.sweep.subdir", throw_on_resolution_failure=True)) for c in configs]
-    except Exception:  # a subdir that resolves only as the point launches (${hydra.job.num}): distinct
+    folders = point_folders(configs)
+    if len(batch) < 2 or folders is None:
         return
     for first, (folder, overrides) in enumerate(zip(folders, batch)):
         if folder in folders[:first]:

@@ -212,6 +212,32 @@ def test_a_resume_reruns_the_points_of_a_trace_rewritten_in_place(tmp_path, monk
     assert {r["total_input_tokens"] for r in summary(tmp_path / "sweep")} == {"2000"}
 
 
+def test_a_sweep_into_a_folder_holding_another_sweep_s_points_is_refused_before_its_first(
+    tmp_path, monkeypatch, capsys
+):
+    """A corrected sweep (block 300 -> 32) into the first one's folder: its summary counted the
+    old failed points, and it exited 2 for ever after; the whole list again resumes."""
+    with pytest.raises(SystemExit):  # block 300 is refused: exit 2
+        sweep_in_process(
+            tmp_path, monkeypatch, "+allocator=paged", "allocator.block_size=16,300", "workload.num_requests=20"
+        )
+    with pytest.raises(SystemExit) as stop:
+        sweep_in_process(
+            tmp_path, monkeypatch, "+allocator=paged", "allocator.block_size=16,32", "workload.num_requests=20"
+        )
+    assert stop.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith(
+        "error: sweep holds points this sweep does not run (+allocator=paged,allocator.block_size=300"
+    )
+    assert not list((tmp_path / "sweep").glob("*block_size=32*"))  # nothing ran
+    with pytest.raises(SystemExit):  # the first list again: 16 is skipped, 300 fails again
+        sweep_in_process(
+            tmp_path, monkeypatch, "+allocator=paged", "allocator.block_size=16,300", "workload.num_requests=20"
+        )
+    assert "skipped +allocator=paged,allocator.block_size=16" in capsys.readouterr().out
+
+
 def test_plots_and_progress_name_no_point_and_a_rerun_that_only_draws_skips_every_point(tmp_path, monkeypatch, capsys):
     sweep_in_process(tmp_path, monkeypatch, "workload.rate=1,2", "workload.num_requests=20", "plots=false")
     points = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
