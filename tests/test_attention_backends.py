@@ -237,3 +237,23 @@ def test_triton_paged_says_why_cpu_needs_the_interpreter(monkeypatch):
         assert TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.float32, "contiguous", 8) is None
     assert "int8" in TritonPagedBackend.unsupported_reason(torch.device("cpu"), torch.int8, "paged", 0)
     assert EagerBackend.unsupported_reason(torch.device("cpu"), torch.float64, "contiguous", 3) is None
+
+
+def test_a_backend_whose_output_is_not_one_row_per_query_token_is_refused_naming_it():
+    """copy_ broadcast a [1, h, d] result over every token: the run served garbage with status ok."""
+    from types import SimpleNamespace
+
+    from kvbench.errors import UserError
+    from kvbench.model.attention_op import ForwardContext, attention, forward_context
+
+    backend = SimpleNamespace(
+        name="one_row", write_kv=lambda *args: None, forward=lambda query, *args: query[:1].clone()
+    )
+    meta = SimpleNamespace(slot_mapping=None)
+    query, key = torch.zeros(5, 2, 4), torch.zeros(5, 2, 4)
+    ctx = ForwardContext(backend, meta, [(None, None)], 1.0, [0])
+    with (
+        forward_context(ctx),
+        pytest.raises(UserError, match=r"backend one_row returned attention of shape \(1, 2, 4\)"),
+    ):
+        attention(query, key, key, torch.empty_like(query), 0)
