@@ -515,6 +515,10 @@ RUN_CASES = [
     # recorded in the row, and the run was the default's to the last bit
     (["workload.num_prefixes=5"], "workload.num_prefixes is not read: workload.prefix_len=0"),
     (["model.hidden_size=1"], "model.hidden_size is not read by the roofline (executor=roofline)"),
+    # refused once all 12 points had run (900 s of arrivals each by default)
+    (["+experiment=fig2", "workload=alpaca", "hydra.sweep.dir=FILES/sweep-j"], "this sweep would run workload=alpaca"),
+    # it said "request 0 has 8 prompt + 1648 output tokens ...; shorten it": a redraw's leftover
+    (["model.max_model_len=2", "workload.num_requests=4"], "workload=sharegpt: too few of its length pairs fit"),
     (  # a RuntimeError: paged could not place sequence 0 (512 tokens) in 1536 slots
         ["scenario=kernel", "model=tiny", "batch=1d512", "+allocator=paged", "allocator.watermark=0.7"],
         "allocator.watermark is read when a scheduler admits requests; scenario=kernel",

@@ -66,6 +66,13 @@ def _lengths(cfg: dict, rng: np.random.Generator, size: int, max_len: int) -> tu
             if not bad.any():
                 break
             inputs[bad], outputs[bad] = draw_in(int(bad.sum())), draw_out(int(bad.sum()))
+        else:
+            if (inputs + outputs > max_len).any():  # a limit few of the dataset's pairs fit under
+                raise UserError(
+                    f"workload={kind}: too few of its length pairs fit in {max_len} tokens (the model's "
+                    f"max_model_len, less any workload.prefix_len) to draw {size} requests; raise "
+                    f"model.max_model_len, or use workload=fixed or uniform for requests that short"
+                )
     return inputs, outputs
 
 

@@ -110,6 +110,31 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     }
 
 
+def fig2_setup(config) -> None:
+    """Before an experiment's sweep runs: what of fig2's setup the sweep's config already fixes
+    for every point (a swept key is checked on the rows, at the end)."""
+    sweep = config.hydra.sweeper.get("params") or {}
+    given = {
+        "model": config.get("model", {}).get("name"),
+        "hardware": config.get("hardware", {}).get("name"),
+        "workload": config.get("workload", {}).get("kind"),
+        "rate": config.get("workload", {}).get("rate"),
+    }
+    wanted = {"model": FIG2_SETUP[0], "hardware": FIG2_SETUP[1], "workload": ("sharegpt", "trace"), "rate": 4.0}
+    off = []
+    for key, value in given.items():
+        if value is None or key in sweep or f"workload.{key}" in sweep:
+            continue
+        if value not in (wanted[key] if isinstance(wanted[key], tuple) else (wanted[key],)):
+            off.append(f"{key}={value}")
+    if off:
+        raise UserError(
+            f"fig2: the paper's shares are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s, with ShareGPT's lengths at "
+            f"4 req/s; this sweep would run {', '.join(off)}: drop that override (or sweep without "
+            f"+experiment=fig2)"
+        )
+
+
 def fig2(rows: list[dict], cfg) -> list[dict]:
     ran = {(r.get("model"), r.get("hardware")) for r in _ok(rows)}
     other = sorted({f"{m} on {h}" for m, h in ran if (m, h) != FIG2_SETUP}, key=str)
@@ -448,7 +473,12 @@ class PaperComparison(Callback):
     """Checks `report.*` before a sweep runs; after an experiment's sweep, compares it with the paper."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self._settings(config)
+        if self._settings(config)["paper"] == "fig2":  # what fig2 refuses at the end, known now
+            try:
+                fig2_setup(config)
+            except UserError as err:
+                print(f"error: {err}", file=sys.stderr)
+                sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if self._settings(config)["paper"] is None:
