@@ -170,3 +170,28 @@ def test_a_plugin_s_int_option_refuses_text_and_booleans_which_the_run_would_pas
     check_plugin_options("allocator", Spare, {"spare_blocks": 3})
     with pytest.raises(UserError, match=said):
         check_plugin_options("allocator", Spare, {"spare_blocks": value})
+
+
+class Inflated(OracleAllocator):
+    """Builds its pool ten times the size it is given: its rows reported memory the point never had."""
+
+    name = "inflated"
+
+    def __init__(self, num_slots, max_model_len, block_size=16, **options):
+        super().__init__(num_slots * 10, max_model_len, block_size, **options)
+
+
+def test_an_allocator_that_makes_a_pool_larger_than_it_was_given_is_refused():
+    registry = default_registry()
+    module = plugin_module(Inflated)
+    registry.register(module)
+    try:
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            overrides = ["+allocator=oracle", "allocator.name=inflated", "workload.num_requests=20"]
+            cfg = compose("bench", overrides=[*overrides, "progress=false"])
+        with pytest.raises(
+            UserError, match="allocator inflated made a pool of .* token slots from the .* it was given"
+        ):
+            run_point(cfg)
+    finally:
+        registry.unregister(module)

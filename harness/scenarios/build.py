@@ -90,7 +90,13 @@ def _other_layers_hint(cfg: DictConfig, unserved: list[str]) -> str:
 
 def build_allocator(cfg: DictConfig, model: ModelSpec, num_slots: int, max_model_len: int | None = None):
     cls, options = allocator_class(cfg, model)
-    return cls(num_slots=num_slots, max_model_len=max_model_len or model.max_model_len, model=model, **options)
+    allocator = cls(num_slots=num_slots, max_model_len=max_model_len or model.max_model_len, model=model, **options)
+    if allocator.num_slots > num_slots:  # its rows would report memory the point never had
+        raise UserError(
+            f"allocator {cls.name} made a pool of {allocator.num_slots} token slots from the {num_slots} it was "
+            f"given (KVAllocator.num_slots: at most what the constructor gets)"
+        )
+    return allocator
 
 
 def backend_class(cfg: DictConfig, device, dtype, layout: str, windows, where: str = "here") -> type:
