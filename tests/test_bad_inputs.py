@@ -515,6 +515,8 @@ RUN_CASES = [
     # recorded in the row, and the run was the default's to the last bit
     (["workload.num_prefixes=5"], "workload.num_prefixes is not read: workload.prefix_len=0"),
     (["model.hidden_size=1"], "model.hidden_size is not read by the roofline (executor=roofline)"),
+    # Hydra's hint said "use 'override allocator: contiguous'", a defaults-list line
+    (["+experiment=fig19", "+allocator=contiguous"], "write allocator=contiguous (without +) to choose another"),
     # refused once all 12 points had run (900 s of arrivals each by default)
     (["+experiment=fig2", "workload=alpaca", "hydra.sweep.dir=FILES/sweep-j"], "this sweep would run workload=alpaca"),
     # it said "request 0 has 8 prompt + 1648 output tokens ...; shorten it": a redraw's leftover

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel
@@ -167,6 +169,13 @@ def hydra_line(err: BaseException) -> str | None:
             return (
                 f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "
                 f"values: add -m to sweep over them, or write [a,b] for a list"
+            )
+        multiple = re.match(r"Multiple values for (\S+)\. To override a value use 'override \S+: (\S+)'", message)
+        if multiple:  # Hydra's hint is a defaults-list line, not what a command line writes
+            group, option = multiple.groups()
+            return (
+                f"{group} is already chosen by the config (an experiment or preset picks it): write "
+                f"{group}={option} (without +) to choose another"
             )
         if "An item is already at" in message:
             key = message.split("An item is already at '")[-1].split("'")[0]
