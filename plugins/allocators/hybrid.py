@@ -71,6 +71,8 @@ class HybridAllocator(KVAllocator):
         self.pages = unify_pages(model, block_size, linear_as_full=policy == "as_full")
         self.slot_bytes = model.kv_bytes_per_token  # `num_slots` counts tokens of these bytes
         num_pages = num_slots * self.slot_bytes // self.pages.page_bytes
+        # what whole pages hold: a partial page at the end is unusable (as paged's partial block)
+        self.num_slots = num_pages * self.pages.page_bytes // self.slot_bytes
         kinds = [k for k in LAYER_KINDS if model.num_layers_of(k)]
         if policy == "static":  # partitions in proportion to layer counts, disjoint page ids
             sizes = [num_pages * model.num_layers_of(k) // model.num_layers for k in kinds]
