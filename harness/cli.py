@@ -366,6 +366,8 @@ def composing_once(args):
     swept_folders: set[str] = set()  # the point folders of this sweep's batches so far
 
     def validate_batch_is_legal(self, batch) -> None:
+        global sweep_dir  # an interrupt before the first point ends names the sweep's folder too
+        sweep_dir = str(OmegaConf.select(self.config, "hydra.sweep.dir", default=None) or "") or None
         loader = getattr(self, "hydra_context", None)
         loader = loader.config_loader if loader is not None else self.config_loader
         for overrides in batch:
