@@ -18,6 +18,7 @@ from kvbench.reporting.figures import pyplot
 from kvbench.reporting.run_figure import breakdown_of_row, draw_run, warm_up
 
 PNG = b"\x89PNG\r\n\x1a\n"
+KV_COLUMNS = ["kv_token_util", "kv_reserved_frac", "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac"]
 ROW = {
     "scenario": "simulate",
     "allocator": "pow2",
@@ -184,6 +185,10 @@ def run_bench(monkeypatch, tmp_path, cpus: int) -> list:
             self.answers.append(super().ask(message, timeout_s))
             return self.answers[-1]
 
+        def send(self, job):
+            self.jobs = [*getattr(self, "jobs", []), job]
+            super().send(job)
+
     monkeypatch.setattr(launch, "Helper", Recorded)
     monkeypatch.setattr(launch, "usable_cpus", lambda: cpus)
     monkeypatch.setattr(
@@ -205,6 +210,14 @@ def test_bench_on_two_cores_has_its_helper_draw_the_figure_and_write_the_request
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 5
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".requests")) == []
     assert launch.current() is None
+    # the figure's job left as the summary had the KV shares, before the latencies and the row
+    # (recorder.shares_ready): its row is the identity and the shares, and draws the same bytes
+    ((job_row,),) = [job["rows"] for job in helper.jobs]
+    (row,) = pd.read_csv(tmp_path / "metrics.csv").to_dict("records")
+    assert "request_throughput" not in job_row and job_row["allocator"] == row["allocator"]
+    assert [job_row[k] for k in KV_COLUMNS] == pytest.approx([row[k] for k in KV_COLUMNS], abs=1e-9)
+    drawn = draw_run([row], tmp_path / "again")
+    assert drawn[0].read_bytes() == (tmp_path / "kv_breakdown.png").read_bytes()
 
 
 def test_bench_on_one_core_draws_its_figure_itself(monkeypatch, tmp_path):

@@ -11,6 +11,8 @@ a `request_log` is given, one line of requests.jsonl; its sequences are let go u
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from itertools import chain
 
 import numpy as np
@@ -20,6 +22,11 @@ from kvbench.core.sequence import Sequence
 from kvbench.core.serving_metrics import ValueCounts, latency_stats, meets_slos
 from kvbench.errors import UserError
 
+# Where set, called once with a run's KV shares (the five columns of docs/paper.md's categories)
+# as soon as its summary has them and its request log is closed: `bench`'s helper draws a single
+# simulated run's figure from them while the rest of the summary, the row and the console table
+# are made (kvbench.cli sets it).
+shares_ready: ContextVar[Callable[[dict], None] | None] = ContextVar("shares_ready", default=None)
 # kv_slots()'s five counts, in its order
 KV_COUNTS = ("token", "reserved", "internal", "rounding", "named")
 
@@ -186,6 +193,16 @@ class Recorder:
         self._read_finished()
         if self.request_log is not None:
             self.request_log.close()
+        shares = {
+            "kv_token_util": token,
+            "kv_reserved_frac": reserved,
+            "kv_internal_frag_frac": internal,
+            "kv_rounding_frac": rounding,
+            "kv_external_frag_frac": 1.0 - token - reserved - internal - rounding,
+        }
+        ready = shares_ready.get()
+        if ready is not None:
+            ready(shares)
         duration = (ends[-1] - first_arrival_s) if len(ends) else 0.0
         per_s = (lambda count: count / duration) if duration else (lambda count: 0.0)
         ttft, e2el = np.asarray(self.ttft), np.asarray(self.e2el)
@@ -205,11 +222,7 @@ class Recorder:
             "output_throughput": per_s(self.generated),
             "total_token_throughput": per_s(input_tokens + self.generated),
             "mean_batch_size": float(np.average(self.batch_size, weights=weight)) if len(ends) else 0.0,
-            "kv_token_util": token,
-            "kv_reserved_frac": reserved,
-            "kv_internal_frag_frac": internal,
-            "kv_rounding_frac": rounding,
-            "kv_external_frag_frac": 1.0 - token - reserved - internal - rounding,
+            **shares,
             "kv_blocks_saved_frac": saved,
             **self._kind_fractions(weight),
             "max_batch_size": max(self.batch_size, default=0),
