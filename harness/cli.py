@@ -206,6 +206,16 @@ def refuse_preset_clash() -> None:
             f"+preset=vllm configures vLLM's paged allocator (conf/preset/vllm.yaml), not allocator={allocator}: "
             f"drop +allocator={allocator}, or the preset"
         )
+    chosen = [split_override(o)[0] for o in HydraConfig.get().overrides.task]
+    if (
+        preset == "vllm"
+        and {"allocator", "preset"} <= set(chosen)
+        and chosen.index("allocator") > chosen.index("preset")
+    ):
+        raise UserError(  # composed after the preset, the allocator's own YAML replaced its settings
+            "+allocator=... after +preset=vllm replaces the settings the preset gives the paged allocator "
+            "(watermark, prefix caching): drop it (the preset chooses paged), or put it before +preset=vllm"
+        )
 
 
 def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
@@ -516,6 +526,10 @@ def refuse_twice_swept(batch, configs) -> None:
         if body in seen:
             first, second = seen[body], list(overrides)
             apart = [o for o in first if o not in second], [o for o in second if o not in first]
+            if not apart[0]:  # the same value listed twice (+allocator=paged,paged)
+                raise UserError(
+                    f"the sweep runs one point twice ({' '.join(first)}): a value is listed twice; give each once"
+                )
             raise UserError(
                 f"the sweep runs one point twice: {' '.join(apart[0])} and {' '.join(apart[1])} are the same "
                 f"setting; give each value once"

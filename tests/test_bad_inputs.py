@@ -519,6 +519,12 @@ RUN_CASES = [
     (["+experiment=fig19", "+allocator=contiguous"], "write allocator=contiguous (without +) to choose another"),
     # refused once all 12 points had run (900 s of arrivals each by default)
     (["+experiment=fig2", "workload=alpaca", "hydra.sweep.dir=FILES/sweep-j"], "this sweep would run workload=alpaca"),
+    (
+        ["+experiment=fig13", "model=llama-3-8b", "hydra.sweep.dir=FILES/sweep-k"],
+        "this sweep would run model=llama-3-8b",
+    ),
+    (["-m", "+allocator=paged,paged", "hydra.sweep.dir=FILES/sweep-l"], "a value is listed twice"),
+    (["+preset=vllm", "+allocator=paged"], "+allocator=... after +preset=vllm replaces the settings"),
     # it said "request 0 has 8 prompt + 1648 output tokens ...; shorten it": a redraw's leftover
     (["model.max_model_len=2", "workload.num_requests=4"], "workload=sharegpt: too few of its length pairs fit"),
     (  # a RuntimeError: paged could not place sequence 0 (512 tokens) in 1536 slots

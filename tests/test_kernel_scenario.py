@@ -11,14 +11,19 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 from hydra import compose, initialize_config_module
 
 from kvbench.core.spec import ModelSpec
+from kvbench.errors import UserError
+from kvbench.hookspecs import hookimpl
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
+from kvbench.plugins.backends.eager import EagerBackend
+from kvbench.registry import default_registry
 from kvbench.reporting import console
 from kvbench.scenarios import kernel as kernel_scenario
 from kvbench.scenarios import kernel_case
@@ -188,3 +193,37 @@ def test_gpu_check_script_runs_its_whole_pipeline_in_cpu_mode(tmp_path):
     figures = (tmp_path / "figures.txt").read_text()
     assert "triton_paged 2d16 fp32" in figures and "batch   2 piecewise" in figures
     assert (tmp_path / "latency_vs_context.png").is_file()
+
+
+class OneRow(EagerBackend):
+    name = "one_row"
+
+    def forward(self, query, *args):
+        return super().forward(query, *args)[:1]
+
+
+class NaNs(EagerBackend):
+    name = "nans"
+
+    def forward(self, query, *args):
+        return torch.full_like(super().forward(query, *args), math.nan)
+
+
+@pytest.mark.parametrize(
+    "backend, said",
+    [
+        (OneRow, r"backend one_row returned attention of shape \(1, 4, 16\) for a query of \(10, 4, 16\)"),
+        (NaNs, "backend nans's attention holds NaN or inf where eager's does not"),
+    ],
+)
+def test_a_kernel_whose_output_is_not_attention_is_refused_not_timed(backend, said):
+    """It was timed and reported (335 GB/s) for one row of 131 tokens; NaN left the error blank."""
+    registry = default_registry()
+    module = types.ModuleType("odd_backends")
+    module.kvbench_backends = hookimpl(lambda: [backend])
+    registry.register(module)
+    try:
+        with pytest.raises(UserError, match=said):
+            kernel_scenario.run(kernel_cfg("+backend=eager", f"backend.name={backend.name}", "batch=2d16+1p8"))
+    finally:
+        registry.unregister(module)

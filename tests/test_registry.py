@@ -195,3 +195,18 @@ def test_an_allocator_that_makes_a_pool_larger_than_it_was_given_is_refused():
             run_point(cfg)
     finally:
         registry.unregister(module)
+
+
+def test_a_search_path_package_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
+    """Hydra imports a pkg:// search path's package while it composes: its exception was a
+    70-line traceback."""
+    from kvbench import cli
+
+    from helpers.cli import refused
+
+    (tmp_path / "broken_conf_pkg").mkdir()
+    (tmp_path / "broken_conf_pkg" / "__init__.py").write_text("raise RuntimeError('failed to import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    said = refused(lambda: cli.main(["hydra.searchpath=[pkg://broken_conf_pkg.conf]", "progress=false"]))
+    assert "a package of hydra.searchpath cannot be imported (RuntimeError: failed to import)" in said

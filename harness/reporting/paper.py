@@ -110,9 +110,9 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     }
 
 
-def fig2_setup(config) -> None:
-    """Before an experiment's sweep runs: what of fig2's setup the sweep's config already fixes
-    for every point (a swept key is checked on the rows, at the end)."""
+def fig2_setup(config, figure: str = "fig2") -> None:
+    """Before an experiment's sweep runs: what of fig2's setup (fig13's model and GPU) the
+    sweep's config already fixes for every point (a swept key is checked on the rows, at the end)."""
     sweep = config.hydra.sweeper.get("params") or {}
     given = {
         "model": config.get("model", {}).get("name"),
@@ -121,6 +121,8 @@ def fig2_setup(config) -> None:
         "rate": config.get("workload", {}).get("rate"),
     }
     wanted = {"model": FIG2_SETUP[0], "hardware": FIG2_SETUP[1], "workload": ("sharegpt", "trace"), "rate": 4.0}
+    if figure == "fig13":  # its workloads and rates are its own sweep's
+        given = {key: given[key] for key in ("model", "hardware")}
     off = []
     for key, value in given.items():
         if value is None or key in sweep or f"workload.{key}" in sweep:
@@ -128,21 +130,15 @@ def fig2_setup(config) -> None:
         if value not in (wanted[key] if isinstance(wanted[key], tuple) else (wanted[key],)):
             off.append(f"{key}={value}")
     if off:
+        setup = " with ShareGPT's lengths at 4 req/s" if figure == "fig2" else ""
         raise UserError(
-            f"fig2: the paper's shares are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s, with ShareGPT's lengths at "
-            f"4 req/s; this sweep would run {', '.join(off)}: drop that override (or sweep without "
-            f"+experiment=fig2)"
+            f"{figure}: the paper's numbers are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s{setup}; this sweep would run "
+            f"{', '.join(off)}: drop that override (or sweep without +experiment={figure})"
         )
 
 
 def fig2(rows: list[dict], cfg) -> list[dict]:
-    ran = {(r.get("model"), r.get("hardware")) for r in _ok(rows)}
-    other = sorted({f"{m} on {h}" for m, h in ran if (m, h) != FIG2_SETUP}, key=str)
-    if other:  # the shares depend on the pool's size against the requests'
-        raise UserError(
-            f"fig2: the paper's shares are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s; this sweep ran "
-            f"{', '.join(other)}: drop the model or hardware override (or sweep without +experiment=fig2)"
-        )
+    _same_setup(rows, "fig2")
     off = set()  # the paper's setup beside the model: ShareGPT lengths at 4 req/s, blocks of 16
     for r in _ok(rows):
         if r.get("workload") not in ("sharegpt", "trace"):  # a trace: ShareGPT's lengths, maybe
@@ -179,7 +175,20 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
+def _same_setup(rows: list[dict], figure: str) -> None:
+    """The paper's model and GPU (fig2, fig13: OPT-13B on an A100-40GB): its numbers depend on
+    the pool's size against the requests'."""
+    ran = {(r.get("model"), r.get("hardware")) for r in _ok(rows) if r.get("model") and r.get("hardware")}
+    other = sorted({f"{m} on {h}" for m, h in ran if (m, h) != FIG2_SETUP}, key=str)
+    if other:
+        raise UserError(
+            f"{figure}: the paper's numbers are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s; this sweep ran "
+            f"{', '.join(other)}: drop the model or hardware override (or sweep without +experiment={figure})"
+        )
+
+
 def fig13(rows: list[dict], cfg) -> list[dict]:
+    _same_setup(rows, "fig13")
     out = []
     for (workload, rate), papers in FIG13.items():
         # matched by rate, so that a trace of the paper's dataset compares as well
@@ -473,9 +482,10 @@ class PaperComparison(Callback):
     """Checks `report.*` before a sweep runs; after an experiment's sweep, compares it with the paper."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        if self._settings(config)["paper"] == "fig2":  # what fig2 refuses at the end, known now
+        paper = self._settings(config)["paper"]
+        if paper in ("fig2", "fig13"):  # what they refuse at the end, known now
             try:
-                fig2_setup(config)
+                fig2_setup(config, paper)
             except UserError as err:
                 print(f"error: {err}", file=sys.stderr)
                 sys.exit(2)

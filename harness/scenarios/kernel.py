@@ -10,6 +10,7 @@ performance.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from importlib import resources
@@ -129,6 +130,12 @@ def run(cfg: DictConfig) -> list[dict]:
 
     on_cuda = device.type == "cuda"
     capturable = bool(getattr(backend_cls, "cuda_graph_capturable", False))
+    shape = tuple(attend(case.meta)().shape)
+    if shape != tuple(case.query.shape):  # its time and bandwidth would be of another computation
+        raise UserError(
+            f"backend {backend_cls.name} returned attention of shape {shape} for a query of "
+            f"{tuple(case.query.shape)}; AttentionBackend.forward returns one row per query token"
+        )
 
     def latency(meta) -> list[float]:
         return time_cuda(attend(meta), sc, graph=False) if on_cuda else time_cpu(attend(meta), float(sc.min_run_time_s))
@@ -170,6 +177,8 @@ def run(cfg: DictConfig) -> list[dict]:
             else EagerBackend().forward(case.query, case.k_cache, case.v_cache, case.meta, case.scale, spec.window)
         )
         row["max_abs_err_vs_eager"] = float((out.float() - reference.float()).abs().max())
+        if not math.isfinite(row["max_abs_err_vs_eager"]):
+            raise UserError(f"backend {backend_cls.name}'s attention holds NaN or inf where eager's does not")
     if case.contiguous_meta is not None and sc.paging_overhead:
         contiguous_p50 = latency(case.contiguous_meta)[1]
         row.update(contiguous_latency_us_p50=contiguous_p50 * 1e6, paging_overhead=p50 / contiguous_p50)

@@ -190,7 +190,8 @@ def check_plugin_options(kind: str, cls: type, options: dict) -> None:
                 # not pass for an int (a TypeError mid-run, or true recorded as a count)
                 TypeAdapter(hint).validate_python(value, strict=hint in (bool, int))
             except ValidationError as err:
-                given = repr(value) if isinstance(value, str) and hint is not str else show(value)  # '3': text
+                # '3' is text and 3.0 a float, where show() would write both as 3
+                given = repr(value) if isinstance(value, (str, float)) and hint not in (str, float) else show(value)
                 raise UserError(rule(f"{kind}.{key}={given}", allowed(err.errors(include_url=False)[0]))) from None
             except Exception:  # an annotation pydantic cannot check (a protocol, a forward ref)
                 pass

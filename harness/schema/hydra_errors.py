@@ -186,6 +186,11 @@ def hydra_line(err: BaseException) -> str | None:
         return f"{full_key}: {_first(err)}" if full_key else _first(err)
     if isinstance(err, HydraException):
         return " ".join([_first(err), _first(cause) if cause else ""]).strip()
+    if _raised_importing_a_search_path(err):  # pkg://its.conf: importing the package raised
+        return (
+            f"a package of hydra.searchpath cannot be imported ({type(err).__name__}: {_first(err)}); "
+            f"fix it, or drop it from hydra.searchpath"
+        )
     if isinstance(err, ValueError) and _raised_in_hydra(err):  # a value Hydra's parser took but cannot use
         message = str(err)
         if message.startswith("range() arg 3 must not be zero"):
@@ -194,6 +199,16 @@ def hydra_line(err: BaseException) -> str | None:
             return "an override has no key (=VALUE): write KEY=VALUE"
         return f"cannot use the overrides: {_first(err)}"
     return None
+
+
+def _raised_importing_a_search_path(err: BaseException) -> bool:
+    """Whether `err` came out of an import Hydra's search path made (importlib_resources_config_source)."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith("importlib_resources_config_source.py"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _raised_in_hydra(err: BaseException) -> bool:
