@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from kvbench import launch
 from kvbench.reporting import plots
 from kvbench.reporting.figures import pyplot
-from kvbench.reporting.run_figure import breakdown_of_row, draw_run, warm_up
+from kvbench.reporting.run_figure import breakdown_of_row, draw_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 KV_COLUMNS = ["kv_token_util", "kv_reserved_frac", "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac"]
@@ -108,13 +108,6 @@ def test_rows_without_serving_metrics_draw_nothing_and_a_kernel_runs_rows_go_to_
 
 def run_job(out) -> dict:
     return {"job": "run", "rows": [ROW], "out": str(out)}
-
-
-def test_the_helpers_warm_up_leaves_no_figure_open_and_the_next_figure_is_the_same(tmp_path):
-    before = draw_run([ROW], tmp_path / "cold")[0].read_bytes()
-    warm_up()
-    assert pyplot().get_fignums() == []  # nothing kept alive between the warm-up and the job
-    assert draw_run([ROW], tmp_path / "warm")[0].read_bytes() == before
 
 
 def test_the_helper_draws_the_run_it_is_sent_and_names_the_file(tmp_path):

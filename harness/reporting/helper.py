@@ -90,10 +90,6 @@ def main(kind: str) -> None:
     pyplot()
     if kind == "sweep":
         import kvbench.reporting.report  # noqa: F401 (pandas, the plots, the verdict)
-    if jobs.empty():  # nothing to do yet: the first figure's cold start, taken off the job's way
-        from kvbench.reporting.run_figure import warm_up
-
-        warm_up()
     job = jobs.get()
     if job is not None:
         if job["job"] == "run":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from kvbench.reporting.figures import DPI, KV_PARTS, context_title, kv_figure, pyplot, save_figure
+from kvbench.reporting.figures import KV_PARTS, context_title, kv_figure, save_figure
 from kvbench.reporting.results import cell_text
 
 
@@ -31,18 +31,6 @@ def breakdown_of_row(row: dict):
     label = cell_text(row["allocator"]) if "allocator" in row else "point"
     shares = [[_share(row.get(key))] for key, _, _ in KV_PARTS]
     return kv_figure([("", [label], shares)], rates=False, title=context_title({k: [v] for k, v in row.items()}))
-
-
-def warm_up() -> None:
-    """Draw a throwaway breakdown and encode it, to nothing: a process's first figure loads the
-    fonts and fills matplotlib's text caches, which made it 0.05-0.1 s slower than the next
-    (0.17-0.23 s against 0.135 s for a single run's figure on a 2-core host). The helper does
-    this while it waits for its job (kvbench.reporting.helper)."""
-    import io
-
-    figure = kv_figure([("", ["warm-up"], [[20.0], [20.0], [20.0], [20.0], [20.0]])], rates=False, title="warm-up")
-    figure.savefig(io.BytesIO(), format="png", dpi=DPI)
-    pyplot().close(figure)
 
 
 def draw_run(rows: list[dict], out: Path) -> list[Path]:
