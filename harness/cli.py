@@ -134,6 +134,15 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"{key} is read when a scheduler admits requests; scenario=kernel places one batch with the "
                 f"allocator's layout and would ignore it: drop it"
             )
+    if (
+        scenario == "serve"
+        and "scenario.swap_space_tokens" in overridden
+        and str(cfg.engine.get("preemption")) != "swap"
+    ):
+        raise UserError(
+            f"scenario.swap_space_tokens is read only with engine.preemption=swap; engine.preemption="
+            f"{cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set engine.preemption=swap"
+        )
     if "engine.swap_space_bytes" in overridden:
         if scenario == "serve":
             raise UserError(

@@ -533,6 +533,10 @@ RUN_CASES = [
     ),
     (["+model.rope_theta=5"], "model.rope_theta is not read by the roofline"),
     (["engine.swap_space_bytes=1"], "engine.swap_space_bytes is read only with engine.preemption=swap"),
+    (
+        ["scenario=serve", "model=tiny", "scenario.swap_space_tokens=100"],
+        "scenario.swap_space_tokens is read only with engine.preemption=swap",
+    ),
     (  # the row said swap_space_bytes=0 beside 60 swapped blocks: serve's pool is scenario.swap_space_tokens
         ["scenario=serve", "model=tiny", "engine.preemption=swap", "engine.swap_space_bytes=0"],
         "engine.swap_space_bytes is not read by scenario=serve",
