@@ -47,6 +47,7 @@ class Recorder:
         self.kv_by_kind: dict[str, list] = {}  # hybrid models: layer kind -> per-step fractions
         self.schedule_s: list[float] = []
         self.num_slots = 1  # the pool's size in the units its accounting counts (watch())
+        self.allocator_name = "?"  # whose accounting it is, for the error a bad count raises (watch())
         self._by_kind = False
         self.request_log = request_log
         self.goodput = goodput or {}
@@ -153,7 +154,7 @@ class Recorder:
 
     @property
     def _accounting(self) -> str:
-        return f"allocator {getattr(self, 'allocator_name', '?')}'s accounting"
+        return f"allocator {self.allocator_name}'s accounting"
 
     def _check_accounting(self, slots: np.ndarray) -> None:
         """Each step's counts (docs/paper.md's categories) are >= 0 and fill at most the pool:

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.errors import UserError
-from kvbench.plugins.backends.base import AttentionBackend, AttentionMetadata
+from kvbench.plugins.backends.base import AttentionBackend, AttentionMetadata, refuse_misshapen
 
 
 @dataclass
@@ -63,11 +62,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, outpu
     meta = ctx.meta if ctx.layer_meta is None else ctx.layer_meta[layer]
     ctx.backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
     result = ctx.backend.forward(query, k_cache, v_cache, meta, ctx.scale, ctx.windows[layer])
-    if result.shape != output.shape:  # copy_ would broadcast a [1, h, d] result over every token
-        raise UserError(
-            f"backend {ctx.backend.name} returned attention of shape {tuple(result.shape)} for a query of "
-            f"{tuple(query.shape)}; AttentionBackend.forward returns one row per query token"
-        )
+    refuse_misshapen(ctx.backend.name, result, output)
     output.copy_(result)
 
 

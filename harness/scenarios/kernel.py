@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.arith import cdiv
 from kvbench.core.spec import Hardware, ModelSpec
 from kvbench.errors import UserError
+from kvbench.plugins.backends.base import refuse_misshapen
 from kvbench.plugins.backends.eager import EagerBackend
 from kvbench.scenarios import batch_spec, kernel_case
 from kvbench.scenarios.build import allocator_class, backend_class, load_specs, resolve_device
@@ -130,12 +131,7 @@ def run(cfg: DictConfig) -> list[dict]:
 
     on_cuda = device.type == "cuda"
     capturable = bool(getattr(backend_cls, "cuda_graph_capturable", False))
-    shape = tuple(attend(case.meta)().shape)
-    if shape != tuple(case.query.shape):  # its time and bandwidth would be of another computation
-        raise UserError(
-            f"backend {backend_cls.name} returned attention of shape {shape} for a query of "
-            f"{tuple(case.query.shape)}; AttentionBackend.forward returns one row per query token"
-        )
+    refuse_misshapen(backend_cls.name, attend(case.meta)(), case.query)  # else the time is another computation's
 
     def latency(meta) -> list[float]:
         return time_cuda(attend(meta), sc, graph=False) if on_cuda else time_cpu(attend(meta), float(sc.min_run_time_s))

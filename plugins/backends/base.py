@@ -14,6 +14,8 @@ from typing import ClassVar
 
 import torch
 
+from kvbench.errors import UserError
+
 
 @dataclass
 class AttentionMetadata:
@@ -44,6 +46,16 @@ class AttentionMetadata:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+
+def refuse_misshapen(name: str, result: torch.Tensor, query: torch.Tensor) -> None:
+    """A backend's forward returns one row per query token: any other shape (a [1, h, d] row
+    that copy_ would broadcast over every token) is refused, naming the backend, not timed or served."""
+    if result.shape != query.shape:
+        raise UserError(
+            f"backend {name} returned attention of shape {tuple(result.shape)} for a query of "
+            f"{tuple(query.shape)}; AttentionBackend.forward returns one row per query token"
+        )
 
 
 class AttentionBackend:
