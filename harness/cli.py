@@ -415,8 +415,10 @@ def composing_once(args):
         refuse_swept_experiments(batch)
         refuse_absent_baseline(batch, configs)
         refuse_twice_swept(batch, configs)
-        refuse_shared_folders(batch, configs)
-        refuse_other_sweeps_points(configs, swept_folders)
+        folders = point_folders(configs)  # None: they resolve only as each point launches
+        if folders is not None:
+            refuse_shared_folders(batch, folders)
+            refuse_other_sweeps_points(sweep_dir, folders, swept_folders)
 
     def load_sweep_config(self, master_config, sweep_overrides):
         config = checked.pop(tuple(sweep_overrides), None)
@@ -482,17 +484,15 @@ def point_folders(configs) -> list[str] | None:
         return None
 
 
-def refuse_other_sweeps_points(configs, swept: set[str]) -> None:
+def refuse_other_sweeps_points(sweep_dir: str | None, folders: list[str], swept: set[str]) -> None:
     """Before a sweep's first point: a sweep folder that holds results of points this sweep does
     not run (a corrected sweep into the folder of the first, the same value spelled 1 and then
     1.0). Its summary, report, paper comparison and exit code cover every point in the folder:
     the earlier sweep's failed points would fail this one, its rows would be averaged in."""
-    folders = point_folders(configs)
-    if not configs or folders is None:
-        return
     swept.update(folders)
-    sweep_dir = Path(str(OmegaConf.select(configs[0], "hydra.sweep.dir")))
-    others = sorted(p.parent.name for p in sweep_dir.glob("*/metrics.csv") if p.parent.name not in swept)
+    if not sweep_dir:
+        return
+    others = sorted(p.parent.name for p in Path(sweep_dir).glob("*/metrics.csv") if p.parent.name not in swept)
     if others:
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise UserError(
@@ -502,12 +502,9 @@ def refuse_other_sweeps_points(configs, swept: set[str]) -> None:
         )
 
 
-def refuse_shared_folders(batch, configs) -> None:
+def refuse_shared_folders(batch, folders: list[str]) -> None:
     """Before a sweep's first point: points whose folders are one (hydra.sweep.subdir=same) would
     each overwrite the last one's result."""
-    folders = point_folders(configs)
-    if len(batch) < 2 or folders is None:
-        return
     for first, (folder, overrides) in enumerate(zip(folders, batch)):
         if folder in folders[:first]:
             other = list(batch[folders.index(folder)])
