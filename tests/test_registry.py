@@ -1,5 +1,6 @@
 """Plugins arrive through pluggy: built-ins and third-party alike, names unique, errors helpful."""
 
+import contextlib
 import types
 
 import pytest
@@ -33,30 +34,34 @@ def plugin_module(*classes):
     return module
 
 
+@contextlib.contextmanager
+def plugged_in(allocator, num_requests: int):
+    """`allocator` registered for the block's length, and the config of a simulated run of it
+    (built on the oracle allocator's config group, its name replaced)."""
+    registry = default_registry()
+    module = plugin_module(allocator)
+    registry.register(module)
+    try:
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            overrides = [
+                "+allocator=oracle",
+                f"allocator.name={allocator.name}",
+                f"workload.num_requests={num_requests}",
+            ]
+            yield compose("bench", overrides=[*overrides, "progress=false"])
+    finally:
+        registry.unregister(module)
+
+
 def test_built_ins_register_through_the_entry_point_group():
     registry = Registry()
     assert {"contiguous", "oracle", "pow2", "paged"} <= set(registry.classes("allocator"))
     assert {"eager", "triton_paged"} <= set(registry.classes("backend"))
 
 
-def test_an_external_plugin_is_found_by_name_and_runs_a_simulation(monkeypatch):
-    registry = default_registry()
-    module = plugin_module(HalfOracleAllocator)
-    registry.register(module)
-    try:
-        with initialize_config_module("kvbench.conf", version_base="1.3"):
-            cfg = compose(
-                "bench",
-                overrides=[
-                    "+allocator=oracle",
-                    "allocator.name=half_oracle",
-                    "workload.num_requests=40",
-                    "progress=false",
-                ],
-            )
+def test_an_external_plugin_is_found_by_name_and_runs_a_simulation():
+    with plugged_in(HalfOracleAllocator, 40) as cfg:
         row = run_point(cfg)[0]
-    finally:
-        registry.unregister(module)
     assert row["allocator"] == "half_oracle"
     assert row["completed"] == 40
     assert row["kv_capacity_tokens"] < 10_000  # half of OPT-13B's ~15.8K slots
@@ -142,17 +147,9 @@ class NegativeCounting(OracleAllocator):
 @pytest.mark.parametrize("allocator", [OverCounting, NegativeCounting])
 def test_an_allocator_whose_accounting_is_no_split_of_its_pool_is_refused_not_reported(allocator):
     """It was published with status ok: token states 685.9 %, free -586.2 %."""
-    registry = default_registry()
-    module = plugin_module(allocator)
-    registry.register(module)
-    try:
-        with initialize_config_module("kvbench.conf", version_base="1.3"):
-            overrides = ["+allocator=oracle", f"allocator.name={allocator.name}", "workload.num_requests=20"]
-            cfg = compose("bench", overrides=[*overrides, "progress=false"])
+    with plugged_in(allocator, 20) as cfg:
         with pytest.raises(UserError, match=f"allocator {allocator.name}'s accounting at step 0 .* is not a split"):
             run_point(cfg)
-    finally:
-        registry.unregister(module)
 
 
 class Spare(OracleAllocator):
@@ -182,19 +179,11 @@ class Inflated(OracleAllocator):
 
 
 def test_an_allocator_that_makes_a_pool_larger_than_it_was_given_is_refused():
-    registry = default_registry()
-    module = plugin_module(Inflated)
-    registry.register(module)
-    try:
-        with initialize_config_module("kvbench.conf", version_base="1.3"):
-            overrides = ["+allocator=oracle", "allocator.name=inflated", "workload.num_requests=20"]
-            cfg = compose("bench", overrides=[*overrides, "progress=false"])
+    with plugged_in(Inflated, 20) as cfg:
         with pytest.raises(
             UserError, match="allocator inflated made a pool of .* token slots from the .* it was given"
         ):
             run_point(cfg)
-    finally:
-        registry.unregister(module)
 
 
 def test_a_search_path_package_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
