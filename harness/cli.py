@@ -97,6 +97,10 @@ READ_ONLY_BY = {
     "hardware": ("simulate", "serve", "kernel", "validate"),
     # a kernel times one batch of the backend: no scheduler, engine or recorder runs
     "scheduler": ("simulate", "serve", "profile", "validate"),  # a profile's grid stays within its limits
+    # admission headroom and the prefix cache act when a scheduler admits requests; a kernel places
+    # one batch with the allocator's layout (a watermark crashed its placement)
+    "allocator.watermark": ("simulate", "serve", "profile", "validate"),
+    "allocator.prefix_caching": ("simulate", "serve", "profile", "validate"),
     "engine": ("simulate", "serve", "profile", "validate"),
     "measure": ("simulate", "serve", "validate"),
     "report.goodput": ("simulate", "serve", "validate"),  # the recorder's SLOs; report.* else is a sweep's
@@ -128,12 +132,6 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
             )
     served = scenario == "serve" and cfg.scenario.get("rate") is not None  # null keeps the workload's
-    for key in ("allocator.watermark", "allocator.prefix_caching"):
-        if scenario == "kernel" and key in overridden:  # it crashed the placement, or was recorded unread
-            raise UserError(
-                f"{key} is read when a scheduler admits requests; scenario=kernel places one batch with the "
-                f"allocator's layout and would ignore it: drop it"
-            )
     if (
         scenario == "serve"
         and "scenario.swap_space_tokens" in overridden

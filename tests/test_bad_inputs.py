@@ -529,7 +529,7 @@ RUN_CASES = [
     (["model.max_model_len=2", "workload.num_requests=4"], "workload=sharegpt: too few of its length pairs fit"),
     (  # a RuntimeError: paged could not place sequence 0 (512 tokens) in 1536 slots
         ["scenario=kernel", "model=tiny", "batch=1d512", "+allocator=paged", "allocator.watermark=0.7"],
-        "allocator.watermark is read when a scheduler admits requests; scenario=kernel",
+        "allocator.watermark is read by scenario=simulate or serve or profile or validate only; scenario=kernel",
     ),
     (["+model.rope_theta=5"], "model.rope_theta is not read by the roofline"),
     (["engine.swap_space_bytes=1"], "engine.swap_space_bytes is read only with engine.preemption=swap"),
