@@ -132,26 +132,16 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
             )
     served = scenario == "serve" and cfg.scenario.get("rate") is not None  # null keeps the workload's
-    if (
-        scenario == "serve"
-        and "scenario.swap_space_tokens" in overridden
-        and str(cfg.engine.get("preemption")) != "swap"
-    ):
+    pool = "scenario.swap_space_tokens" if scenario == "serve" else "engine.swap_space_bytes"  # the swap pool's size
+    if scenario == "serve" and "engine.swap_space_bytes" in overridden:
         raise UserError(
-            f"scenario.swap_space_tokens is read only with engine.preemption=swap; engine.preemption="
-            f"{cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set engine.preemption=swap"
+            f"engine.swap_space_bytes is not read by scenario=serve, whose swap pool is {pool}: set that instead"
         )
-    if "engine.swap_space_bytes" in overridden:
-        if scenario == "serve":
-            raise UserError(
-                "engine.swap_space_bytes is not read by scenario=serve, whose swap pool is "
-                "scenario.swap_space_tokens: set that instead"
-            )
-        if str(cfg.engine.get("preemption")) != "swap":
-            raise UserError(
-                f"engine.swap_space_bytes is read only with engine.preemption=swap; engine.preemption="
-                f"{cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set engine.preemption=swap"
-            )
+    if pool in overridden and str(cfg.engine.get("preemption")) != "swap":
+        raise UserError(
+            f"{pool} is read only with engine.preemption=swap; engine.preemption={cfg.engine.get('preemption')} "
+            f"recomputes what it preempts: drop it, or set engine.preemption=swap"
+        )
     roofline_unread = [k for k in ROOFLINE_UNREAD if k in overridden]
     if scenario == "simulate" and roofline_unread and cfg.get("executor", {}).get("name") == "roofline":
         raise UserError(
