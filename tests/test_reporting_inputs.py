@@ -111,7 +111,7 @@ def test_a_sweep_and_one_of_its_points_are_refused_together(tmp_path):
         ("allocator,throughput\npaged,10\n", "neither a status column nor a result metric"),
         (
             "scenario,allocator,status,request_throughput\nsimulate,paged,ok,2\nsimulate,paged,ok,2\n",
-            "holds the same row twice (its rows 1 and 2",
+            "holds two rows of one point (scenario=simulate, allocator=paged; its rows 1 and 2)",
         ),
     ],
 )
@@ -362,3 +362,119 @@ def test_a_measured_metric_that_fell_to_zero_is_judged_not_a_crash(tmp_path):
     result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "median_ttft_ms" in result.stdout
+
+
+# --- a third look at bad input: each of these crashed, lost a file or passed as OK ---------------
+
+
+def test_a_swept_key_the_policy_also_names_is_one_identity_column(tmp_path):
+    table = pd.DataFrame([row("paged", 1.0, **{"workload.rate": r}) for r in (2, 4)])
+    write_csv(tmp_path / "a.csv", table)
+    (tmp_path / "p.yaml").write_text(
+        "identity: [scenario, allocator, workload.rate]\nmetrics:\n  request_throughput: {better: higher, tolerance: 0}\n"
+    )
+    result = run_compare(tmp_path / "a.csv", tmp_path / "a.csv", "--policy", tmp_path / "p.yaml")
+    assert result.returncode == 0 and "OK: 2 point(s)" in result.stdout
+
+
+def test_a_point_run_into_two_folders_is_refused_before_anything_is_written(tmp_path):
+    root = sweep(tmp_path / "s", [row("paged", 1.0), row("contiguous", 0.5)])
+    report.main([str(root)])
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
+    write_csv(root / "p0-rerun" / "metrics.csv", [row("paged", 0.9)])
+    message = refused(lambda: report.main([str(root)]))
+    assert "holds two rows of one point" in message and "p0 and p0-rerun" in message
+    assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
+
+
+def test_a_report_into_a_folder_holding_other_points_summary_is_refused(tmp_path):
+    kept = summary_only(tmp_path / "kept", [row("pow2", 3.0)])
+    before = (kept / "summary.csv").read_bytes()
+    root = sweep(tmp_path / "s", [row("paged", 1.0), row("contiguous", 0.5)])
+    assert "holds a summary.csv of other points" in refused(lambda: report.main([str(root), "--out", str(kept)]))
+    assert (kept / "summary.csv").read_bytes() == before
+    out = tmp_path / "out"
+    report.main([str(root), "--out", str(out)])
+    report.main([str(root), "--out", str(out)])  # the same points again: the report is refreshed
+
+
+@pytest.mark.parametrize("args", [["", "."], [".", ""]])
+def test_an_empty_input_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(sweep(tmp_path, [row("paged", 1.0), row("contiguous", 0.5)]))
+    assert "is empty" in refused(lambda: compare.main(args))
+    assert "is empty" in refused(lambda: report.main(["."] + ["--out", ""]))
+
+
+@pytest.mark.parametrize(
+    "cell, said",
+    [("OK", "status is 'OK' in row 1; a point's status is ok or failed"), ("done", "status is 'done'")],
+)
+def test_a_status_other_than_ok_or_failed_is_refused_by_both_tools(tmp_path, cell, said):
+    write_csv(tmp_path / "a.csv", [row("paged", 1.0, status=cell)])
+    assert said in refused(lambda: compare.main([str(tmp_path / "a.csv")] * 2))
+    assert said in refused(lambda: report.main([str(tmp_path / "a.csv"), "--out", str(tmp_path / "o")]))
+
+
+def test_a_negative_latency_is_bad_input_to_both_tools(tmp_path):
+    write_csv(tmp_path / "a.csv", [row("paged", 1.0), row("contiguous", 0.5)])
+    write_csv(tmp_path / "b.csv", [row("paged", 1.0, normalized_latency_s_per_tok=-5), row("contiguous", 0.5)])
+    said = "is -5.0: normalized_latency_s_per_tok is never negative"
+    assert said in refused(lambda: compare.main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]))
+    assert "is never negative" in refused(lambda: report.main([str(tmp_path / "b.csv"), "--out", str(tmp_path / "o")]))
+
+
+def test_blank_metrics_on_both_sides_judge_nothing(tmp_path):
+    write_csv(tmp_path / "a.csv", [row("paged", None, normalized_latency_s_per_tok=None)])
+    assert "every cell is blank, so nothing would be judged" in refused(
+        lambda: compare.main([str(tmp_path / "a.csv")] * 2)
+    )
+
+
+def test_a_measured_metric_missing_from_the_current_is_a_regression(tmp_path):
+    base = {**row("paged", 1.0), "scenario": "kernel", "latency_us_p50": 10.0, "samples": '{"latency_us_p50":[10,10.1,9.9]}'}
+    write_csv(tmp_path / "a.csv", [base])
+    write_csv(tmp_path / "b.csv", [{**base, "latency_us_p50": None, "samples": ""}])
+    write_csv(tmp_path / "c.csv", [{**base, "latency_us_p50": 50.0, "samples": '{"latency_us_p50":[50,NaN,NaN]}'}])
+    for current, lost in (("b.csv", "1 of the current's 1"), ("c.csv", "2 of the current's 3")):
+        result = run_compare(tmp_path / "a.csv", tmp_path / current)
+        assert result.returncode == 1 and f"latency_us_p50 has no value in {lost} run(s)" in result.stdout
+
+
+def test_a_point_failed_on_both_sides_is_not_counted_as_matching(tmp_path):
+    failed = row("contiguous", None, status="failed", reason="out of memory")
+    write_csv(tmp_path / "a.csv", pd.DataFrame([row("paged", 1.0), failed]))
+    result = run_compare(tmp_path / "a.csv", tmp_path / "a.csv")
+    assert result.returncode == 0 and "failed in both (out of memory): not compared" in result.stdout
+    assert "OK: 1 point(s) match the baseline within tolerance (1 failed in both, not compared)" in result.stdout
+
+
+def test_columns_named_as_the_tools_own_are_refused_or_kept_apart(tmp_path):
+    write_csv(tmp_path / "m.csv", [row("paged", 1.0, _merge="x")])
+    assert "has a column '_merge'" in refused(lambda: compare.main([str(tmp_path / "m.csv")] * 2))
+    write_csv(tmp_path / "d.csv", [row("paged", 1.0, point="p1", directory="/data/run1")])
+    report.main([str(tmp_path / "d.csv"), "--out", str(tmp_path / "o")])
+    assert "/data/run1" in (tmp_path / "o" / "report.html").read_text()
+
+
+def test_a_policy_number_in_exponent_form_is_a_number(tmp_path):
+    write_csv(tmp_path / "a.csv", [row("paged", 1.0)])
+    (tmp_path / "p.yaml").write_text(
+        "test: {alpha: 5e-2}\nmetrics:\n  request_throughput: {better: higher, tolerance: 1e-6}\n"
+    )
+    result = run_compare(tmp_path / "a.csv", tmp_path / "a.csv", "--policy", tmp_path / "p.yaml")
+    assert result.returncode == 0 and "OK" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "saved, said",
+    [
+        ("report:\n  slo_s_per_token: [0.5\n", "multirun.yaml is not the sweep's saved config"),
+        ("report:\n  slo_s_per_token: fast\n", "report.slo_s_per_token='fast' must be a number > 0"),
+        ("report:\n  slo_s_per_token: -1\n", "report.slo_s_per_token=-1 must be a number > 0"),
+    ],
+)
+def test_a_sweeps_saved_config_that_does_not_read_is_one_line(tmp_path, saved, said):
+    root = sweep(tmp_path / "s", [row("paged", 1.0), row("contiguous", 0.5)])
+    (root / "multirun.yaml").write_text(saved)
+    assert said in refused(lambda: report.main([str(root)]))
+    report.main([str(root), "--slo", "0.5", "--baseline", "paged"])  # given both: the file is not read

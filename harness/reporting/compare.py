@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.report import load_rows
+from kvbench.reporting.report import NEGATIVE_SLACK, check_statuses, load_rows
 from kvbench.reporting.results import cell_text
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
@@ -49,6 +49,8 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
         for bench in data["benchmarks"]:
             runs = pd.DataFrame(bench.get("runs") or [bench["stats"]])[list(BENCHMARK_STATS.values())]
             runs = runs.astype(float).set_axis(list(BENCHMARK_STATS), axis=1)
+            if not (np.isfinite(runs.to_numpy()) & (runs.to_numpy() >= 0)).all():
+                raise ValueError(f"{bench.get('fullname')!r} has a time that is not a number >= 0")
             if not isinstance(bench["fullname"], str) or not bench["fullname"]:
                 raise ValueError(f"a benchmark's fullname is {bench['fullname']!r}")
             counts = {k: v for k, v in (bench.get("extra_info") or {}).items() if type(v) in (int, float)}
@@ -64,18 +66,25 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
 
 
 def read_side(path) -> pd.DataFrame:
+    if not str(path).strip():  # Path("") is the current folder
+        raise UserError("an input is empty (an unset variable?): give a summary.csv, a sweep directory or a benchmark JSON")
     p = Path(path)
     if not p.exists():
         raise UserError(f"{path} does not exist; give a summary.csv, a sweep directory or a benchmark JSON")
     frame = benchmark_frame(p) if p.suffix.lower() == ".json" else pd.DataFrame(load_rows(p))
     if frame.empty:
         raise UserError(f"{path} has no result rows")
+    reserved = next((c for c in frame.columns if str(c).startswith("_")), None)
+    if reserved is not None:  # the merge's own columns (_merge, _order) begin so
+        raise UserError(f"{path} has a column {reserved!r}: no result column begins with _, which marks bench-compare's own")
+    check_statuses(frame, path)
     return frame
 
 
 def _identity(policy: Policy, frames) -> list[str]:
     columns = set().union(*(f.columns for f in frames))
-    return [c for c in policy.identity if c in columns] + sorted(c for c in columns if "." in c)
+    named = [c for c in policy.identity if c in columns]  # a swept key the policy names counts once
+    return named + sorted(c for c in columns if "." in c and c not in named)
 
 
 def _label(point: pd.Series, shown: list[str]) -> str:
@@ -176,6 +185,7 @@ def _numbers(merged: pd.DataFrame, metric: str, side: str, name: str, measured: 
     for bad, why in (
         (numbers.isna() & ~blank, "not a number; a metric cell holds a number, or is blank where the point has none"),
         (np.isinf(numbers) & measured, "a point that ran has no infinite metric (a blank cell: one it has none of)"),
+        ((numbers < NEGATIVE_SLACK) & measured, f"{metric} is never negative"),
     ):
         if bad.any():
             i = bad.idxmax()
@@ -195,6 +205,14 @@ def _check_judged(measured: pd.DataFrame, baseline: pd.DataFrame, current: pd.Da
         raise UserError(
             f"no metric of the policy is in both the {names[0]} and the {names[1]}, so nothing would be judged; "
             + (f"the policy has {', '.join(metrics)}" if metrics else "the policy has no metrics (metrics: {})")
+        )
+    columns = [f"{m}{side}" for m in metrics for side in (BASE, CUR) if f"{m}{side}" in measured]
+    if not measured[columns].notna().any().any() and SAMPLES + BASE not in measured:
+        shared = [m for m in metrics if m in baseline.columns and m in current.columns]
+        raise UserError(
+            f"no matched point has a value of any metric of the policy ({', '.join(shared[:4])}"
+            f"{', ...' if len(shared) > 4 else ''}) in the {names[0]} or the {names[1]}: every cell is blank, "
+            f"so nothing would be judged"
         )
 
 
@@ -258,10 +276,15 @@ def compare(
     for _, point in merged[merged["_merge"] == "right_only"].iterrows():
         print(f"new in current (no baseline): {_label(point, shown)}", file=out)
     header = f"  {'metric':<30} {'baseline':>12} {'current':>12} {'ratio':>8}  status"
+    unmeasured = 0  # matched points that failed on both sides
     for _, point in matched.iterrows():
         label = _label(point, shown)
         print(f"\n{label}", file=out)
         base_status, cur_status = (str(point.get(f"status{s}")) for s in (BASE, CUR))
+        if cur_status not in ("ok", "nan") and base_status not in ("ok", "nan"):  # no regression, no measure
+            print(f"  failed in both ({point.get(f'reason{CUR}', '')}): not compared", file=out)
+            unmeasured += 1
+            continue
         if cur_status not in ("ok", "nan") and base_status in ("ok", "nan"):
             print(f"  status: {cur_status} ({point.get(f'reason{CUR}', '')})  REGRESSED", file=out)
             problem(f"{label}: point {cur_status}", point)
@@ -274,6 +297,13 @@ def compare(
             if pd.isna(bv) and pd.isna(cv) and metric not in base_samples:
                 continue
             ratio = cv / bv if bv else (1.0 if cv == bv else float("inf"))
+            lost = sum(not math.isfinite(x) for x in cur_samples.get(metric, [cv]))
+            if rule.measured and lost and all(math.isfinite(x) for x in base_samples.get(metric, [bv])):
+                # a repeat that measured nothing is no sample to test: the value went missing
+                count = len(cur_samples.get(metric, [cv]))
+                problem(f"{label}: {metric} has no value in {lost} of the current's {count} run(s)", point)
+                print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  REGRESSED ({lost} of {count} missing)", file=out)
+                continue
             if rule.measured:
                 result = judge(base_samples.get(metric, [bv]), cur_samples.get(metric, [cv]), rule, policy.test)
                 verdict, detail = result.verdict, f" ({result.detail})"
@@ -308,7 +338,7 @@ def compare(
             f"measured metrics: {tally['tested']} tested, {tally.get('REGRESSED', 0)} regressed, "
             f"{tally.get('better', 0)} better, {tally[SMALL]} significant but below min_effect, "
             f"{tally[NO_CHANGE]} {NO_CHANGE}; {tally[NOT_MEANINGFUL]} {NOT_MEANINGFUL} "
-            f"(a side has one sample)",
+            f"(a side has fewer than two samples)",
             file=out,
         )
     if machine_changes:
@@ -325,7 +355,8 @@ def compare(
             if tally[NO_CHANGE] == tally["tested"]
             else "; no measured metric got significantly worse by its min_effect"
         )
-    print(f"OK: {len(matched)} point(s) match the baseline within tolerance{measured}", file=out)
+    skipped = f" ({unmeasured} failed in both, not compared)" if unmeasured else ""
+    print(f"OK: {len(matched) - unmeasured} point(s) match the baseline within tolerance{measured}{skipped}", file=out)
     return 0
 
 

@@ -8,6 +8,7 @@ change). The packaged policy is conf/compare_policy.yaml; its header documents e
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -110,6 +111,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     raise _DuplicateKey(key, seen[key], line)
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML) reads 1e-6 as text; YAML 1.2 and every reader of a policy take it for the number
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def _read_yaml(source) -> dict:

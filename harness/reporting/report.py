@@ -61,6 +61,10 @@ KEY_METRICS = [
 ]
 
 
+# A point's status: it ran, or it failed (its reason beside it); a blank one ran
+STATUSES = ("ok", "failed")
+# No metric kvbench writes is negative; a share computed as 1 - the others may be by a rounding
+NEGATIVE_SLACK = -1e-9
 # Columns that name a point; an input with none of them holds no results.
 POINT_COLUMNS = [*IDENTITY, "block_size", "rate", "batch_spec"]
 # What bench-report writes into its output directory: none of them may be one of its inputs.
@@ -110,6 +114,7 @@ def check_results(frame: pd.DataFrame, path) -> None:
             f"{path} holds no results: it has neither a status column nor a result metric "
             f"({_listed(KEY_METRICS, 3)}: docs/metrics.md); its columns: {_listed(frame.columns)}"
         )
+    check_statuses(frame, path)
     if "kv_token_util" in frame and "allocator" not in frame:
         raise UserError(f"{path} has serving metrics but no allocator column: each row names the allocator it ran")
     ran = frame["status"].fillna("ok").astype(str).eq("ok") if "status" in frame else True
@@ -119,19 +124,48 @@ def check_results(frame: pd.DataFrame, path) -> None:
         for bad, why in (
             (cells.notna() & numbers.isna(), "a metric cell holds a number, or is blank where the point has none"),
             (np.isinf(numbers) & ran, "a point that ran has no infinite metric (blank: one it has none of)"),
+            ((numbers < NEGATIVE_SLACK) & ran, f"{column} is never negative"),
         ):
             if bad.any():
                 cell = cells[bad].iloc[0]
                 value = repr(cell) if isinstance(cell, str) else cell_text(cell)
                 raise UserError(f"{path}: {column} is {value} in row {bad.to_numpy().argmax() + 1}; {why}")
-    again = frame.duplicated()
+    refuse_repeated_points(frame, path)
+
+
+def check_statuses(frame: pd.DataFrame, path) -> None:
+    if "status" in frame:
+        other = frame["status"].dropna().astype(str)
+        other = other[~other.isin(STATUSES)]
+        if not other.empty:
+            raise UserError(
+                f"{path}: status is {other.iloc[0]!r} in row {other.index[0] + 1}; a point's status is "
+                f"{' or '.join(STATUSES)} (docs/metrics.md)"
+            )
+
+
+def point_keys(frame: pd.DataFrame) -> list[str]:
+    """The columns that name a point: its identity, block size, rate, batch and swept keys."""
+    return [c for c in ["sweep", *POINT_COLUMNS] if c in frame] + [c for c in frame.columns if "." in str(c)]
+
+
+def refuse_repeated_points(frame: pd.DataFrame, path) -> None:
+    """Two rows of one point (a table appended to itself, a point rerun into a second folder):
+    every plot, ratio and winner would take one of them at random."""
+    keys = point_keys(frame) or list(frame.columns)
+    texts = frame[keys].astype(object).where(frame[keys].notna(), None).map(cell_text)
+    again = texts.duplicated()
     if again.any():
-        rows = pd.util.hash_pandas_object(frame, index=False).tolist()
         second = int(again.to_numpy().argmax())
-        first = rows.index(rows[second])
+        first = int(texts.eq(texts.iloc[second]).all(axis=1).to_numpy().argmax())
+        where = (
+            f"its folders {frame['point'].iloc[first]} and {frame['point'].iloc[second]}"
+            if "point" in frame
+            else f"its rows {first + 1} and {second + 1}"
+        )
+        label = ", ".join(f"{k}={v}" for k, v in texts.iloc[second].items() if v and k in point_keys(frame))
         raise UserError(
-            f"{path} holds the same row twice (its rows {first + 1} and {second + 1}; a table appended to "
-            f"itself?): give each point once"
+            f"{path} holds two rows of one point ({label or 'the only point'}; {where}): give each point once"
         )
 
 
@@ -208,6 +242,11 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
             f"--out {out_dir} holds another sweep's points (*/metrics.csv): its summary.csv and report "
             f"would describe other points; give a new or empty folder"
         )
+    if out_dir.resolve() not in inputs and summary.is_file() and _points_of(summary) != _points_of(frame):
+        raise UserError(
+            f"--out {out_dir} holds a summary.csv of other points, which the report would replace: give a new "
+            f"or empty folder"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     if summary.resolve() not in read:
@@ -223,6 +262,16 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
     page = out_dir / "report.html"
     write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo))
     return [*written, *drawn, page], frame, chosen, slo
+
+
+def _points_of(table: pd.DataFrame | Path) -> set | None:
+    """The points a table (or a summary.csv) holds, as text; None for a file that holds none."""
+    try:
+        frame = read_csv(table) if isinstance(table, Path) else table
+    except UserError:
+        return None
+    keys = [k for k in point_keys(frame) if k != "sweep"]
+    return set(frame[keys].astype(object).where(frame[keys].notna(), None).map(cell_text).itertuples(index=False))
 
 
 def end_of_sweep(sweep_dir: Path, plots: bool) -> dict:
@@ -353,7 +402,8 @@ def render_html(
 ) -> str:
     ok = ok_rows(frame)
     status = frame["status"].fillna("ok") if "status" in frame else pd.Series("ok", index=frame.index)
-    named = frame.rename(columns={"point": "directory"}).assign(
+    folder = "directory" if "directory" not in frame else "point folder"  # a column of the input's own
+    named = frame.rename(columns={"point": folder}).assign(
         point=point_labels(frame, varying_keys(frame) if len(frame) > 1 else []),
         reason=frame["reason"].map(_reason).where(status != "ok", "") if "reason" in frame else "",
     )
@@ -386,8 +436,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html."
     )
-    parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (or summary.csv files)")
-    parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
+    parser.add_argument("dirs", nargs="+", help="sweep or run directories (or summary.csv files)")
+    parser.add_argument("--out", help="where to write (default: the first directory)")
     parser.add_argument(
         "--baseline",
         help="the allocator the verdict's ratios are taken against "
@@ -401,6 +451,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
+        for name, given in [*(("an input", d) for d in args.dirs), ("--out", args.out)]:
+            if given is not None and not given.strip():  # Path("") is the current folder
+                raise UserError(f"{name} is empty (an unset variable?): give a sweep or run folder or a summary.csv")
+        args.dirs = [Path(d) for d in args.dirs]
+        args.out = None if args.out is None else Path(args.out)
         if args.out is None and args.dirs[0].is_file():
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
         if args.baseline is not None and not args.baseline.strip():

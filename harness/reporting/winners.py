@@ -10,6 +10,8 @@ is the highest rate it serves within the latency target (kvbench.reporting.paper
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import pandas as pd
@@ -31,20 +33,27 @@ def configured(sweep_dir: Path) -> tuple[str, bool, float]:
     saved = Path(sweep_dir) / "multirun.yaml"
     if not saved.is_file():
         return DEFAULT_BASELINE, False, DEFAULT_SLO
-    cfg = OmegaConf.load(saved)
-    overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []
-    baseline = OmegaConf.select(cfg, "report.baseline", default=DEFAULT_BASELINE)
+    try:
+        cfg = OmegaConf.load(saved)
+        overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []
+        baseline = OmegaConf.select(cfg, "report.baseline", default=DEFAULT_BASELINE)
+        slo = OmegaConf.select(cfg, "report.slo_s_per_token", default=DEFAULT_SLO)
+    except Exception as err:  # noqa: BLE001 (YAML's and OmegaConf's errors alike: the file is not a config)
+        raise UserError(
+            f"{saved} is not the sweep's saved config ({type(err).__name__}); give --baseline and --slo"
+        ) from None
+    if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < math.inf:
+        raise UserError(f"{saved}: report.slo_s_per_token={slo!r} must be a number > 0 (s per token); or give --slo")
     if baseline is None:  # null: the default, which falls back to the sweep's first system
-        return DEFAULT_BASELINE, False, float(OmegaConf.select(cfg, "report.slo_s_per_token", default=DEFAULT_SLO))
-    explicit = any(o.lstrip("+~").startswith("report.baseline=") for o in overrides)
-    baseline = str(baseline)
-    return baseline, explicit, float(OmegaConf.select(cfg, "report.slo_s_per_token", default=DEFAULT_SLO))
+        return DEFAULT_BASELINE, False, float(slo)
+    explicit = any(str(o).lstrip("+~").startswith("report.baseline=") for o in overrides)
+    return str(baseline), explicit, float(slo)
 
 
 def verdict_settings(frame: pd.DataFrame, sweep_dir: Path, baseline: str | None = None, slo: float | None = None):
     """(the baseline the ratios are taken against, the baseline asked for, the latency target):
     `baseline` and `slo` as given, else the sweep's report.baseline and report.slo_s_per_token."""
-    name, explicit, configured_slo = configured(sweep_dir)
+    name, explicit, configured_slo = (baseline, True, slo) if baseline and slo else configured(sweep_dir)
     name, explicit = (baseline, True) if baseline else (name, explicit)
     return resolve_baseline(frame, name, explicit), name, slo or configured_slo
 
