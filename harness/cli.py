@@ -101,11 +101,29 @@ READ_ONLY_BY = {
     # one batch with the allocator's layout (a watermark crashed its placement)
     "allocator.watermark": ("simulate", "serve", "profile", "validate"),
     "allocator.prefix_caching": ("simulate", "serve", "profile", "validate"),
-    "engine": ("simulate", "serve", "profile", "validate"),
+    "engine": ("simulate", "serve", "validate"),  # a profile times fixed shapes: no pool, preemption or async
+    "engine.kv_cache_bytes": ("simulate", "serve"),  # validate sizes both sides by scenario.kv_cache_tokens
+    "model.dtype": ("simulate", "kernel"),  # the real model runs in scenario.dtype
     "measure": ("simulate", "serve", "validate"),
     "report.goodput": ("simulate", "serve", "validate"),  # the recorder's SLOs; report.* else is a sweep's
     "repeats": ("serve", "kernel"),  # a simulated point is exact for its seed: it runs once (scenarios/repeats)
 }
+# what the generic line adds for a key: where the setting it meant lives
+UNREAD_HINTS = {
+    ("model.dtype", "serve"): "its real model runs in scenario.dtype: set that",
+    ("model.dtype", "profile"): "its real model runs in scenario.dtype: set that",
+    ("model.dtype", "validate"): "its real model runs in scenario.serve.dtype and scenario.profiling.dtype: set those",
+    ("engine.kv_cache_bytes", "validate"): "it sizes both sides' pool by scenario.kv_cache_tokens: set that",
+}
+# the roofline's step-time knobs (cost_model); a calibrated executor times steps from its profile
+# (the peak FLOP/s still models what recomputing the preempted tokens would cost)
+ROOFLINE_STEP_KEYS = ("hardware.hbm_bytes_per_s", "hardware.hbm_efficiency", "hardware.step_overhead_s")
+# what times a swap: a run that recomputes swaps nothing
+SWAP_KEYS = ("hardware.pcie_bytes_per_s", "hardware.copy_latency_s")
+# scenario=kernel's timing knobs by device: do_bench on cuda, torch's Timer on cpu
+KERNEL_CUDA_KEYS = ("scenario.warmup_ms", "scenario.rep_ms", "scenario.cuda_graph")
+# what validate's host-speed probe reads of scenario.profiling where a profile is given
+PROBE_KEYS = ("clock", "cpu_threads", "device")
 # the real model's shape beyond what the roofline reads (cost_model: num_params, layers, heads,
 # head_dim, window, state): a simulated run with executor=roofline would record them unread
 ROOFLINE_UNREAD = ("model.hidden_size", "model.intermediate_size", "model.rope_theta", "model.vocab_size")
@@ -121,9 +139,11 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
     for key in overridden:
         readers = READ_ONLY_BY.get(".".join(key.split(".")[:2])) or READ_ONLY_BY.get(key.split(".")[0])
         if readers and scenario not in readers:
+            hint = UNREAD_HINTS.get((key, scenario), "drop it")
             raise UserError(
-                f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: drop it"
+                f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: {hint}"
             )
+    refuse_unread_settings(cfg, scenario, overridden)
     kinds = set(cfg.model.get("layer_pattern") or ["full"])
     for key, kind in (("model.window", "window"), ("model.linear_state_dim", "linear")):
         if key in overridden and kind not in kinds and cfg.model.get(key.split(".")[1]):  # 0: none, as said
@@ -182,6 +202,74 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
             f"times the attention backend alone and would ignore it: drop it (on a GPU, "
             f"scenario.cuda_graph=true also times the kernel replayed from a CUDA graph)"
         )
+
+
+def refuse_unread_settings(cfg: DictConfig, scenario: str, overridden: list[str]) -> None:
+    """Keys a scenario reads, but not with the other settings of this run: recorded in its row,
+    they would describe a run that did not use them."""
+    executor = (cfg.get("executor") or {}).get("name")
+    unread = next((k for k in ROOFLINE_STEP_KEYS if k in overridden), None)
+    if scenario == "simulate" and executor == "calibrated" and unread:
+        raise UserError(
+            f"{unread} is read by executor=roofline only; executor=calibrated times each step from its profile "
+            f"(executor.profile): drop it"
+        )
+    if "hardware.gpu_memory_utilization" in overridden:
+        kv_bytes = cfg.engine.get("kv_cache_bytes") if "engine" in cfg else None
+        if scenario != "simulate" or kv_bytes is not None:
+            pool = f"engine.kv_cache_bytes={kv_bytes:g}" if kv_bytes is not None else "scenario.kv_cache_tokens"
+            raise UserError(
+                f"hardware.gpu_memory_utilization is not read: it sizes the simulated KV pool from the GPU's memory, "
+                f"and this run's pool is {pool}: drop one"
+            )
+    unread = next((k for k in SWAP_KEYS if k in overridden), None)
+    if unread and str((cfg.get("engine") or {}).get("preemption")) != "swap":
+        raise UserError(
+            f"{unread} times swaps, read only with engine.preemption=swap; engine.preemption="
+            f"{(cfg.get('engine') or {}).get('preemption')} swaps nothing: drop it, or set engine.preemption=swap"
+        )
+    if scenario == "kernel":
+        from kvbench.scenarios.build import resolve_device
+
+        device = resolve_device(str(cfg.scenario.device)).type
+        cuda_only = [k for k in overridden if k in KERNEL_CUDA_KEYS or k.split(".")[0] == "hardware"]
+        if device == "cpu" and cuda_only:
+            raise UserError(
+                f"{cuda_only[0]} is read on cuda only (do_bench, the GPU's roofline); this kernel runs on cpu "
+                f"(scenario.device={cfg.scenario.device}), timed for scenario.min_run_time_s: drop it"
+            )
+        if device == "cuda" and "scenario.min_run_time_s" in overridden:
+            raise UserError(
+                "scenario.min_run_time_s is read on cpu only; on cuda do_bench times for scenario.warmup_ms and "
+                "scenario.rep_ms: drop it"
+            )
+    sampling = cfg.scenario.get("sampling") if scenario == "serve" else None
+    if sampling is not None:
+        touched = [k for k in ("scenario.sampling.temperature", "scenario.sampling.top_p") if k in overridden]
+        beams = int(cfg.workload.get("beam_width") or 1)
+        if beams > 1 and touched:
+            raise UserError(
+                f"{touched[0]} is not read with workload.beam_width={beams}: beam search keeps the most likely "
+                f"continuations, unsampled (vLLM refuses sampling settings with beams too): drop it"
+            )
+        if "scenario.sampling.top_p" in overridden and not float(sampling.get("temperature") or 0) > 0:
+            raise UserError(
+                "scenario.sampling.top_p is read only with scenario.sampling.temperature > 0; temperature 0 decodes "
+                "greedily: set a temperature, or drop it"
+            )
+    if scenario == "validate":
+        for key in ("scenario.serve.rate", "scenario.serve.num_requests"):
+            if key in overridden:
+                raise UserError(
+                    f"{key} would serve another workload than the one simulated (validate compares the two on one "
+                    f"workload): set workload.num_requests, or scenario.load (workload.rate with scenario.load=null)"
+                )
+        profiled = [k for k in overridden if k.startswith("scenario.profiling.") and k.split(".")[2] not in PROBE_KEYS]
+        if cfg.scenario.get("profile") and profiled:
+            raise UserError(
+                f"{profiled[0]} is not read: scenario.profile={cfg.scenario.profile} is simulated with, and no "
+                f"profile is taken: drop one"
+            )
 
 
 def failed_rows(cfg: DictConfig) -> list[dict]:

@@ -457,6 +457,58 @@ RUN_CASES = [
     (["repeats=3", "workload.num_requests=5"], "repeats is read by scenario=serve or kernel only"),
     (["report.baseline=paged", "workload.num_requests=5"], "report.baseline=paged is read when a sweep ends"),
     (["report.slo_s_per_token=0.2"], "report.slo_s_per_token=0.2 is read when a sweep ends"),
+    # a third look: recorded as columns of runs that did not read them
+    (
+        ["scenario=validate", "model=tiny", "scenario.serve.rate=50"],
+        "scenario.serve.rate would serve another workload than the one simulated",
+    ),
+    (["scenario=validate", "model=tiny", "scenario.serve.num_requests=2"], "scenario.serve.num_requests would serve"),
+    (
+        ["scenario=validate", "model=tiny", "engine.kv_cache_bytes=1e4"],
+        "scenario=validate would ignore it: it sizes both sides' pool by scenario.kv_cache_tokens: set that",
+    ),
+    (["scenario=profile", "model=tiny", "engine.kv_cache_bytes=1e4"], "scenario=profile would ignore it: drop it"),
+    (["scenario=profile", "model=tiny", "engine.async_scheduling=true"], "scenario=profile would ignore it"),
+    (
+        ["scenario=serve", "model=tiny", "model.dtype=bf16"],
+        "model.dtype is read by scenario=simulate or kernel only; scenario=serve would ignore it: its real model "
+        "runs in scenario.dtype: set that",
+    ),
+    (
+        ["scenario=serve", "model=tiny", "workload.beam_width=4", "scenario.sampling.temperature=5"],
+        "scenario.sampling.temperature is not read with workload.beam_width=4",
+    ),
+    (
+        ["scenario=serve", "model=tiny", "scenario.sampling.top_p=0.1"],
+        "scenario.sampling.top_p is read only with scenario.sampling.temperature > 0",
+    ),
+    (
+        ["scenario=kernel", "model=tiny", "scenario.device=cpu", "scenario.rep_ms=500"],
+        "scenario.rep_ms is read on cuda only (do_bench, the GPU's roofline); this kernel runs on cpu",
+    ),
+    (["scenario=kernel", "model=tiny", "scenario.device=cpu", "hardware=h200"], "hardware is read on cuda only"),
+    (
+        ["executor=calibrated", "executor.profile=FILES/trace.csv", "hardware.step_overhead_s=1"],
+        "hardware.step_overhead_s is read by executor=roofline only",
+    ),
+    (
+        ["engine.kv_cache_bytes=1.5e10", "hardware.gpu_memory_utilization=0.3"],
+        "hardware.gpu_memory_utilization is not read: it sizes the simulated KV pool from the GPU's memory, and "
+        "this run's pool is engine.kv_cache_bytes=1.5e+10",
+    ),
+    (["hardware.pcie_bytes_per_s=1e6"], "hardware.pcie_bytes_per_s times swaps, read only with engine.preemption=swap"),
+    (
+        ["scenario=validate", "model=tiny", "scenario.profile=FILES/trace.csv", "+scenario.profiling.repeats=3"],
+        "scenario.profiling.repeats is not read: scenario.profile=",
+    ),
+    (
+        ["scenario=validate", "model=tiny", "engine.async_scheduling=true"],
+        "scenario.serve.clock=cpu (validate's default) needs scenario.serve.device=cpu",
+    ),
+    (  # every step ran eager, and the row said graph=full
+        ["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid", "+graph=full", "workload.num_requests=2"],
+        "graph=full captures one attention metadata for every layer; allocator=hybrid gives each layer kind its own",
+    ),
     (["=alpaca"], "an override has no key (=VALUE): write KEY=VALUE"),  # was "+=alpaca"
     (["-m", "seed=range(0,3,0)", "hydra.sweep.dir=FILES/sweep-c"], "range(start, stop, step) needs a step other"),
     (["-m", "workload.rate=range(1,1)", "hydra.sweep.dir=FILES/sweep-d"], "the sweep has no points: a value list"),

@@ -33,6 +33,7 @@ class Engine:
     # how a run gives its KV pool more room, for the errors that say it is too small; serve,
     # whose pool is scenario.kv_cache_tokens, names that instead
     more_memory = "give more memory (hardware.*, engine.kv_cache_bytes) or a smaller model"
+    swap_pool_key = "engine.swap_space_bytes"  # the key that sizes the swap pool (serve: its own)
 
     def __init__(
         self, scheduler: Scheduler, executor, recorder: Recorder | None = None, progress: bool = True, seed: int = 0
@@ -93,9 +94,9 @@ class Engine:
             blocks = cdiv(longest, allocator.block_size)
             if blocks > allocator.num_cpu_blocks:
                 raise UserError(
-                    f"the swap pool ({allocator.num_cpu_blocks} blocks of {allocator.block_size} "
+                    f"the swap pool ({allocator.num_cpu_blocks} block(s) of {allocator.block_size} "
                     f"tokens) cannot hold one {longest}-token request ({blocks} blocks); "
-                    f"raise engine.swap_space_bytes (serve: scenario.swap_space_tokens)"
+                    f"raise {self.swap_pool_key.format(longest=blocks * allocator.block_size)}"
                 )
 
     def new_sequence(self, request: Request, parent: Sequence | None = None) -> Sequence:

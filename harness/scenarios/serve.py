@@ -162,6 +162,12 @@ class RealModel:
     def executor(self, allocator, swap_slots: int = 0, async_scheduling: bool = False):
         # an allocator that lays out each layer kind apart needs the executor that reads that layout
         executor_cls = HybridModelExecutor if allocator.per_layer_kind_layout else ModelExecutor
+        mode = self.graph[0]
+        if allocator.per_layer_kind_layout and getattr(mode, "name", "") == "full":
+            raise UserError(  # every step would run eager (FullGraphs' PER_LAYER), recorded as graph=full
+                f"graph=full captures one attention metadata for every layer; allocator={allocator.name} gives each "
+                f"layer kind its own, so no step could replay: choose +graph=piecewise or +graph=eager"
+            )
         return executor_cls(
             self.model,
             allocator,
@@ -252,6 +258,7 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     engine = build_engine(cfg, model_spec, num_slots, make_executor, swap_slots=swap_slots)
     engine.step_clock = step_clock(scenario, device, async_scheduling)
     engine.more_memory = pool_hint(kv_bytes, num_slots, engine.allocator)
+    engine.swap_pool_key = f"scenario.swap_space_tokens (now {scenario.swap_space_tokens}) to at least {{longest}}"
     if device.type == "cuda":  # capture before the first step, so no step's time includes it
         engine.executor.capture_graphs(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens))
     warm_up(cfg, real, int(scenario.get("warmup_steps", 0)))

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.errors import UserError
 from kvbench.executors.calibrated import load_profile
 from kvbench.reporting.results import write_atomic, write_csv
-from kvbench.scenarios.build import load_specs, plugin_cfg
+from kvbench.scenarios import repeats
+from kvbench.scenarios.build import load_specs, plugin_cfg, resolve_device
 from kvbench.scenarios.profile import out_dir, step_timer
 from kvbench.scenarios.profile import run as run_profile
 from kvbench.scenarios.serve import serve
@@ -266,9 +267,26 @@ def check(scenario: DictConfig) -> tuple[int, float | None]:
     return runs, None if load is None else float(load)
 
 
+def check_serve_clock(cfg: DictConfig) -> None:
+    """The serve runs' clock (scenario.serve.clock, cpu unless changed), checked before a profile
+    is taken (minutes on a larger model), in validate's own keys."""
+    serve = scenario_cfg(cfg, "serve", cfg.scenario.get("serve")).scenario
+    if str(serve.get("clock", "wall")) != "cpu":
+        return
+    asynchronous = bool(cfg.engine.get("async_scheduling"))
+    if resolve_device(str(serve.device)).type != "cpu" or serve.get("cpu_threads") != 1 or asynchronous:
+        raise UserError(
+            f"scenario.serve.clock=cpu (validate's default) needs scenario.serve.device=cpu, scenario.serve.cpu_threads"
+            f"=1 and engine.async_scheduling=false (now {serve.device}, {serve.get('cpu_threads')}, "
+            f"{str(asynchronous).lower()}): only then is the process's CPU time a step's; set scenario.serve.clock=wall "
+            f"(and scenario.profiling.clock=wall), or those"
+        )
+
+
 def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     runs, load = check(scenario)
+    check_serve_clock(cfg)
     folder = out_dir(scenario)
     model, hardware = load_specs(cfg)
     changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
@@ -288,7 +306,8 @@ def run(cfg: DictConfig) -> list[dict]:
     kv_bytes = int(scenario.kv_cache_tokens) * model.kv_bytes_per_token
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     base.engine.kv_cache_bytes = kv_bytes
-    sim_cfg = OmegaConf.merge(base, {"executor": None})
+    # requests.jsonl is the measured runs' (requests.K.jsonl for run K of several); the simulations write none
+    sim_cfg = OmegaConf.merge(base, {"executor": None, "measure": {"save_requests": False}})
     sim_cfg.executor = {"name": "calibrated", "profile": str(profile), "device": "local"}
     if scenario.get("profile"):  # a profile given: checked before the serve runs, not after the first
         given = load_profile(str(profile), key="scenario.profile")
@@ -314,7 +333,12 @@ def run(cfg: DictConfig) -> list[dict]:
         read_at = [0.0]  # the serve clock of each reading: the run starts at 0
         on_probe = lambda at, readings=readings, read_at=read_at: (readings.append(quick()), read_at.append(at))
         prepare = lambda engine, on_probe=on_probe: logs.append(wrap(engine, every, on_probe))
-        row, _ = serve(serve_cfg, prepare=prepare)
+        token = repeats.repeat.set(i + 1) if runs > 1 else None
+        try:
+            row, _ = serve(serve_cfg, prepare=prepare)
+        finally:
+            if token is not None:
+                repeats.repeat.reset(token)
         readings.append(probe())
         measured.append(row)
         sim_row, sim_engine = simulate(sim_cfg)
