@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import math
@@ -313,9 +314,10 @@ def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
         return run_point(cfg)
 
 
-def refuse_deleted_keys() -> None:
-    """`~key` deletes a key or section that every run reads (a group's choice may go: `~allocator`)."""
-    deleted = [item for item in HydraConfig.get().overrides.task if item.startswith("~")]
+def refuse_deleted_keys(overrides: list[str]) -> None:
+    """`~key` deletes a key or section that every run reads (a group's choice may go: `~allocator`).
+    Checked before Hydra composes: a key whose value is null it would call missing."""
+    deleted = [item for item in overrides if item.startswith("~")]
     if not deleted:
         return
     from kvbench.schema.docs import schema_fields
@@ -343,7 +345,6 @@ def _draw_early(cfg: DictConfig, out_dir: Path, helper, sent: list, shares: dict
 
 
 def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None:
-    refuse_deleted_keys()
     drawing_early: list = []  # the helper that had the figure's job from the summary
     if not multirun:
         paper = OmegaConf.select(cfg, "report.paper")
@@ -493,6 +494,7 @@ def composing_once(args):
         refuse_twice_swept(batch, configs)
         folders = point_folders(configs)  # None: they resolve only as each point launches
         if folders is not None:
+            refuse_nested_folders(folders)
             refuse_shared_folders(batch, folders)
             refuse_other_sweeps_points(sweep_dir, folders, swept_folders)
 
@@ -549,6 +551,50 @@ def refuse_swept_experiments(batch) -> None:
             f"+experiment is swept ({', '.join(names)}): each experiment is a sweep of its own, which a sweep "
             f"over experiments would not run; run them one at a time (bench +experiment={names[0]}, ...)"
         )
+
+
+def refuse_null_groups(overrides: list[str]) -> None:
+    """`hardware=null`: Hydra's words are "Config group override must be a string or a list"."""
+    for item in overrides:
+        key, value = split_override(item)
+        if value.strip() == "null" and "." not in key and "/" not in key and (resources.files("kvbench.conf") / key).is_dir():
+            raise UserError(
+                f"{item} chooses no option of the {key} group: choose one with {key}=NAME (bench --help lists them)"
+            )
+
+
+def refuse_keys_given_twice(overrides: list[str]) -> None:
+    """`seed=0,1 seed=2,3` or `seed=1 seed=2`: Hydra keeps the last silently, and the run or sweep
+    would be another than the one asked for. And `model={num_layers:20}`: a group's keys set
+    through a dict, which no column of the row records (its name stays the option's)."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key, value = split_override(item)
+        group = "/" not in key and "." not in key and key != "hydra"
+        if group and value.lstrip().startswith("{") and (
+            (resources.files("kvbench.conf") / key).is_dir() or key in schema.PLUGIN_GROUPS
+        ):
+            raise UserError(
+                f"{item} sets keys of the {key} group through a dict, which the result row would not record: set "
+                f"each key instead ({key}.KEY=VALUE; {key}=NAME chooses one of its options)"
+            )
+        if key in seen:
+            raise UserError(
+                f"{key} is given twice ({seen[key]} and {item}); the last would replace the first: give it once"
+                + (" (one list of every value to sweep)" if "," in seen[key] + item else "")
+            )
+        seen[key] = item
+
+
+def refuse_nested_folders(folders: list[str]) -> None:
+    """A point's folder must be a folder of the sweep's own: the sweep finds its points, and a
+    rerun its finished ones, at SWEEP/*/metrics.csv."""
+    for folder in folders:
+        if Path(folder).name != folder or folder in (".", ".."):
+            raise UserError(
+                f"hydra.sweep.subdir gives a point the folder {folder!r}, not a folder directly in the sweep's: the "
+                f"sweep finds its points at hydra.sweep.dir/*/metrics.csv; give a subdir without / or .."
+            )
 
 
 def point_folders(configs) -> list[str] | None:
@@ -624,12 +670,36 @@ def refuse_absent_baseline(batch, configs) -> None:
     report would end the sweep with this error, every point run)."""
     asked = {value for overrides in batch for key, value in map(split_override, overrides) if key == "report.baseline"}
     asked.discard("null")  # the default: the sweep's first system in the paper's order
-    systems = [str(name) for name in (OmegaConf.select(c, "allocator.name", default=None) for c in configs) if name]
+    from kvbench.scenarios.build import plugin_cfg  # a point that names no allocator runs the default
+
+    systems = [str(plugin_cfg(c, "allocator")["name"]) for c in configs]
     for name in asked - set(systems):
         raise UserError(
             f"report.baseline={name!r} is not in the sweep; its allocators: "
             f"{', '.join(dict.fromkeys(systems)) or 'none'}"
         )
+
+
+@contextlib.contextmanager
+def missing_package_is_bad_input(parsed):
+    """`bench --cfg job -p nope`: Hydra prints that the package is not found and exits 1, the code
+    of a crash; it is bad input, one line and exit 2."""
+    if parsed.cfg is None or parsed.package is None:
+        yield
+        return
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            yield
+    except SystemExit as err:
+        if err.code == 1 and "not found in config" in said.getvalue():
+            raise UserError(
+                f"-p {parsed.package} names no part of the config: give a group or key that bench --cfg job "
+                f"prints (e.g. -p workload, -p scheduler.max_num_seqs)"
+            ) from None
+        raise
+    finally:
+        sys.stderr.write(said.getvalue() if "not found in config" not in said.getvalue() else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -650,10 +720,18 @@ def main(argv: list[str] | None = None) -> None:
     flags = get_args_parser()  # Hydra's own, parsed here first so a bad flag is one line too
     flags.error = lambda message: exit_with(UserError(f"bench: {message} (see bench --help)"))
     parsed = flags.parse_args(sys.argv[1:])
+    try:
+        refuse_null_groups(parsed.overrides)
+        refuse_deleted_keys(parsed.overrides)
+        refuse_keys_given_twice(parsed.overrides)  # a sweep's, and a group set through a dict
+    except UserError as err:
+        exit_with(err)
+    if parsed.package is not None and parsed.cfg is None:  # Hydra would run the job, the flag unread
+        exit_with(UserError("bench: -p/--package selects the part of the config --cfg prints: give --cfg job with it"))
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
     try:
-        with composing_once(parsed):
+        with composing_once(parsed), missing_package_is_bad_input(parsed):
             _main()
     except KeyboardInterrupt:
         if user_setting == "1":

@@ -505,6 +505,18 @@ RUN_CASES = [
         ["scenario=validate", "model=tiny", "engine.async_scheduling=true"],
         "scenario.serve.clock=cpu (validate's default) needs scenario.serve.device=cpu",
     ),
+    # the command line: a key given twice kept the last list, a dict set a group's keys unrecorded
+    (["-m", "seed=0,1", "seed=2,3", "hydra.sweep.dir=FILES/sweep-e"], "seed is given twice (seed=0,1 and seed=2,3)"),
+    (["seed=1", "seed=2"], "seed is given twice (seed=1 and seed=2); the last would replace the first"),
+    (
+        ["-m", "seed=0,1", "hydra.sweep.subdir=grp/s${seed}", "hydra.sweep.dir=FILES/sweep-f"],
+        "hydra.sweep.subdir gives a point the folder 'grp/s0', not a folder directly in the sweep's",
+    ),
+    (["model={num_layers:20}"], "model={num_layers:20} sets keys of the model group through a dict"),
+    (["hardware=null"], "hardware=null chooses no option of the hardware group: choose one with hardware=NAME"),
+    (["~engine.kv_cache_bytes"], "~engine.kv_cache_bytes deletes a key every run reads"),
+    (["-p", "workload", "workload.num_requests=5"], "-p/--package selects the part of the config --cfg prints"),
+    (["--cfg", "job", "-p", "nope"], "-p nope names no part of the config"),
     (  # every step ran eager, and the row said graph=full
         ["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid", "+graph=full", "workload.num_requests=2"],
         "graph=full captures one attention metadata for every layer; allocator=hybrid gives each layer kind its own",

@@ -445,3 +445,9 @@ def test_a_sweep_over_an_absolute_trace_path_writes_its_summary(tmp_path):
     assert all(r["status"] == "ok" and r["completed"] == "40" and r["dropped_requests"] == "1" for r in rows)
     points = [p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
     assert len(points) == 2 and all("workload.path=" in p and "/" not in p for p in points)
+
+
+def test_the_default_allocator_is_a_baseline_a_sweep_can_name(tmp_path, monkeypatch):
+    # the points name no allocator and run paged: report.baseline=paged is in the sweep
+    sweep_in_process(tmp_path, monkeypatch, "seed=0,1", "report.baseline=paged", "workload.num_requests=5")
+    assert {r["allocator"] for r in summary(tmp_path / "sweep")} == {"paged"}
