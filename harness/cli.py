@@ -67,10 +67,31 @@ def point_dirname(overrides: str) -> str:
 OmegaConf.register_new_resolver("point_dirname", point_dirname, replace=True)
 
 
+# The keys that change how a point runs or is reported, not what it measures (conf/bench.yaml's
+# override_dirname.exclude_keys): a rerun that changes one of these alone skips a finished point
+RUN_MODE_KEYS = (
+    "progress",
+    "plots",
+    "profile",
+    "sweep.point_timeout_s",
+    "measure.save_requests",
+    "report.paper",
+    "report.baseline",
+    "report.slo_s_per_token",
+)
+
+
 def not_measured() -> list[str]:
-    """The keys that change how a point runs, not what it measures (conf/bench.yaml's
-    override_dirname.exclude_keys): in no point's name, column or fingerprint."""
+    """The keys in no point's name or column: conf/bench.yaml's override_dirname.exclude_keys,
+    which a command line may extend."""
     return list(HydraConfig.get().job.config.override_dirname.exclude_keys)
+
+
+def unfingerprinted() -> list[str]:
+    """The keys a point's fingerprint leaves out: those of not_measured() that only change how it
+    runs (RUN_MODE_KEYS). A key a command line adds to exclude_keys (workload.num_requests) still
+    shapes what the point measures, so a rerun that changes it runs the point again."""
+    return [key for key in not_measured() if key in RUN_MODE_KEYS]
 
 
 def split_override(item: str) -> tuple[str, str]:
@@ -372,7 +393,7 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
             recorder.shares_ready.reset(hook)
     else:
         try:
-            current = sweep.fingerprint(cfg, not_measured())
+            current = sweep.fingerprint(cfg, unfingerprinted())
         except Exception:  # a config that does not resolve: the schema check below says why
             current = {}
         skip, why = sweep.resume(out_dir, current) if current else (False, "")

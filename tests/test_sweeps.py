@@ -451,3 +451,19 @@ def test_the_default_allocator_is_a_baseline_a_sweep_can_name(tmp_path, monkeypa
     # the points name no allocator and run paged: report.baseline=paged is in the sweep
     sweep_in_process(tmp_path, monkeypatch, "seed=0,1", "report.baseline=paged", "workload.num_requests=5")
     assert {r["allocator"] for r in summary(tmp_path / "sweep")} == {"paged"}
+
+
+def test_a_measured_key_added_to_exclude_keys_still_reruns_a_point_it_changes(tmp_path, monkeypatch):
+    excluded = "hydra.job.config.override_dirname.exclude_keys=[workload.num_requests]"
+    sweep_in_process(tmp_path, monkeypatch, "seed=0,1", "workload.num_requests=5", excluded)
+    sweep_in_process(tmp_path, monkeypatch, "seed=0,1", "workload.num_requests=8", excluded)
+    assert {r["requests"] for r in summary(tmp_path / "sweep")} == {"8"}
+
+
+def test_the_run_mode_keys_are_the_packaged_exclude_keys():
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    packaged = OmegaConf.load(str(resources.files("kvbench.conf") / "bench.yaml"))
+    assert list(packaged.hydra.job.config.override_dirname.exclude_keys) == list(cli.RUN_MODE_KEYS)
