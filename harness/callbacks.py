@@ -12,6 +12,7 @@ finished points' metrics.csv stay as they are either way.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -101,6 +102,12 @@ def check_joblib(launcher) -> None:
     n_jobs, prefer, batch_size = launcher.get("n_jobs"), launcher.get("prefer"), launcher.get("batch_size")
     if n_jobs == 0:
         raise UserError("hydra.launcher.n_jobs=0 runs nothing: a number of processes >= 1, or -1 for one a core")
+    cores = os.cpu_count() or 1
+    if isinstance(n_jobs, int) and not -cores <= n_jobs <= cores:  # each point is a CPU-bound process
+        raise UserError(
+            f"hydra.launcher.n_jobs={n_jobs} asks for more processes than this machine's {cores} cores, each a point "
+            f"busy on one (a thousand took minutes to start): give 1 to {cores}, or -1 for one a core"
+        )
     if prefer not in (None, "processes", "threads"):
         raise UserError(f"hydra.launcher.prefer={prefer} must be processes, threads or null")
     if str(batch_size) != "auto" and not (str(batch_size).isdigit() and int(batch_size) >= 1):

@@ -506,10 +506,10 @@ RUN_CASES = [
         "scenario.serve.clock=cpu (validate's default) needs scenario.serve.device=cpu",
     ),
     # the command line: a key given twice kept the last list, a dict set a group's keys unrecorded
-    (["-m", "seed=0,1", "seed=2,3", "hydra.sweep.dir=FILES/sweep-e"], "seed is given twice (seed=0,1 and seed=2,3)"),
+    (["-m", "seed=0,1", "seed=2,3", "hydra.sweep.dir=FILES/sweep-x2"], "seed is given twice (seed=0,1 and seed=2,3)"),
     (["seed=1", "seed=2"], "seed is given twice (seed=1 and seed=2); the last would replace the first"),
     (
-        ["-m", "seed=0,1", "hydra.sweep.subdir=grp/s${seed}", "hydra.sweep.dir=FILES/sweep-f"],
+        ["-m", "seed=0,1", "hydra.sweep.subdir=grp/s${seed}", "hydra.sweep.dir=FILES/sweep-x3"],
         "hydra.sweep.subdir gives a point the folder 'grp/s0', not a folder directly in the sweep's",
     ),
     (["model={num_layers:20}"], "model={num_layers:20} sets keys of the model group through a dict"),
@@ -543,6 +543,10 @@ RUN_CASES = [
     ),
     (["~workload"], "workload is required"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
+    (
+        ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1000", "hydra.sweep.dir=FILES/sweep-x4"],
+        "hydra.launcher.n_jobs=1000 asks for more processes than this machine's",
+    ),
     # these ran: serve recorded workload.rate=2 with every request at t=0; a rate of 1e-300 req/s
     # gave duration_s=inf and latencies of 0; 4096 threads on 2 cores ran on past a minute
     (["scenario=serve", "model=tiny", "workload.rate=2"], "workload.rate is not read: scenario=serve replaces it"),
