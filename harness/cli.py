@@ -585,9 +585,10 @@ def refuse_null_groups(overrides: list[str]) -> None:
 
 
 def refuse_keys_given_twice(overrides: list[str]) -> None:
-    """`seed=0,1 seed=2,3` or `seed=1 seed=2`: Hydra keeps the last silently, and the run or sweep
-    would be another than the one asked for. And `model={num_layers:20}`: a group's keys set
-    through a dict, which no column of the row records (its name stays the option's)."""
+    """`seed=0,1 seed=2,3`: Hydra keeps the last list silently, and the sweep would be another
+    than the one asked for (one value after another keeps the last, as a command line does).
+    And `model={num_layers:20}`: a group's keys set through a dict, which no column of the row
+    records (its name stays the option's)."""
     seen: dict[str, str] = {}
     for item in overrides:
         key, value = split_override(item)
@@ -599,12 +600,22 @@ def refuse_keys_given_twice(overrides: list[str]) -> None:
                 f"{item} sets keys of the {key} group through a dict, which the result row would not record: set "
                 f"each key instead ({key}.KEY=VALUE; {key}=NAME chooses one of its options)"
             )
-        if key in seen:
+        if key in seen and _sweeps(seen[key], item):  # one value after another: the last wins, as usual
             raise UserError(
-                f"{key} is given twice ({seen[key]} and {item}); the last would replace the first: give it once"
-                + (" (one list of every value to sweep)" if "," in seen[key] + item else "")
+                f"{key} is given twice ({seen[key]} and {item}); the last would replace the first, and its points "
+                f"would be another sweep's: give one list of every value to sweep"
             )
         seen[key] = item
+
+
+def _sweeps(*overrides: str) -> bool:
+    """Whether any of `overrides` sweeps a list of values (a,b / range() / glob() ...)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(list(overrides)))
+    except Exception:  # noqa: BLE001 (Hydra names a malformed override itself, in its own words)
+        return False
 
 
 def refuse_nested_folders(folders: list[str]) -> None:

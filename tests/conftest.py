@@ -48,3 +48,14 @@ def _no_logging_into_a_closed_capture():
     for handler in root.handlers[:]:
         if getattr(getattr(handler, "stream", None), "closed", False):
             root.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def no_hydra_config_left_over():
+    """A command run in-process that stops before its job (a sweep refused before its first point)
+    leaves Hydra's config of the run it set up, whose output folder is not yet set: a test that
+    runs a point without Hydra after it would take that config for its own."""
+    yield
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = None

@@ -227,3 +227,11 @@ def test_a_kernel_whose_output_is_not_attention_is_refused_not_timed(backend, sa
             kernel_scenario.run(kernel_cfg("+backend=eager", f"backend.name={backend.name}", "batch=2d16+1p8"))
     finally:
         registry.unregister(module)
+
+
+def test_a_kernel_row_records_no_workload_rate_or_hardware_it_never_read():
+    from kvbench.scenarios.run import run_point
+
+    [row] = run_point(kernel_cfg("+backend=eager", "batch=1d16", "scenario.paging_overhead=false"))
+    assert (row["workload"], row["rate"], row["hardware"]) == ("", "", "")
+    assert row["model"] == "tiny" and row["scenario"] == "kernel"

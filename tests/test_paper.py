@@ -111,6 +111,20 @@ def ok_row(**values) -> dict:
             "fig14_15.width=1 shares nothing",
         ),
         (fig19, [ok_row(block_size="16", **{"engine.preemption": "recompute"})], "no block size ran with both"),
+        (
+            fig19,
+            [ok_row(block_size="16", preemptions="3", **{"engine.preemption": m}) for m in ("swap", "recompute")],
+            "fig19: both preemptions ran at one block size",
+        ),
+        (
+            fig19,
+            [
+                ok_row(block_size=b, preemptions="0", **{"engine.preemption": m, "swap_time_model_s": "0"})
+                for b in ("16", "32")
+                for m in ("swap", "recompute")
+            ],
+            "fig19: no point preempted a request",
+        ),
     ],
 )
 def test_a_paper_figure_refuses_a_sweep_that_cannot_answer_it(figure, rows, message):
@@ -316,3 +330,21 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
     written = [paper_plots.fig2_breakdown(rows, tmp_path), paper_plots.latency_knees(rows, knees, 0.5, tmp_path)]
     assert [p.name for p in written] == ["fig2_breakdown.png", "fig12_latency.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["+experiment=fig19", "engine.preemption=swap"], "+experiment=fig19 sweeps engine.preemption over"),
+        (["+experiment=fig18", "allocator.block_size=16"], "allocator.block_size=16 fixes it to one"),
+        (["+experiment=fig12", "fig12.point=r1"], "+experiment=fig12 sweeps fig12.point over"),
+    ],
+)
+def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_before_the_sweep(tmp_path, args, said):
+    from helpers.cli import refused
+
+    from kvbench import cli
+
+    line = refused(lambda: cli.main([*args, f"hydra.sweep.dir={tmp_path / 'sweep'}"]))
+    assert said in line
+    assert not list((tmp_path / "sweep").glob("*/metrics.csv"))

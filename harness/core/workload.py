@@ -92,6 +92,13 @@ def arrivals(
     """Arrival times: gamma-distributed gaps with mean 1/rate (shape 1 = Poisson); `count` of
     them, or those within `duration_s`, and then no more than `most` (a trace's rows: a 3-row
     trace at 1e5 req/s for 1,000 s draws 3 gaps, not 1e8)."""
+    if count is not None and (math.isinf(rate) or burstiness != 1):
+        # Drawn apart, and `rng` moved on by the draws Poisson gaps take (one standard exponential
+        # each, as gamma of shape 1 draws them): the lengths drawn next are the same at every rate
+        # and burstiness, so a sweep of either compares the same requests.
+        own = rng.spawn(1)[0]
+        rng.standard_exponential(size=count)
+        rng = own
     if math.isinf(rate):
         return np.zeros(count or 0)
     scale = 1.0 / (rate * burstiness)

@@ -62,10 +62,14 @@ def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
     DataFrame, or columns as lists) measured."""
 
     def values(column: str) -> str:
-        given = (v for v in frame[column] if v is not None and v == v) if column in frame else ()  # v != v: NaN
-        return "/".join(map(str, dict.fromkeys(given))) if column in frame else "?"
+        given = (v for v in frame[column] if v is not None and v == v and v != "") if column in frame else ()
+        return "/".join(map(str, dict.fromkeys(given))) if column in frame else "?"  # v != v: NaN
 
-    return f"{values('model')} on {values('hardware')}, {values('workload')} workload ({values('scenario')})"
+    # a kernel's or a profile's points read no workload (and a profile no hardware): left out
+    hardware, workload = values("hardware"), values("workload")
+    on = f" on {hardware}" if hardware else ""
+    load = f", {workload} workload" if workload else ""
+    return f"{values('model')}{on}{load} ({values('scenario')})"
 
 
 def save_figure(fig, path: Path, crop: bool = True) -> Path:

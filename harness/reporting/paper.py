@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import UserError
 from kvbench.reporting.results import write_atomic, write_csv
@@ -351,6 +351,7 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
         "preemption time": {"swap": "swap_time_model_s", "recompute": "recompute_time_model_s"},
         "normalized latency": {"swap": "normalized_latency_s_per_tok", "recompute": "normalized_latency_s_per_tok"},
     }
+    preempted = any(number(r, "preemptions") > 0 for r in _ok(rows))
     out = []
     for measure, column_of in measures.items():
         by_block = defaultdict(dict)
@@ -363,6 +364,17 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
             raise UserError(
                 "fig19: no block size ran with both engine.preemption=swap and recompute, so there is no "
                 "crossover to find: run bench +experiment=fig19 without fixing engine.preemption"
+            )
+        if len(both) < 2:
+            raise UserError(
+                f"fig19: both preemptions ran at one block size ({both[0]}): a crossover needs several; run bench "
+                f"+experiment=fig19 without fixing allocator.block_size"
+            )
+        if not preempted:
+            raise UserError(
+                "fig19: no point preempted a request, so swapping and recomputing cost nothing at every block size "
+                "and there is no crossover to compare: run under the paper's memory pressure (workload.rate=4, its "
+                "default)"
             )
         crossover = next((b for b in both if by_block[b]["swap"] <= by_block[b]["recompute"]), None)
         if crossover is None:
@@ -478,17 +490,43 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     return written
 
 
+# The axes an experiment's comparison needs several values of (fig12's capacity curve, fig18's
+# best block, fig19's crossover); the others (a system, a workload) may be narrowed
+NEEDED_AXES = {
+    "fig12": ("fig12.point",),
+    "fig18": ("allocator.block_size",),
+    "fig19": ("engine.preemption", "allocator.block_size"),
+}
+
+
+def refuse_fixed_axes(config, paper: str | None) -> None:
+    """Before an experiment's sweep: a command line that fixes an axis its comparison needs
+    (`+experiment=fig19 engine.preemption=swap`) would run every point and then be refused."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    needed = NEEDED_AXES.get(paper or "", ())
+    given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
+    for override in OverridesParser.create().parse_overrides(given) if needed else []:
+        if override.key_or_group in needed and not override.is_sweep_override():
+            swept = (config.hydra.sweeper.get("params") or {}).get(override.key_or_group, "several values")
+            raise UserError(
+                f"+experiment={paper} sweeps {override.key_or_group} over {swept}, and its comparison needs them: "
+                f"{override.input_line} fixes it to one; drop it (or sweep without +experiment={paper})"
+            )
+
+
 class PaperComparison(Callback):
     """Checks `report.*` before a sweep runs; after an experiment's sweep, compares it with the paper."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         paper = self._settings(config)["paper"]
-        if paper in ("fig2", "fig13"):  # what they refuse at the end, known now
-            try:
+        try:  # what the comparison would refuse at the end, known now
+            if paper in ("fig2", "fig13"):
                 fig2_setup(config, paper)
-            except UserError as err:
-                print(f"error: {err}", file=sys.stderr)
-                sys.exit(2)
+            refuse_fixed_axes(config, paper)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if self._settings(config)["paper"] is None:

@@ -25,18 +25,21 @@ def identity(cfg: DictConfig) -> dict:
     seed = cfg.seed
     if isinstance(seed, float) and seed.is_integer():  # seed=1e3 is seed 1000 (the schema took it so)
         seed = int(seed)
+    # a kernel times one batch and a profile fixed shapes: neither reads a workload, and a
+    # profile times the device it runs on (a kernel's roofline names its own, roofline_hardware)
+    shapes = cfg.scenario.name in ("kernel", "profile")
     return {
         "scenario": cfg.scenario.name,
         "allocator": plugin_cfg(cfg, "allocator")["name"],
         "backend": plugin_cfg(cfg, "backend")["name"],
         "graph": plugin_cfg(cfg, "graph")["name"],
         "model": cfg.model.name,
-        "hardware": cfg.hardware.name,
-        "workload": cfg.workload.kind,
+        "hardware": "" if shapes else cfg.hardware.name,
+        "workload": "" if shapes else cfg.workload.kind,
         "seed": seed,
         "block_size": plugin_cfg(cfg, "allocator").get("block_size", ""),
         # a trace's own arrival times leave workload.rate unread: no rate is recorded
-        "rate": "" if timed_trace(cfg) else "inf" if math.isinf(rate) else rate,
+        "rate": "" if shapes or timed_trace(cfg) else "inf" if math.isinf(rate) else rate,
     }
 
 

@@ -13,6 +13,7 @@ and keeps Python's garbage collector out of the measured steps.
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
 import time
@@ -44,6 +45,8 @@ from kvbench.scenarios.kernel_case import TORCH_DTYPES
 from kvbench.scenarios.run import timed_trace
 from kvbench.scenarios.simulate import preemption_report
 from kvbench.scenarios.synthetic_steps import Shape, StepTimer
+
+log = logging.getLogger("kvbench")
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
@@ -286,7 +289,15 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)
     rate = float(served["rate"])
     sampling = real.sampling
+    # Triton kernels run by its interpreter on a CPU (a triton backend under TRITON_INTERPRET=1):
+    # the step times are the interpreter's, not performance (as a kernel row says the same)
+    from kvbench.scenarios.kernel import interpreting
+
+    interpreted = interpreting(device) and bool(getattr(real.backend_cls, "triton_kernels", False))
+    if interpreted:
+        log.warning("the Triton kernels ran under its interpreter (TRITON_INTERPRET=1): these times are not performance")
     row.update(
+        interpreted=interpreted,
         device=str(device),
         dtype=model_spec.dtype,
         # a trace's own arrival times leave the rate unread: none is recorded (run.identity's rule)

@@ -69,6 +69,9 @@ class AttentionBackend:
     # True when a decode step's forward can be captured in a CUDA graph and replayed: no host
     # reads of the metadata, launch shapes fixed by the metadata's sizes and `max_seq_len`.
     cuda_graph_capturable: ClassVar[bool] = False
+    # True when its kernels are Triton's: under TRITON_INTERPRET=1 on a CPU the interpreter runs
+    # them, and a served row says its times are not performance (`interpreted`)
+    triton_kernels: ClassVar[bool] = False
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str, window: int) -> str | None:

@@ -36,6 +36,7 @@ class TritonPagedBackend(AttentionBackend):
 
     name = "triton_paged"
     cuda_graph_capturable = True
+    triton_kernels = True
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str, window: int) -> str | None:
