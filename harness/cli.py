@@ -578,7 +578,12 @@ def refuse_null_groups(overrides: list[str]) -> None:
     """`hardware=null`: Hydra's words are "Config group override must be a string or a list"."""
     for item in overrides:
         key, value = split_override(item)
-        if value.strip() == "null" and "." not in key and "/" not in key and (resources.files("kvbench.conf") / key).is_dir():
+        if (
+            value.strip() == "null"
+            and "." not in key
+            and "/" not in key
+            and (resources.files("kvbench.conf") / key).is_dir()
+        ):
             raise UserError(
                 f"{item} chooses no option of the {key} group: choose one with {key}=NAME (bench --help lists them)"
             )
@@ -593,8 +598,10 @@ def refuse_keys_given_twice(overrides: list[str]) -> None:
     for item in overrides:
         key, value = split_override(item)
         group = "/" not in key and "." not in key and key != "hydra"
-        if group and value.lstrip().startswith("{") and (
-            (resources.files("kvbench.conf") / key).is_dir() or key in schema.PLUGIN_GROUPS
+        if (
+            group
+            and value.lstrip().startswith("{")
+            and ((resources.files("kvbench.conf") / key).is_dir() or key in schema.PLUGIN_GROUPS)
         ):
             raise UserError(
                 f"{item} sets keys of the {key} group through a dict, which the result row would not record: set "

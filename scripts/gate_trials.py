@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from script_checks import run_main, writable_file
+
+from kvbench.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE = ["scenario=serve", "model=tiny", "workload=fixed", "scenario.num_requests=8", "+allocator=paged"]
@@ -43,7 +46,8 @@ def trial(ref: str, repeats: int, serve: bool, slowdown: float) -> dict:
     final = text.rsplit("\nconfirming ", 1)[-1]
     regressed = re.findall(r"^  (\S.*?): (\S+) .* the worse way", final, re.M)
     if result.returncode not in (0, 1):
-        raise SystemExit(f"bench-compare failed (exit {result.returncode}): {text.strip().splitlines()[-1:]}")
+        last = (text.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
+        raise UserError(f"bench-compare failed (exit {result.returncode}): {last}")
     return {
         "kind": "serve" if serve else "hot paths",
         "slowdown": slowdown,
@@ -65,9 +69,19 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=0.0, help="make the current side (1 + F) times slower")
     parser.add_argument("--out", type=Path, help="append the trials to this CSV")
     args = parser.parse_args()
+    if args.trials < 1:
+        parser.error(f"--trials {args.trials}: give at least 1")
+    if args.repeats < 2:
+        parser.error(f"--repeats {args.repeats}: the significance test needs at least 2 runs a side")
+    if args.out:
+        writable_file(args.out, "--out")
     rows = []
     for index in range(args.trials):
-        row = trial(args.ref, args.repeats, args.serve, args.slowdown)
+        try:
+            row = trial(args.ref, args.repeats, args.serve, args.slowdown)
+        except UserError:
+            save(rows, args.out)  # the trials that finished are kept
+            raise
         rows.append(row)
         verdict = "REGRESSION" if row["exit"] else "no regression"
         again = ", flagged first and measured again" if row["remeasured"] else ""
@@ -83,11 +97,14 @@ def main() -> None:
         f"({remeasured} flagged by the first round and measured again); "
         f"an A/B took {seconds.median():.0f} s median ({seconds.min():.0f}-{seconds.max():.0f} s)"
     )
-    if args.out:
-        frame = pd.DataFrame(rows)
-        frame.to_csv(args.out, mode="a", header=not args.out.exists(), index=False)
-        print(f"wrote {args.out}", file=sys.stderr)
+    save(rows, args.out)
+
+
+def save(rows: list[dict], out: Path | None) -> None:
+    if out and rows:
+        pd.DataFrame(rows).to_csv(out, mode="a", header=not out.exists(), index=False)
+        print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -15,10 +15,24 @@
 set -uo pipefail
 
 MODE=gpu
-[[ "${1:-}" == "--cpu" ]] && MODE=cpu
+case "${1:-}" in
+  "") ;;
+  --cpu) MODE=cpu ;;
+  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu_check: unknown argument '$1'; usage: scripts/gpu_check.sh [--cpu] (OUT=DIR sets where results go)" >&2
+     exit 2 ;;
+esac
+if [[ $# -gt 1 ]]; then
+  echo "gpu_check: one argument at most (--cpu); got: $*" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
-OUT="${OUT:-results/gpu}"
-OUT="$(mkdir -p "$OUT" && cd "$OUT" && pwd)"
+asked="${OUT:-results/gpu}"
+if ! OUT="$(mkdir -p "$asked" 2>/dev/null && cd "$asked" && pwd)" || [[ ! -w "$OUT" ]]; then
+  echo "gpu_check: cannot write results into OUT=$asked: give a folder that can be created and written" >&2
+  exit 2
+fi
+failed=0  # stages that finished nothing: the exit code says so
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/kvbench-gpu.XXXXXX")"
 PY="${PYTHON:-python}"
 BENCH=("$PY" -m kvbench.cli)
@@ -63,7 +77,8 @@ specs() {  # decode specs: every batch at every context, comma-separated
 # ---- 1. install --------------------------------------------------------------------------
 if [[ $MODE == gpu ]]; then
   stage "install (torch stays as installed)"
-  "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
+  "$PY" -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu_check: no CUDA device here; \
+scripts/gpu_check.sh --cpu checks the pipeline on a CPU'); print(torch.__version__, torch.cuda.get_device_name())" || exit 2
   # pip keeps the installed torch (it satisfies torch>=2.4); offline, the editable install of
   # kvbench alone still works when its dependencies are already there.
   "$PY" -m pip install -q -e '.[test,flashinfer]' || "$PY" -m pip install -q --no-deps -e . || exit 1
@@ -90,7 +105,7 @@ sweep() {  # name, time limit, overrides...
   timeout "$limit" "${BENCH[@]}" -m "$@" progress=false "hydra.sweep.dir=$WORK/$name" \
     >"$WORK/$name.log" 2>&1 || echo "sweep $name stopped early (exit $?): $WORK/$name.log"
   "$PY" -c "import sys; from kvbench.reporting.report import summarize; summarize(sys.argv[1])" "$WORK/$name" \
-    >/dev/null 2>&1 || echo "sweep $name: no points finished"
+    >/dev/null 2>&1 || { echo "sweep $name: no points finished"; failed=$((failed + 1)); }
 }
 SPECS=$(specs)
 # triton_paged first: if the stage runs out of time, the points that matter most are done.
@@ -109,7 +124,8 @@ sweep graphs "$LIMIT_GRAPHS" scenario=serve model=tiny +backend=triton_paged \
 # ---- 5. the calibrated simulator against the real engine -----------------------------------
 stage "profile + validate the calibrated simulator"
 timeout "$LIMIT_VALIDATE" "${BENCH[@]}" +experiment=validate_simulator "${VALIDATE[@]}" progress=false \
-  "hydra.run.dir=$WORK/validate" >"$WORK/validate.log" 2>&1 || echo "validate stopped early (exit $?): $WORK/validate.log"
+  "hydra.run.dir=$WORK/validate" >"$WORK/validate.log" 2>&1 ||
+  { echo "validate stopped early (exit $?): $WORK/validate.log"; failed=$((failed + 1)); }
 for f in profile.csv profile_fit.json validation.csv validation.md step_time.png; do
   [[ -f "$WORK/validate/$f" ]] && cp "$WORK/validate/$f" "$OUT/"
 done
@@ -118,4 +134,8 @@ done
 # ---- 6. results ------------------------------------------------------------------------------
 stage "results in $OUT"
 "$PY" scripts/gpu_figures.py "$WORK" "$OUT" | tee "$OUT/figures.txt"
+if ((failed)); then
+  stage "done; $failed stage(s) finished nothing (their logs are named above)"
+  exit 1
+fi
 stage "done"

@@ -27,6 +27,16 @@ def num(row: dict, key: str) -> float:
         return float("nan")
 
 
+def interpreted(row: dict) -> bool:
+    """Whether the point ran under the Triton interpreter: its times are not performance. The
+    column reads back as a bool, or as text from a hand-made table."""
+    return str(row.get("interpreted")).strip().lower() == "true"
+
+
+def pct(value: float) -> str:
+    return f"{value:.1%}" if value == value else "n/a"  # NaN: no roofline (a CPU has no profiled peak)
+
+
 def ok_rows(path: Path) -> list[dict]:
     return [r for r in read_csv(path).to_dict("records") if r.get("status") == "ok"] if path.is_file() else []
 
@@ -42,12 +52,12 @@ def kernel_figures(rows: list[dict]) -> list[str]:
         lines.append(
             f"triton_paged {r['batch_spec']} {r['dtype']}: {num(r, 'latency_us_p50'):.1f} us, "
             f"{num(r, 'achieved_gbps'):.0f} GB/s = {frac:.1%} of measured "
-            f"{MEASURED_HBM_BYTES_PER_S / 1e12:.1f} TB/s ({num(r, 'roofline_frac'):.1%} of "
-            f"{r['roofline_hardware']} peak), paging overhead {num(r, 'paging_overhead'):.3f}x, "
+            f"{MEASURED_HBM_BYTES_PER_S / 1e12:.1f} TB/s ({pct(num(r, 'roofline_frac'))} of "
+            f"{r.get('roofline_hardware') or 'no profiled'} peak), paging overhead {num(r, 'paging_overhead'):.3f}x, "
             f"max err vs eager {num(r, 'max_abs_err_vs_eager'):.2e}"
-            + (" [interpreted: not performance]" if r.get("interpreted") == "True" else "")
+            + (" [interpreted: not performance]" if interpreted(r) else "")
         )
-    long = [r for r in decode if num(r, "context_len") >= LONG_CONTEXT and r.get("interpreted") != "True"]
+    long = [r for r in decode if num(r, "context_len") >= LONG_CONTEXT and not interpreted(r)]
     if long:
         worst_bw = min(num(r, "achieved_gbps") * 1e9 / MEASURED_HBM_BYTES_PER_S for r in long)
         worst_paging = max(num(r, "paging_overhead") for r in long)
@@ -107,4 +117,13 @@ def main(work: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
+    if not Path(sys.argv[1]).is_dir():
+        print(
+            f"gpu_figures: {sys.argv[1]} is not a folder: give gpu_check.sh's work folder (kernel/, graphs/ ...)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     main(Path(sys.argv[1]), Path(sys.argv[2]))

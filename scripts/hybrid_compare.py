@@ -23,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
+from script_checks import checked, run_main, writable_folder  # noqa: E402
 
 from kvbench.reporting.results import write_atomic, write_bytes_atomic, write_csv  # noqa: E402
 from kvbench.scenarios.run import run_point  # noqa: E402
@@ -77,7 +78,7 @@ def run_all(args) -> list[dict]:
                         *workload(args),
                     ],
                 )
-                row = run_point(cfg)[0]
+                row = run_point(checked(cfg))[0]
                 row["waste_pct"] = 100 * (1 - row["kv_token_util"] - row["kv_reserved_frac"])
                 rows.append(row)
                 print(
@@ -136,8 +137,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=16384)
     parser.add_argument("--output-len", type=int, default=512)
     args = parser.parse_args()
+    writable_folder(args.out, "--out")  # before the runs, not after them
     rows = run_all(args)
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "hybrid_compare.csv", [{k: r[k] for k in COLUMNS} | r for r in rows])
     table = markdown(rows)
     write_atomic(args.out / "hybrid_compare.md", table)
@@ -147,4 +148,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

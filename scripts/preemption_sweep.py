@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hydra import compose, initialize_config_module
+from script_checks import checked, run_main, writable_file
 
 from kvbench.reporting.results import write_csv
 from kvbench.scenarios.run import run_point
@@ -29,7 +29,7 @@ REAL_BLOCK_SIZES = (4, 16, 64)
 
 def point(overrides: list[str]) -> dict:
     with initialize_config_module("kvbench.conf", version_base="1.3"):
-        return run_point(compose("bench", overrides=[*overrides, "+allocator=paged", "progress=false"]))[0]
+        return run_point(checked(compose("bench", overrides=[*overrides, "+allocator=paged", "progress=false"])))[0]
 
 
 def main() -> None:
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="also measure a few block sizes on the real engine")
     parser.add_argument("--out", default="preemption.csv")
     args = parser.parse_args()
+    out = writable_file(args.out, "--out")  # before the points, not after them
     sweeps = [("simulate", SIMULATED, BLOCK_SIZES)]
     if args.real:
         sweeps.append(("serve (tiny, cpu)", REAL, REAL_BLOCK_SIZES))
@@ -61,9 +62,9 @@ def main() -> None:
                     f"{1e3 * model_s / preemptions:17.3f} {shown} {row['normalized_latency_s_per_tok']:20.4f}",
                     flush=True,
                 )
-    write_csv(Path(args.out), rows)
+    write_csv(out, rows)
     print(f"wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from kvbench.arith import cdiv
 from kvbench.errors import UserError
@@ -639,6 +640,10 @@ def main(argv: list | None = None) -> int:
         unknown = [n for n in names if n not in CASES]
         if unknown:
             raise UserError(f"unknown case {unknown[0]!r}; known: {', '.join(CASES)}")
+        if args.json is not None:  # before the cases, not after them
+            json_file = Path(args.json)
+            if not args.json.strip() or json_file.is_dir() or not json_file.parent.is_dir():
+                raise UserError(f"--json {args.json}: give a file name in an existing folder")
         preset = None if args.preset == "none" else args.preset
         if preset is not None:
             if preset not in presets():

@@ -14,9 +14,14 @@
 #   4. the test runner, then kvbench itself (--no-deps -e .).
 # A DIR that was already built from the same pins is reused (a stamp file records them).
 set -euo pipefail
+given=${1:-${VLLM_VENV:-}}
+case "$given" in  # a DIR given is the caller's, relative to where it was given
+  ""|/*) ;;
+  *) given="$PWD/$given" ;;
+esac
 cd "$(dirname "$0")/.."
 
-VENV=${1:-${VLLM_VENV:-.vllm-venv}}
+VENV=${given:-.vllm-venv}
 VLLM_VERSION=0.33.0
 TORCH_VERSION=2.13.0
 REQS=scripts/vllm-0.33-requirements.txt
@@ -44,6 +49,12 @@ pipi() {  # pip's log is shown only when it fails
     || { tail -30 "$log"; echo "vllm_env: FAILED: pip install $* (log: $log)" >&2; exit 1; }
 }
 t0=$SECONDS
+# rebuilt only where it is a virtual environment (this script's, stale) or nothing yet: any other
+# folder is somebody's, never removed
+if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ] && [ -n "$(ls -A "$VENV" 2>/dev/null || echo x)" ]; then
+  echo "vllm_env: $VENV exists and is not a virtual environment; give a new or empty DIR" >&2
+  exit 2
+fi
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 echo "vllm_env: torch==$TORCH_VERSION (CPU)";  pipi "torch==$TORCH_VERSION"

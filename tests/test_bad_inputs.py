@@ -506,7 +506,10 @@ RUN_CASES = [
         "scenario.serve.clock=cpu (validate's default) needs scenario.serve.device=cpu",
     ),
     # the command line: a key given twice kept the last list, a dict set a group's keys unrecorded
-    (["-m", "seed=0,1", "seed=2,3", "hydra.sweep.dir=FILES/sweep-x2"], "seed is given twice (seed=0,1 and seed=2,3); the last would replace the first"),
+    (
+        ["-m", "seed=0,1", "seed=2,3", "hydra.sweep.dir=FILES/sweep-x2"],
+        "seed is given twice (seed=0,1 and seed=2,3); the last would replace the first",
+    ),
     (
         ["-m", "seed=0,1", "hydra.sweep.subdir=grp/s${seed}", "hydra.sweep.dir=FILES/sweep-x3"],
         "hydra.sweep.subdir gives a point the folder 'grp/s0', not a folder directly in the sweep's",

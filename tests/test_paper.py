@@ -341,9 +341,9 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
     ],
 )
 def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_before_the_sweep(tmp_path, args, said):
-    from helpers.cli import refused
-
     from kvbench import cli
+
+    from helpers.cli import refused
 
     line = refused(lambda: cli.main([*args, f"hydra.sweep.dir={tmp_path / 'sweep'}"]))
     assert said in line

@@ -371,7 +371,8 @@ def test_a_swept_key_the_policy_also_names_is_one_identity_column(tmp_path):
     table = pd.DataFrame([row("paged", 1.0, **{"workload.rate": r}) for r in (2, 4)])
     write_csv(tmp_path / "a.csv", table)
     (tmp_path / "p.yaml").write_text(
-        "identity: [scenario, allocator, workload.rate]\nmetrics:\n  request_throughput: {better: higher, tolerance: 0}\n"
+        "identity: [scenario, allocator, workload.rate]\n"
+        "metrics:\n  request_throughput: {better: higher, tolerance: 0}\n"
     )
     result = run_compare(tmp_path / "a.csv", tmp_path / "a.csv", "--policy", tmp_path / "p.yaml")
     assert result.returncode == 0 and "OK: 2 point(s)" in result.stdout
@@ -431,7 +432,12 @@ def test_blank_metrics_on_both_sides_judge_nothing(tmp_path):
 
 
 def test_a_measured_metric_missing_from_the_current_is_a_regression(tmp_path):
-    base = {**row("paged", 1.0), "scenario": "kernel", "latency_us_p50": 10.0, "samples": '{"latency_us_p50":[10,10.1,9.9]}'}
+    base = {
+        **row("paged", 1.0),
+        "scenario": "kernel",
+        "latency_us_p50": 10.0,
+        "samples": '{"latency_us_p50":[10,10.1,9.9]}',
+    }
     write_csv(tmp_path / "a.csv", [base])
     write_csv(tmp_path / "b.csv", [{**base, "latency_us_p50": None, "samples": ""}])
     write_csv(tmp_path / "c.csv", [{**base, "latency_us_p50": 50.0, "samples": '{"latency_us_p50":[50,NaN,NaN]}'}])

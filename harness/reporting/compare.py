@@ -67,7 +67,9 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
 
 def read_side(path) -> pd.DataFrame:
     if not str(path).strip():  # Path("") is the current folder
-        raise UserError("an input is empty (an unset variable?): give a summary.csv, a sweep directory or a benchmark JSON")
+        raise UserError(
+            "an input is empty (an unset variable?): give a summary.csv, a sweep directory or a benchmark JSON"
+        )
     p = Path(path)
     if not p.exists():
         raise UserError(f"{path} does not exist; give a summary.csv, a sweep directory or a benchmark JSON")
@@ -76,7 +78,9 @@ def read_side(path) -> pd.DataFrame:
         raise UserError(f"{path} has no result rows")
     reserved = next((c for c in frame.columns if str(c).startswith("_")), None)
     if reserved is not None:  # the merge's own columns (_merge, _order) begin so
-        raise UserError(f"{path} has a column {reserved!r}: no result column begins with _, which marks bench-compare's own")
+        raise UserError(
+            f"{path} has a column {reserved!r}: no result column begins with _, which marks bench-compare's own"
+        )
     check_statuses(frame, path)
     return frame
 
@@ -302,7 +306,9 @@ def compare(
                 # a repeat that measured nothing is no sample to test: the value went missing
                 count = len(cur_samples.get(metric, [cv]))
                 problem(f"{label}: {metric} has no value in {lost} of the current's {count} run(s)", point)
-                print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  REGRESSED ({lost} of {count} missing)", file=out)
+                print(
+                    f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  REGRESSED ({lost} of {count} missing)", file=out
+                )
                 continue
             if rule.measured:
                 result = judge(base_samples.get(metric, [bv]), cur_samples.get(metric, [cv]), rule, policy.test)

@@ -58,10 +58,21 @@ class _Spool:
 
 
 def _read_messages(jobs: queue.SimpleQueue, answer) -> None:
-    """Handle the request spool's messages as they come; queue the last job (None at the end)."""
+    """Handle the request spool's messages as they come; queue the last job (None at the end).
+    A message it cannot read ends the helper (exit 1, the reason on stderr): the run does its job."""
+    try:
+        _read(jobs, answer)
+    except Exception as err:  # noqa: BLE001 (any malformed message: the process must not wait for ever)
+        print(f"helper: a message it cannot read ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _read(jobs: queue.SimpleQueue, answer) -> None:
     spool = None
     for line in sys.stdin:
         message = json.loads(line)
+        if message.get("job") not in JOBS:
+            raise ValueError(f"job {message.get('job')!r} is none of {', '.join(JOBS)}")
         if message["job"] == "requests":
             spool = _Spool(message["spool"], message["out"])
         elif message["job"] == "requests_end":
@@ -74,6 +85,9 @@ def _read_messages(jobs: queue.SimpleQueue, answer) -> None:
         jobs.put(None)  # stdin ended without a job
     if spool is not None:
         spool.dropped = True
+
+
+JOBS = ("requests", "requests_end", "run", "sweep")
 
 
 def main(kind: str) -> None:
@@ -106,4 +120,10 @@ def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or sys.argv[1:2] not in ([], ["run"], ["sweep"]):
+        print(
+            "usage: python -m kvbench.reporting.helper run|sweep  (bench starts it; JSON lines on stdin)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     main(sys.argv[1] if len(sys.argv) > 1 else "run")

@@ -11,7 +11,6 @@ is the highest rate it serves within the latency target (kvbench.reporting.paper
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 import pandas as pd

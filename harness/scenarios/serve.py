@@ -295,7 +295,9 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
 
     interpreted = interpreting(device) and bool(getattr(real.backend_cls, "triton_kernels", False))
     if interpreted:
-        log.warning("the Triton kernels ran under its interpreter (TRITON_INTERPRET=1): these times are not performance")
+        log.warning(
+            "the Triton kernels ran under its interpreter (TRITON_INTERPRET=1): these times are not performance"
+        )
     row.update(
         interpreted=interpreted,
         device=str(device),

@@ -278,8 +278,8 @@ def check_serve_clock(cfg: DictConfig) -> None:
         raise UserError(
             f"scenario.serve.clock=cpu (validate's default) needs scenario.serve.device=cpu, scenario.serve.cpu_threads"
             f"=1 and engine.async_scheduling=false (now {serve.device}, {serve.get('cpu_threads')}, "
-            f"{str(asynchronous).lower()}): only then is the process's CPU time a step's; set scenario.serve.clock=wall "
-            f"(and scenario.profiling.clock=wall), or those"
+            f"{str(asynchronous).lower()}): only then is the process's CPU time a step's; set "
+            f"scenario.serve.clock=wall (and scenario.profiling.clock=wall), or those"
         )
 
 

@@ -1,0 +1,69 @@
+"""The scripts users run from scripts/: bad input is one line and exit code 2 before any work,
+and nothing a user already has is removed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+
+
+def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(list(map(str, command)), capture_output=True, text=True, input=stdin, timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize(
+    "script, args, said",
+    [
+        ("preemption_sweep.py", ["--out", "{file}/p.csv"], "--out's folder"),
+        ("hybrid_compare.py", ["--out", "{file}/sub", "--requests", "4"], "--out {file}/sub cannot be made a folder"),
+        ("bench_simulator.py", ["--allocators", "nope"], "unknown allocator 'nope'"),
+        ("bench_simulator.py", ["--requests", "0"], "workload.num_requests=0 must be >= 1"),
+        ("gpu_figures.py", ["{tmp}/missing", "{tmp}/out"], "is not a folder"),
+        ("vllm_conformance.py", ["--json", "{file}/r.json"], "--json {file}/r.json: give a file name"),
+    ],
+)
+def test_a_script_refuses_what_it_cannot_do_before_it_computes(tmp_path, script, args, said):
+    file = tmp_path / "afile"
+    file.write_text("")
+    fill = lambda text: text.format(file=file, tmp=tmp_path)  # noqa: E731
+    result = run(sys.executable, SCRIPTS / script, *map(fill, args))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert fill(said) in result.stderr.strip().splitlines()[-1]
+
+
+def test_gpu_check_says_its_usage_and_refuses_what_it_does_not_know(tmp_path):
+    usage = run("bash", SCRIPTS / "gpu_check.sh", "--help")
+    assert usage.returncode == 0 and "scripts/gpu_check.sh --cpu" in usage.stdout
+    unknown = run("bash", SCRIPTS / "gpu_check.sh", "--nope")
+    assert unknown.returncode == 2 and "unknown argument '--nope'" in unknown.stderr
+    (tmp_path / "afile").write_text("")
+    blocked = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--cpu"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "afile" / "sub")},
+        timeout=60,
+    )
+    assert blocked.returncode == 2 and "cannot write results into OUT=" in blocked.stderr
+
+
+def test_vllm_env_never_removes_a_folder_that_is_not_its_environment(tmp_path):
+    kept = tmp_path / "results" / "run.csv"
+    kept.parent.mkdir()
+    kept.write_text("precious\n")
+    result = run("bash", SCRIPTS / "vllm_env.sh", "results", cwd=tmp_path)  # relative to the caller
+    assert result.returncode == 2 and "is not a virtual environment" in result.stderr
+    assert kept.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("message", ["garbage", '{"nojob": 1}', '{"job": "bogus"}'])
+def test_the_helper_ends_on_a_message_it_cannot_read_instead_of_waiting(message):
+    result = run(sys.executable, "-m", "kvbench.reporting.helper", "run", stdin=message + "\n")
+    assert result.returncode == 1 and "a message it cannot read" in result.stderr
