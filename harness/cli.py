@@ -157,7 +157,13 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
     from kvbench.scenarios.build import plugin_cfg  # loaded by the point's run next anyway
 
     scenario = str(cfg.scenario.name)
-    overridden = [key for key, _ in map(split_override, HydraConfig.get().overrides.task)]
+    task = list(HydraConfig.get().overrides.task)
+    overridden = [key for key, _ in map(split_override, task)]
+    # a section set through a dict (scenario.serve={rate:2}) sets each of its keys
+    for item in task:
+        key, value = split_override(item)
+        if "{" in value:
+            overridden += [f"{key}.{sub}" for v in _values(item) if isinstance(v, dict) for sub in v]
     for key in overridden:
         readers = READ_ONLY_BY.get(".".join(key.split(".")[:2])) or READ_ONLY_BY.get(key.split(".")[0])
         if readers and scenario not in readers:
@@ -574,35 +580,50 @@ def refuse_swept_experiments(batch) -> None:
         )
 
 
+def _is_group(key: str) -> bool:
+    return (
+        "." not in key
+        and "/" not in key
+        and key != "hydra"
+        and ((resources.files("kvbench.conf") / key).is_dir() or key in schema.PLUGIN_GROUPS)
+    )
+
+
+def _values(item: str) -> list:
+    """The values an override gives, as Hydra parses them (each of a sweep's); [] where it does
+    not parse (Hydra says why in its own words)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        (override,) = OverridesParser.create().parse_overrides([item])
+        value = override.value()
+    except Exception:  # noqa: BLE001
+        return []
+    return list(getattr(value, "list", None) or [value]) if not isinstance(value, list) else [value]
+
+
 def refuse_null_groups(overrides: list[str]) -> None:
-    """`hardware=null`: Hydra's words are "Config group override must be a string or a list"."""
+    """`hardware=null` (NULL, or null among a sweep's values): Hydra's words are "Config group
+    override must be a string or a list"."""
     for item in overrides:
         key, value = split_override(item)
-        if (
-            value.strip() == "null"
-            and "." not in key
-            and "/" not in key
-            and (resources.files("kvbench.conf") / key).is_dir()
-        ):
+        if "null" in value.lower() and _is_group(key) and None in _values(item):
+            plus = item[: len(item) - len(item.lstrip("+"))]  # a plugin group is added with +
             raise UserError(
-                f"{item} chooses no option of the {key} group: choose one with {key}=NAME (bench --help lists them)"
+                f"{item} chooses no option of the {key} group: choose one with {plus}{key}=NAME "
+                f"(bench --help lists them)"
             )
 
 
 def refuse_keys_given_twice(overrides: list[str]) -> None:
     """`seed=0,1 seed=2,3`: Hydra keeps the last list silently, and the sweep would be another
     than the one asked for (one value after another keeps the last, as a command line does).
-    And `model={num_layers:20}`: a group's keys set through a dict, which no column of the row
-    records (its name stays the option's)."""
+    And `model={num_layers:20}` (alone or among a sweep's values): a group's keys set through a
+    dict, which no column of the row records (its name stays the option's)."""
     seen: dict[str, str] = {}
     for item in overrides:
         key, value = split_override(item)
-        group = "/" not in key and "." not in key and key != "hydra"
-        if (
-            group
-            and value.lstrip().startswith("{")
-            and ((resources.files("kvbench.conf") / key).is_dir() or key in schema.PLUGIN_GROUPS)
-        ):
+        if "{" in value and _is_group(key) and any(isinstance(v, dict) for v in _values(item)):
             raise UserError(
                 f"{item} sets keys of the {key} group through a dict, which the result row would not record: set "
                 f"each key instead ({key}.KEY=VALUE; {key}=NAME chooses one of its options)"
@@ -628,7 +649,7 @@ def _sweeps(*overrides: str) -> bool:
 def refuse_nested_folders(folders: list[str]) -> None:
     """A point's folder must be a folder of the sweep's own: the sweep finds its points, and a
     rerun its finished ones, at SWEEP/*/metrics.csv."""
-    for folder in folders:
+    for folder in map(os.path.normpath, folders):  # s0/ and ./s0 are s0
         if Path(folder).name != folder or folder in (".", ".."):
             raise UserError(
                 f"hydra.sweep.subdir gives a point the folder {folder!r}, not a folder directly in the sweep's: the "

@@ -515,6 +515,16 @@ RUN_CASES = [
         "hydra.sweep.subdir gives a point the folder 'grp/s0', not a folder directly in the sweep's",
     ),
     (["model={num_layers:20}"], "model={num_layers:20} sets keys of the model group through a dict"),
+    (
+        ["-m", "model=llama-3-8b,{num_layers:20}", "hydra.sweep.dir=FILES/sweep-x5"],
+        "model=llama-3-8b,{num_layers:20} sets keys of the model group through a dict",
+    ),
+    (["hardware=NULL"], "hardware=NULL chooses no option of the hardware group"),
+    (["-m", "+allocator=paged,null", "hydra.sweep.dir=FILES/sweep-x6"], "choose one with +allocator=NAME"),
+    (
+        ["scenario=validate", "model=tiny", "scenario.serve={rate:2}"],
+        "scenario.serve.rate would serve another workload than the one simulated",
+    ),
     (["hardware=null"], "hardware=null chooses no option of the hardware group: choose one with hardware=NAME"),
     (["~engine.kv_cache_bytes"], "~engine.kv_cache_bytes deletes a key every run reads"),
     (["-p", "workload", "workload.num_requests=5"], "-p/--package selects the part of the config --cfg prints"),

@@ -484,3 +484,32 @@ def test_a_sweeps_saved_config_that_does_not_read_is_one_line(tmp_path, saved, s
     (root / "multirun.yaml").write_text(saved)
     assert said in refused(lambda: report.main([str(root)]))
     report.main([str(root), "--slo", "0.5", "--baseline", "paged"])  # given both: the file is not read
+
+
+def test_a_baseline_with_no_value_judges_nothing(tmp_path):
+    write_csv(tmp_path / "blank.csv", [row("paged", None, normalized_latency_s_per_tok=None)])
+    write_csv(tmp_path / "full.csv", [row("paged", 1.0)])
+    said = "has no value of any metric of the policy in a point that ran in both"
+    assert said in refused(lambda: compare.main([str(tmp_path / "blank.csv"), str(tmp_path / "full.csv")]))
+
+
+def test_a_report_of_several_sweeps_reads_as_an_input_of_another(tmp_path):
+    first = report.main  # a report of two sweeps, then that report's summary beside a third sweep
+    a = sweep(tmp_path / "a", [row("paged", 1.0), row("contiguous", 0.5)])
+    b = sweep(tmp_path / "b", [row("paged", 1.1), row("contiguous", 0.6)])
+    first([str(a), str(b), "--out", str(tmp_path / "ab")])
+    c = sweep(tmp_path / "c", [row("paged", 1.2), row("contiguous", 0.7)])
+    report.main([str(tmp_path / "ab" / "summary.csv"), str(c), "--out", str(tmp_path / "abc")])
+    sweeps = set(pd.read_csv(tmp_path / "abc" / "summary.csv")["sweep"])
+    assert sweeps == {"ab:a", "ab:b", "c"}
+
+
+def test_a_negative_latency_outside_the_key_metrics_is_refused_by_the_report(tmp_path):
+    write_csv(tmp_path / "n.csv", [row("paged", 1.0, median_e2el_ms=-5.0)])
+    said = "median_e2el_ms is -5"
+    assert said in refused(lambda: report.main([str(tmp_path / "n.csv"), "--out", str(tmp_path / "o")]))
+
+
+def test_an_empty_policy_path_is_refused(tmp_path):
+    write_csv(tmp_path / "a.csv", [row("paged", 1.0)])
+    assert "--policy is empty" in refused(lambda: compare.main([str(tmp_path / "a.csv")] * 2 + ["--policy", ""]))

@@ -467,3 +467,17 @@ def test_the_run_mode_keys_are_the_packaged_exclude_keys():
 
     packaged = OmegaConf.load(str(resources.files("kvbench.conf") / "bench.yaml"))
     assert list(packaged.hydra.job.config.override_dirname.exclude_keys) == list(cli.RUN_MODE_KEYS)
+
+
+def test_points_told_apart_by_a_key_no_column_holds_are_two_points_not_one(tmp_path, monkeypatch):
+    # executor is a group choice: no column names it, the folders do; one point fails, both are rows
+    with pytest.raises(SystemExit) as stop:
+        sweep_in_process(tmp_path, monkeypatch, "executor=roofline,calibrated", "workload.num_requests=5")
+    assert stop.value.code == 2
+    rows = summary(tmp_path / "sweep")
+    assert sorted(r["status"] for r in rows) == ["failed", "ok"]
+
+
+def test_a_subdir_spelled_with_a_trailing_slash_is_the_same_folder(tmp_path, monkeypatch):
+    sweep_in_process(tmp_path, monkeypatch, "seed=0,1", "hydra.sweep.subdir=s${seed}/", "workload.num_requests=5")
+    assert sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.csv")) == ["s0", "s1"]

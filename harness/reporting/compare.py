@@ -211,6 +211,12 @@ def _check_judged(measured: pd.DataFrame, baseline: pd.DataFrame, current: pd.Da
             + (f"the policy has {', '.join(metrics)}" if metrics else "the policy has no metrics (metrics: {})")
         )
     columns = [f"{m}{side}" for m in metrics for side in (BASE, CUR) if f"{m}{side}" in measured]
+    baseline_values = [c for c in columns if c.endswith(BASE)]
+    if measured[columns].notna().any().any() and not measured[baseline_values].notna().any().any():
+        raise UserError(
+            f"the {names[0]} has no value of any metric of the policy in a point that ran in both: every current "
+            f"value would be new, and nothing would be judged"
+        )
     if not measured[columns].notna().any().any() and SAMPLES + BASE not in measured:
         shared = [m for m in metrics if m in baseline.columns and m in current.columns]
         raise UserError(
@@ -381,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         help="BASELINE CURRENT: summary.csv, sweep directory or "
         "pytest-benchmark JSON each; with --against, what to run",
     )
-    parser.add_argument("--policy", type=Path, help=f"YAML policy (default: kvbench.conf/{DEFAULT_POLICY})")
+    parser.add_argument("--policy", help=f"YAML policy (default: kvbench.conf/{DEFAULT_POLICY})")
     parser.add_argument(
         "--allow-missing",
         action="store_true",
@@ -412,7 +418,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"{' and '.join(ab_only)} {'applies' if len(ab_only) == 1 else 'apply'} only with --against REF; "
                 f"BASELINE CURRENT are compared as they are"
             )
-        policy = load_policy(args.policy)
+        if args.policy is not None and not args.policy.strip():  # Path("") is the current folder
+            raise UserError("--policy is empty (an unset variable?): give a policy YAML file")
+        policy = load_policy(None if args.policy is None else Path(args.policy))
         if args.against is not None:
             from kvbench.reporting.ab import run_ab
 

@@ -10,6 +10,7 @@ margin over the baseline, and why each failed point failed.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import math
 import time
@@ -118,7 +119,7 @@ def check_results(frame: pd.DataFrame, path) -> None:
     if "kv_token_util" in frame and "allocator" not in frame:
         raise UserError(f"{path} has serving metrics but no allocator column: each row names the allocator it ran")
     ran = frame["status"].fillna("ok").astype(str).eq("ok") if "status" in frame else True
-    for column in [c for c in KEY_METRICS if c in frame]:
+    for column in [c for c in frame.columns if c in KEY_METRICS or c in non_negative_metrics()]:
         cells = frame[column]
         numbers = pd.to_numeric(cells, errors="coerce")
         for bad, why in (
@@ -131,6 +132,15 @@ def check_results(frame: pd.DataFrame, path) -> None:
                 value = repr(cell) if isinstance(cell, str) else cell_text(cell)
                 raise UserError(f"{path}: {column} is {value} in row {bad.to_numpy().argmax() + 1}; {why}")
     refuse_repeated_points(frame, path)
+
+
+@functools.lru_cache(maxsize=1)
+def non_negative_metrics() -> frozenset:
+    """Every metric bench-compare's packaged policy knows: none of them is ever negative."""
+    from kvbench.reporting.policy import load_policy
+
+    policy = load_policy()
+    return frozenset(policy.rules) | frozenset(m for rules in policy.scenario_rules.values() for m in rules)
 
 
 def check_statuses(frame: pd.DataFrame, path) -> None:
@@ -153,6 +163,10 @@ def refuse_repeated_points(frame: pd.DataFrame, path) -> None:
     """Two rows of one point (a table appended to itself, a point rerun into a second folder):
     every plot, ratio and winner would take one of them at random."""
     keys = point_keys(frame) or list(frame.columns)
+    # A sweep's folders are named by each point's overrides: two of them are two points, set apart
+    # by a key no column holds (repeats, a group choice such as executor, a failed point's identity)
+    if "point" in frame and frame["point"].astype(str).str.contains("=").all():
+        keys = [*keys, "point"]
     texts = frame[keys].astype(object).where(frame[keys].notna(), None).map(cell_text)
     again = texts.duplicated()
     if again.any():
@@ -203,10 +217,15 @@ def _load_sweeps(sweep_dirs: list[Path]) -> tuple[pd.DataFrame, dict]:
             )
     if len(sweep_dirs) == 1:
         return loaded[0], read
-    names = [d.resolve().name or str(d) for d in sweep_dirs]  # `.` is named by its folder
+    # `.` is named by its folder, and so is a summary.csv given as a file
+    names = [(d.resolve().parent if d.is_file() else d.resolve()).name or str(d) for d in sweep_dirs]
     if len(set(names)) < len(names):  # results/a/sweep and results/b/sweep
         names = [str(d) for d in sweep_dirs]
-    frames = [frame.drop(columns="sweep", errors="ignore").assign(sweep=n) for frame, n in zip(loaded, names)]
+    # an input that is itself a report of several sweeps keeps them apart: NAME:its sweep
+    frames = [
+        frame.assign(sweep=n + ":" + frame["sweep"].astype(str)) if "sweep" in frame else frame.assign(sweep=n)
+        for frame, n in zip(loaded, names)
+    ]
     return pd.concat(frames, ignore_index=True), read
 
 
@@ -453,7 +472,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for name, given in [*(("an input", d) for d in args.dirs), ("--out", args.out)]:
             if given is not None and not given.strip():  # Path("") is the current folder
-                raise UserError(f"{name} is empty (an unset variable?): give a sweep or run folder or a summary.csv")
+                wanted = "a folder to write into" if name == "--out" else "a sweep or run folder or a summary.csv"
+                raise UserError(f"{name} is empty (an unset variable?): give {wanted}")
         args.dirs = [Path(d) for d in args.dirs]
         args.out = None if args.out is None else Path(args.out)
         if args.out is None and args.dirs[0].is_file():
