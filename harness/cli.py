@@ -781,6 +781,11 @@ def main(argv: list[str] | None = None) -> None:
     flags.error = lambda message: exit_with(UserError(f"bench: {message} (see bench --help)"))
     parsed = flags.parse_args(sys.argv[1:])
     try:
+        if (parsed.help or parsed.hydra_help) and parsed.multirun and any(_sweeps(o) for o in parsed.overrides):
+            raise UserError(
+                "--help shows one config and its fields: give it one value of each key (or none), without "
+                "-m's lists; the sweep runs without --help"
+            )
         refuse_null_groups(parsed.overrides)
         refuse_deleted_keys(parsed.overrides)
         refuse_keys_given_twice(parsed.overrides)  # a sweep's, and a group set through a dict

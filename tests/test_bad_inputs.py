@@ -520,6 +520,7 @@ RUN_CASES = [
         "model=llama-3-8b,{num_layers:20} sets keys of the model group through a dict",
     ),
     (["hardware=NULL"], "hardware=NULL chooses no option of the hardware group"),
+    (["--help", "-m", "+allocator=paged,oracle"], "--help shows one config and its fields"),
     (["-m", "+allocator=paged,null", "hydra.sweep.dir=FILES/sweep-x6"], "choose one with +allocator=NAME"),
     (
         ["scenario=validate", "model=tiny", "scenario.serve={rate:2}"],
