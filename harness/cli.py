@@ -309,16 +309,20 @@ def failed_rows(cfg: DictConfig) -> list[dict]:
         return [{}]
 
 
-def refuse_preset_clash() -> None:
-    """+preset=vllm sets the paged allocator's knobs: another allocator would be refused for a
-    key it lacks, with no word of the preset that set it."""
-    choices = HydraConfig.get().runtime.choices
-    preset, allocator = choices.get("preset"), choices.get("allocator")
+def preset_allocator_clash(preset: str | None, allocator: str | None) -> None:
     if preset == "vllm" and allocator not in (None, "paged"):
         raise UserError(
             f"+preset=vllm configures vLLM's paged allocator (conf/preset/vllm.yaml), not allocator={allocator}: "
             f"drop +allocator={allocator}, or the preset"
         )
+
+
+def refuse_preset_clash() -> None:
+    """+preset=vllm sets the paged allocator's knobs: another allocator would be refused for a
+    key it lacks, with no word of the preset that set it."""
+    choices = HydraConfig.get().runtime.choices
+    preset, allocator = choices.get("preset"), choices.get("allocator")
+    preset_allocator_clash(preset, allocator)
     chosen = [split_override(o)[0] for o in HydraConfig.get().overrides.task]
     if (
         preset == "vllm"
@@ -517,6 +521,9 @@ def composing_once(args):
             checked[tuple(overrides)] = compose(loader, master_config=self.config, sweep_overrides=list(overrides))
         configs = [checked[tuple(overrides)] for overrides in batch]
         refuse_swept_experiments(batch)
+        for config in configs:  # before refuse_twice_swept: the preset makes the points one
+            choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
+            preset_allocator_clash(choices.get("preset"), choices.get("allocator"))
         refuse_absent_baseline(batch, configs)
         refuse_twice_swept(batch, configs)
         folders = point_folders(configs)  # None: they resolve only as each point launches

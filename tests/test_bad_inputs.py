@@ -520,6 +520,10 @@ RUN_CASES = [
         "model=llama-3-8b,{num_layers:20} sets keys of the model group through a dict",
     ),
     (["hardware=NULL"], "hardware=NULL chooses no option of the hardware group"),
+    (  # it said "the sweep runs one point twice": the preset had made every system paged
+        ["+experiment=fig2", "+preset=vllm", "hydra.sweep.dir=FILES/sweep-x7"],
+        "+preset=vllm configures vLLM's paged allocator (conf/preset/vllm.yaml), not allocator=contiguous",
+    ),
     (["--help", "-m", "+allocator=paged,oracle"], "--help shows one config and its fields"),
     (["-m", "+allocator=paged,null", "hydra.sweep.dir=FILES/sweep-x6"], "choose one with +allocator=NAME"),
     (

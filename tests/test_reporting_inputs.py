@@ -513,3 +513,9 @@ def test_a_negative_latency_outside_the_key_metrics_is_refused_by_the_report(tmp
 def test_an_empty_policy_path_is_refused(tmp_path):
     write_csv(tmp_path / "a.csv", [row("paged", 1.0)])
     assert "--policy is empty" in refused(lambda: compare.main([str(tmp_path / "a.csv")] * 2 + ["--policy", ""]))
+
+
+def test_a_zero_latency_of_a_point_that_ran_is_refused_not_a_verdict(tmp_path):
+    write_csv(tmp_path / "z.csv", [row("paged", 1.0), row("contiguous", 0.5, normalized_latency_s_per_tok=0.0)])
+    said = "normalized_latency_s_per_tok of a point that ran is > 0"
+    assert said in refused(lambda: report.main([str(tmp_path / "z.csv"), "--out", str(tmp_path / "o")]))

@@ -126,6 +126,8 @@ def check_results(frame: pd.DataFrame, path) -> None:
             (cells.notna() & numbers.isna(), "a metric cell holds a number, or is blank where the point has none"),
             (np.isinf(numbers) & ran, "a point that ran has no infinite metric (blank: one it has none of)"),
             ((numbers < NEGATIVE_SLACK) & ran, f"{column} is never negative"),
+            # the verdict's ratios divide by it: a request takes time, so a point that ran has one > 0
+            ((numbers == 0) & ran & (column == "normalized_latency_s_per_tok"), f"{column} of a point that ran is > 0"),
         ):
             if bad.any():
                 cell = cells[bad].iloc[0]
