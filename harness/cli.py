@@ -353,10 +353,10 @@ def refuse_deleted_keys(overrides: list[str]) -> None:
         return
     from kvbench.schema.docs import schema_fields
 
-    conf, read = resources.files("kvbench.conf"), schema_fields()
+    read = schema_fields()
     for item in deleted:
         key = split_override(item)[0]
-        if "/" in key or (conf / key).is_dir() or key in schema.PLUGIN_GROUPS:
+        if "/" in key or _is_group(key):  # a group's choice (hydra/launcher, allocator) may go
             continue
         if key in read:
             raise UserError(f"{item} deletes a key every run reads: set it instead ({key}=VALUE)")
@@ -596,16 +596,21 @@ def _is_group(key: str) -> bool:
     )
 
 
-def _values(item: str) -> list:
-    """The values an override gives, as Hydra parses them (each of a sweep's); [] where it does
-    not parse (Hydra says why in its own words)."""
+def _parsed(items) -> list:
+    """`items` as Hydra's parser reads overrides; [] where one does not parse (Hydra says why
+    in its own words when it composes)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        (override,) = OverridesParser.create().parse_overrides([item])
-        value = override.value()
+        return OverridesParser.create().parse_overrides(list(items))
     except Exception:  # noqa: BLE001
         return []
+
+
+def _values(item: str) -> list:
+    """The values an override gives, as Hydra parses them (each of a sweep's)."""
+    parsed = _parsed([item])
+    value = parsed[0].value() if parsed else []
     return list(getattr(value, "list", None) or [value]) if not isinstance(value, list) else [value]
 
 
@@ -645,12 +650,7 @@ def refuse_keys_given_twice(overrides: list[str]) -> None:
 
 def _sweeps(*overrides: str) -> bool:
     """Whether any of `overrides` sweeps a list of values (a,b / range() / glob() ...)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(list(overrides)))
-    except Exception:  # noqa: BLE001 (Hydra names a malformed override itself, in its own words)
-        return False
+    return any(o.is_sweep_override() for o in _parsed(overrides))
 
 
 def refuse_nested_folders(folders: list[str]) -> None:
@@ -788,7 +788,7 @@ def main(argv: list[str] | None = None) -> None:
     flags.error = lambda message: exit_with(UserError(f"bench: {message} (see bench --help)"))
     parsed = flags.parse_args(sys.argv[1:])
     try:
-        if (parsed.help or parsed.hydra_help) and parsed.multirun and any(_sweeps(o) for o in parsed.overrides):
+        if (parsed.help or parsed.hydra_help) and parsed.multirun and _sweeps(*parsed.overrides):
             raise UserError(
                 "--help shows one config and its fields: give it one value of each key (or none), without "
                 "-m's lists; the sweep runs without --help"
@@ -796,10 +796,10 @@ def main(argv: list[str] | None = None) -> None:
         refuse_null_groups(parsed.overrides)
         refuse_deleted_keys(parsed.overrides)
         refuse_keys_given_twice(parsed.overrides)  # a sweep's, and a group set through a dict
+        if parsed.package is not None and parsed.cfg is None:  # Hydra would run the job, the flag unread
+            raise UserError("bench: -p/--package selects the part of the config --cfg prints: give --cfg job with it")
     except UserError as err:
         exit_with(err)
-    if parsed.package is not None and parsed.cfg is None:  # Hydra would run the job, the flag unread
-        exit_with(UserError("bench: -p/--package selects the part of the config --cfg prints: give --cfg job with it"))
     user_setting = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises, and the errors below become one line
     try:

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvbench.errors import UserError, exit_with, reportable
+from kvbench.reporting.results import path_given
 
 
 def writable_folder(path: Path | str, option: str) -> Path:
     """`path` as a folder the script may write into (made if missing)."""
-    folder = Path(path)
-    if not str(path).strip():
-        raise UserError(f"{option} is empty: give a folder to write into")
+    folder = path_given(path, option, "a folder to write into")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -7,8 +7,7 @@ import pandas as pd
 import pytest
 
 from kvbench.reporting import compare, report
-from kvbench.reporting.compare import identity_text
-from kvbench.reporting.results import write_csv
+from kvbench.reporting.results import identity_text, write_csv
 
 from helpers.cli import in_process, refused
 

@@ -25,9 +25,10 @@ import tomllib
 
 import kvbench
 from kvbench.errors import UserError
-from kvbench.reporting.compare import benchmark_frame, compare, identity_text
+from kvbench.reporting.compare import benchmark_frame, compare
 from kvbench.reporting.policy import Policy
 from kvbench.reporting.report import load_rows
+from kvbench.reporting.results import identity_text
 from kvbench.scenarios.repeats import aggregate, interleaved_order
 
 HOT_PATHS = ["tests/benchmarks"]

@@ -22,7 +22,7 @@ import pandas as pd
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.report import NEGATIVE_SLACK, check_statuses, load_rows
-from kvbench.reporting.results import cell_text
+from kvbench.reporting.results import identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
 
@@ -66,11 +66,7 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
 
 
 def read_side(path) -> pd.DataFrame:
-    if not str(path).strip():  # Path("") is the current folder
-        raise UserError(
-            "an input is empty (an unset variable?): give a summary.csv, a sweep directory or a benchmark JSON"
-        )
-    p = Path(path)
+    p = path_given(path, "an input", "a summary.csv, a sweep directory or a benchmark JSON")
     if not p.exists():
         raise UserError(f"{path} does not exist; give a summary.csv, a sweep directory or a benchmark JSON")
     frame = benchmark_frame(p) if p.suffix.lower() == ".json" else pd.DataFrame(load_rows(p))
@@ -95,14 +91,6 @@ def _label(point: pd.Series, shown: list[str]) -> str:
     """`allocator=paged, workload.rate=4`; a column a side never set (its sweep left the
     config's default) reads `(unset)`."""
     return ", ".join(f"{c}={point[c] if point[c] != '' else '(unset)'}" for c in shown) or "(the only point)"
-
-
-def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """The identity columns as points are matched on: each cell as results.cell_text writes it,
-    so a number matches by its value (rate 1 is rate 1.0, which a column of 1, 8 and 0.5 or a
-    blank cell reads), a text as it is, and a missing cell is empty."""
-    cells = frame[columns].astype(object)
-    return cells.where(cells.notna(), None).map(cell_text)
 
 
 def _no_match(base: pd.DataFrame, cur: pd.DataFrame, columns: list[str]) -> str:
@@ -418,9 +406,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{' and '.join(ab_only)} {'applies' if len(ab_only) == 1 else 'apply'} only with --against REF; "
                 f"BASELINE CURRENT are compared as they are"
             )
-        if args.policy is not None and not args.policy.strip():  # Path("") is the current folder
-            raise UserError("--policy is empty (an unset variable?): give a policy YAML file")
-        policy = load_policy(None if args.policy is None else Path(args.policy))
+        policy = load_policy(None if args.policy is None else path_given(args.policy, "--policy", "a policy YAML file"))
         if args.against is not None:
             from kvbench.reporting.ab import run_ab
 

@@ -26,8 +26,10 @@ from kvbench.reporting.results import (
     IDENTITY,
     cell_text,
     collect,
+    identity_text,
     in_paper_order,
     ok_rows,
+    path_given,
     point_labels,
     read_csv,
     varying_keys,
@@ -169,7 +171,7 @@ def refuse_repeated_points(frame: pd.DataFrame, path) -> None:
     # by a key no column holds (repeats, a group choice such as executor, a failed point's identity)
     if "point" in frame and frame["point"].astype(str).str.contains("=").all():
         keys = [*keys, "point"]
-    texts = frame[keys].astype(object).where(frame[keys].notna(), None).map(cell_text)
+    texts = identity_text(frame, keys)
     again = texts.duplicated()
     if again.any():
         second = int(again.to_numpy().argmax())
@@ -292,7 +294,7 @@ def _points_of(table: pd.DataFrame | Path) -> set | None:
     except UserError:
         return None
     keys = [k for k in point_keys(frame) if k != "sweep"]
-    return set(frame[keys].astype(object).where(frame[keys].notna(), None).map(cell_text).itertuples(index=False))
+    return set(identity_text(frame, keys).itertuples(index=False))
 
 
 def end_of_sweep(sweep_dir: Path, plots: bool) -> dict:
@@ -472,12 +474,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        for name, given in [*(("an input", d) for d in args.dirs), ("--out", args.out)]:
-            if given is not None and not given.strip():  # Path("") is the current folder
-                wanted = "a folder to write into" if name == "--out" else "a sweep or run folder or a summary.csv"
-                raise UserError(f"{name} is empty (an unset variable?): give {wanted}")
-        args.dirs = [Path(d) for d in args.dirs]
-        args.out = None if args.out is None else Path(args.out)
+        args.dirs = [path_given(d, "an input", "a sweep or run folder or a summary.csv") for d in args.dirs]
+        args.out = None if args.out is None else path_given(args.out, "--out", "a folder to write into")
         if args.out is None and args.dirs[0].is_file():
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")
         if args.baseline is not None and not args.baseline.strip():

@@ -172,6 +172,22 @@ def cell_text(value) -> str:
     return str(value)
 
 
+def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The columns that name a point as points are matched on: each cell as cell_text writes it,
+    so a number matches by its value (rate 1 is rate 1.0, which a column of 1, 8 and 0.5 or a
+    blank cell reads), a text as it is, and a missing cell is empty."""
+    cells = frame[columns].astype(object)
+    return cells.where(cells.notna(), None).map(cell_text)
+
+
+def path_given(text: str, name: str, wanted: str) -> Path:
+    """A path from a command line. An empty one (an unset variable) is refused: Path("") would
+    be the current folder."""
+    if not str(text).strip():
+        raise UserError(f"{name} is empty (an unset variable?): give {wanted}")
+    return Path(text)
+
+
 def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Series:
     """Each row's name from the columns that tell points apart: `paged, rate=4`. A key a row
     has no value for (a sweep that did not set it: its default) is left out of its name."""
