@@ -174,6 +174,13 @@ def main() -> None:
     # Start-up makes objects that live to the end (modules, the config): collect young objects
     # every 10,000 allocations, not 700 (its collections: 0.036 -> 0.028 s; engine.few_collections)
     gc.set_threshold(10_000, *gc.get_threshold()[1:])
+    # numpy's OpenBLAS starts a thread per core when it is imported, and they spin a while: 0.12 s
+    # of CPU per process here, taken from the other process on two cores (a 10-request run's wall
+    # time 1.04 -> 0.94 s, median of 8 alternating runs). kvbench's numpy work calls nothing that
+    # BLAS threads would speed up (vector arithmetic, fits of a few columns); torch has its own
+    # (MKL, OpenMP) and does not read this. Set before anything imports numpy, the helper
+    # inherits it; a value the user set stands.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     kind = helper_kind(sys.argv[1:]) if usable_cpus() > 1 else None
     try:
         _helper = Helper(kind) if kind else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -197,7 +198,10 @@ def run_bench(monkeypatch, tmp_path, cpus: int) -> list:
 
 
 def test_bench_on_two_cores_has_its_helper_draw_the_figure_and_write_the_requests(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")  # restored (unset) after the test
     (helper,) = run_bench(monkeypatch, tmp_path, cpus=2)
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"  # set before numpy's import; the helper inherits it
     assert helper.sent and helper._process.returncode == 0  # it drew the figure and left
     assert helper.answers == [{"written": 5}]  # and wrote the 5 requests' lines from the run's spool
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 5
@@ -214,7 +218,9 @@ def test_bench_on_two_cores_has_its_helper_draw_the_figure_and_write_the_request
 
 
 def test_bench_on_one_core_draws_its_figure_itself(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
     assert run_bench(monkeypatch, tmp_path, cpus=1) == []
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "2"  # the user's setting stands
 
 
 def test_bench_leaves_at_once_only_where_torch_was_not_loaded(monkeypatch):
