@@ -774,7 +774,7 @@ def main(argv: list[str] | None = None) -> None:
     kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
     from hydra._internal.utils import get_args_parser
 
-    from kvbench.schema.hydra_errors import hydra_line
+    from kvbench.schema.hydra_errors import hydra_line, sweeper_params_line
 
     global single_run_done, sweep_dir
     single_run_done, sweep_dir = False, None
@@ -815,7 +815,7 @@ def main(argv: list[str] | None = None) -> None:
             else "the run wrote no result"
         )
     except Exception as err:
-        line = hydra_line(err)
+        line = sweeper_params_line(err, parsed.overrides) or hydra_line(err)
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
         exit_with(UserError(line) if line is not None else err)

@@ -636,6 +636,21 @@ RUN_CASES = [
         ["-m", "+allocator=contiguous,paged", "hydra.sweep.subdir=same", "hydra.sweep.dir=FILES/sweep-i"],
         "hydra.sweep.subdir gives the points +allocator=contiguous and +allocator=paged one folder, 'same'",
     ),
+    # OmegaConf's AssertionError ("Unexpected type for root: NoneType") and an AttributeError, as tracebacks
+    (["-m", "+hydra.sweeper.params.seed='0,1'"], "hydra.sweeper.params is empty (null) unless an experiment"),
+    (["-m", "hydra.sweeper.params={seed:'0,1'}"], "give the sweep on the command line instead, e.g. bench -m"),
+    # 16 points ran (450 s of arrivals each), then "no successful point ... is one the paper measured"
+    (["+experiment=fig12", "+allocator=paged", "hydra.sweep.dir=FILES/sweep-m"], "fig12's ratios compare paged with"),
+    (["+experiment=fig12", "workload=alpaca", "hydra.sweep.dir=FILES/sweep-n"], "fig12's ratios are ShareGPT's"),
+    # "scenario.profiling is not a key of the chosen scenario; scenario=validate has it", under validate
+    (
+        ["scenario=validate", "scenario.profiling={steps:3}"],
+        "scenario.profiling.steps is not a key of scenario.profiling",
+    ),
+    (
+        ["scenario=validate", "scenario.profiling={repeats:3}"],
+        "scenario.profiling.repeats is a scenario.profiling key that this config does not set: add it with +",
+    ),
 ]
 
 

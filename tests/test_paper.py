@@ -245,7 +245,7 @@ def test_a_rate_sweep_too_short_for_a_knee_is_one_line_exit_2_and_keeps_its_summ
             "-m",
             "kvbench.cli",
             "-m",
-            "+allocator=paged",
+            "+allocator=paged,oracle",  # fig12's ratios need a pair of systems (refused before the sweep)
             "workload.rate=0.5,1",
             "workload.num_requests=20",
             "workload.duration_s=null",
@@ -260,7 +260,7 @@ def test_a_rate_sweep_too_short_for_a_knee_is_one_line_exit_2_and_keeps_its_summ
     )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "paged on sharegpt (rates 0.5, 1) never exceeds" in errors[0]
+    assert len(errors) == 1 and "oracle on sharegpt (rates 0.5, 1) never exceeds" in errors[0]
     assert (tmp_path / "sweep" / "summary.csv").is_file()
 
 

@@ -303,6 +303,33 @@ def test_a_curve_the_rates_cannot_place_is_named_by_its_setting():
         assert f"seed={seed}: paged on sharegpt (rates 1, 2, 3, 4, 5, 6) never exceeds" in verdict
 
 
+def fig12_like(points: int = 12) -> pd.DataFrame:
+    """fig12's shape: each workload's curve at its own rates, each rate named by a point
+    (fig12.point r1..rN), so that point and workload both pair one to one with the rate."""
+    frames = []
+    for workload, scale in (("sharegpt", 1), ("alpaca", 10)):
+        frame = linear_sweep([scale * r for r in range(1, points + 1)]).assign(workload=workload)
+        frame["normalized_latency_s_per_tok"] /= scale
+        frames.append(frame.assign(**{"fig12.point": [f"r{i // 2 + 1}" for i in range(len(frame))]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_key_that_only_names_the_rate_does_not_cut_the_curves():
+    from kvbench.reporting.results import curve_keys
+
+    frame = fig12_like()
+    assert curve_keys(frame, ["allocator", "workload", "fig12.point"]) == ["allocator", "workload"]
+    seeds = pd.concat([linear_sweep(range(1, 4)).assign(seed=s) for s in (0, 1)], ignore_index=True)
+    assert curve_keys(seeds, ["allocator", "seed"]) == ["allocator", "seed"]  # a real key stays
+    series = [(name, len(rows)) for name, _, _, rows in plots._series(frame)]
+    assert sorted(series) == sorted(
+        (f"{a}, workload={w}", 12) for a in ("contiguous", "paged") for w in ("sharegpt", "alpaca")
+    )
+    verdict = verdict_of(frame)  # each workload's capacity, not "fewer than 2 rates" for every point
+    assert "<li><b>workload=sharegpt, paged</b>: 10 req/s, 2.00× contiguous's</li>" in verdict, verdict
+    assert "<li><b>workload=alpaca, contiguous</b>: 50 req/s" in verdict and "no capacity" not in verdict
+
+
 def test_a_key_one_sweep_did_not_set_is_left_out_of_its_points_names():
     from kvbench.reporting.results import point_labels
 

@@ -499,6 +499,40 @@ NEEDED_AXES = {
 }
 
 
+def swept_values(config, key: str) -> list[str] | None:
+    """The values a sweep's points take for `key` (a group or key, with or without its +), as the
+    basic sweeper combines them: the experiment's params, then the command line's, the later
+    winning; None where neither names it (the config's one value)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
+    values = None
+    for override in OverridesParser.create().parse_overrides([*params, *given]):
+        if override.key_or_group == key:
+            taken = override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]
+            values = [str(value) for value in taken]
+    return values
+
+
+def fig12_setup(config) -> None:
+    """Before fig12's sweep: its ratios are paged's capacity over oracle's and contiguous's, on
+    ShareGPT; a sweep narrowed to fewer systems or another workload would run every point and
+    then have nothing to compare."""
+    allocators, workloads = swept_values(config, "allocator"), swept_values(config, "workload")
+    if allocators is not None and not any(a in allocators and b in allocators for a, b in FIG12):
+        pairs = " or ".join(f"{a} with {b}" for a, b in FIG12)
+        raise UserError(
+            f"fig12's ratios compare {pairs}; this sweep runs allocator {', '.join(allocators)} only: "
+            f"sweep a pair (+allocator=paged,oracle) or drop the override"
+        )
+    if workloads is not None and "sharegpt" not in workloads:
+        raise UserError(
+            f"fig12's ratios are ShareGPT's; this sweep runs workload {', '.join(workloads)} only: add sharegpt "
+            f"(workload=sharegpt,{workloads[0]}) or drop the override"
+        )
+
+
 def refuse_fixed_axes(config, paper: str | None) -> None:
     """Before an experiment's sweep: a command line that fixes an axis its comparison needs
     (`+experiment=fig19 engine.preemption=swap`) would run every point and then be refused."""
@@ -523,6 +557,8 @@ class PaperComparison(Callback):
         try:  # what the comparison would refuse at the end, known now
             if paper in ("fig2", "fig13"):
                 fig2_setup(config, paper)
+            if paper == "fig12":
+                fig12_setup(config)
             refuse_fixed_axes(config, paper)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)

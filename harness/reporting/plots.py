@@ -23,7 +23,15 @@ from kvbench.reporting.figures import (
     pyplot,
     save_figure,
 )
-from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, rate_axis, table, varying_keys
+from kvbench.reporting.results import (
+    curve_keys,
+    in_paper_order,
+    ok_rows,
+    point_labels,
+    rate_axis,
+    table,
+    varying_keys,
+)
 
 plt = pyplot()
 
@@ -39,7 +47,7 @@ PANELS = [
 def _series(frame: pd.DataFrame):
     """(name, colour, line style, rows) of each group of points that share every key but rate:
     one colour per system, one line style per setting of the other keys."""
-    keys = [k for k in varying_keys(frame) if k != "rate"]
+    keys = curve_keys(frame, [k for k in varying_keys(frame) if k != "rate"])
     if not keys:
         yield point_labels(frame.iloc[:1], []).iloc[0], _color(frame), "-", frame
         return
@@ -111,6 +119,9 @@ def _lines(ax, frame: pd.DataFrame, metric: str, **style) -> None:
     for name, color, line, rows in _series(frame):
         ax.plot(pd.to_numeric(rows["rate"]), rows[metric], line, marker="o", color=color, label=name, **style)
     ax.set_xlabel("request rate (req/s)")
+    rates = pd.to_numeric(frame["rate"])
+    if rates.min() > 0 and rates.max() > 20 * rates.min():  # curves over decades of load (fig12's workloads)
+        ax.set_xscale("log")
 
 
 def latency_vs_rate(frame: pd.DataFrame):

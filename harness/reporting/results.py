@@ -154,6 +154,36 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
     return [k for k in named + swept if k in frame and frame[k].nunique(dropna=False) > 1]
 
 
+def curve_keys(frame: pd.DataFrame, keys: list[str]) -> list[str]:
+    """Of `keys` (what tells points apart, the rate left out), those that tell curves over the rate
+    apart. A key that only renames the rate (fig12.point: r1..r8 name the rates of each workload's
+    curve) would cut every curve into single points, so it is left out: a key whose values and
+    the rates pair one to one among points that share every other key. Where two keys pair so
+    with the rate (fig12's point and workload, whose curves take different rates), the one with
+    more values per group goes first (point: 8 a workload; workload: 2 a point), and the rest are
+    tested again. The sweep and the allocator always stay."""
+    kept = list(keys)
+    while "rate" in frame:
+        best, most = None, 1.0
+        for key in kept:
+            if key in ("sweep", "allocator"):
+                continue
+            others = [k for k in kept if k != key]
+            sizes = []
+            for _, group in frame.groupby(others, dropna=False) if others else [((), frame)]:
+                pairs = group[[key, "rate"]].drop_duplicates()
+                if pairs[key].nunique(dropna=False) != len(pairs) or pairs["rate"].nunique(dropna=False) != len(pairs):
+                    break  # a value of the key at several rates, or a rate under several values: a real key
+                sizes.append(len(pairs))
+            else:
+                if sum(sizes) / len(sizes) > most:
+                    best, most = key, sum(sizes) / len(sizes)
+        if best is None:
+            break
+        kept.remove(best)
+    return kept
+
+
 def rate_axis(frame: pd.DataFrame) -> str | None:
     """`rate` when the points were taken at several finite request rates."""
     import pandas as pd

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from kvbench.errors import UserError
 from kvbench.reporting.paper import capacities, capacity_rows
-from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, rate_axis, varying_keys
+from kvbench.reporting.results import ALLOCATOR_ORDER, curve_keys, ok_rows, point_labels, rate_axis, varying_keys
 
 METRIC = "normalized_latency_s_per_tok"
 DEFAULT_BASELINE = "contiguous"
@@ -113,7 +113,7 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
             f"the points were not taken at several finite request rates (rate: {rates or 'none'}); "
             f"sweep workload.rate (e.g. workload.rate=1,2,4,8) to find where each system crosses {slo:g} s/token"
         ]
-    keys = [k for k in varying_keys(ok) if k not in ("rate", "allocator")]
+    keys = curve_keys(ok, [k for k in varying_keys(ok) if k not in ("rate", "allocator")])
     found, unplaced = [], []
     for _, rows in ok.groupby(keys, sort=False, dropna=False) if keys else [((), ok)]:
         setting = point_labels(rows.iloc[:1], keys).iloc[0] if keys else ""

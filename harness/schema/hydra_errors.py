@@ -164,6 +164,8 @@ def hydra_line(err: BaseException) -> str | None:
             group = key.split(".", 1)[0]
             chosen = cause is not None and f"Key '{group}' is not in struct" not in str(cause)
             missing = str(cause).split("Key '", 1)[-1].split("'", 1)[0] if cause is not None else ""
+            if "={" in add and missing and missing not in key.split("."):  # KEY={a:1}: a is what is unknown
+                return _unknown_key(f"{key}.{missing}", "", chosen, missing)
             return _unknown_key(key, add, chosen, missing)
         if message.startswith("Ambiguous value for argument"):
             return (
@@ -199,6 +201,21 @@ def hydra_line(err: BaseException) -> str | None:
             return "an override has no key (=VALUE): write KEY=VALUE"
         return f"cannot use the overrides: {_first(err)}"
     return None
+
+
+def sweeper_params_line(err: BaseException, overrides: list[str]) -> str | None:
+    """One line where an override set a key inside `hydra.sweeper.params` of a config that leaves
+    it null (every config but an experiment's): Hydra and OmegaConf then fail with an assertion or
+    an attribute error, not a message. None where no override names it."""
+    keys = [override.split("=", 1)[0].lstrip("+~") for override in overrides]
+    if not any(key == "hydra.sweeper.params" or key.startswith("hydra.sweeper.params.") for key in keys):
+        return None
+    if "NoneType" not in f"{err} {err.__cause__ or err.__context__ or ''}":  # not the null params
+        return None
+    return (
+        "hydra.sweeper.params is empty (null) unless an experiment sets it (+experiment=fig2 ...): "
+        "give the sweep on the command line instead, e.g. bench -m seed=0,1"
+    )
 
 
 def _raised_importing_a_search_path(err: BaseException) -> bool:
