@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from kvbench.reporting import plots, report
+from kvbench.reporting.figures import KV_PARTS
 from kvbench.reporting.results import read_csv, write_csv
 from kvbench.reporting.winners import winners
 
@@ -328,6 +329,51 @@ def test_a_key_that_only_names_the_rate_does_not_cut_the_curves():
     verdict = verdict_of(frame)  # each workload's capacity, not "fewer than 2 rates" for every point
     assert "<li><b>workload=sharegpt, paged</b>: 10 req/s, 2.00× contiguous's</li>" in verdict, verdict
     assert "<li><b>workload=alpaca, contiguous</b>: 50 req/s" in verdict and "no capacity" not in verdict
+
+
+def fig13_like() -> pd.DataFrame:
+    """fig13's shape: each workload at its own one rate, three seeds, four systems."""
+    rows = []
+    for workload, rate in (("sharegpt", 2.0), ("alpaca", 30.0)):
+        for seed in range(3):
+            for i, allocator in enumerate(("contiguous", "pow2", "oracle", "paged")):
+                rows.append(
+                    {
+                        "allocator": allocator,
+                        "workload": workload,
+                        "seed": seed,
+                        "rate": rate,
+                        "status": "ok",
+                        "normalized_latency_s_per_tok": 1.0 / (i + 1),
+                        "request_throughput": rate * (i + 1) / 4,
+                        "mean_batch_size": 8.0 * (i + 1),
+                        "median_ttft_ms": 100.0,
+                        "median_tpot_ms": 30.0,
+                        **{key: share for (key, _, _), share in zip(KV_PARTS, (0.2, 0.1, 0.3, 0.1, 0.3))},
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_workloads_each_at_their_own_rate_are_no_rate_sweep(monkeypatch):
+    from kvbench.reporting.results import rate_axis
+
+    frame = fig13_like()
+    assert rate_axis(frame) is None  # two rates, but each curve has one
+    assert rate_axis(frame.assign(rate=frame["rate"] * (1 + frame["seed"]))) == "rate"  # a real rate sweep
+    verdict = verdict_of(frame)
+    assert "each curve was taken at one request rate (rates: 2, 30); sweep workload.rate" in verdict
+    assert "fewer than 2 rates" not in verdict
+    drawn = []
+    monkeypatch.setattr(plots, "kv_figure", lambda panels, rates, title: drawn.append(panels))
+    plots.kv_breakdown(frame)  # a panel per setting, a bar per system, not 24 bars in one
+    ((*panels,),) = drawn
+    assert [name for name, _, _ in panels] == [
+        f"workload={w}, seed={s}, rate={r}" for w, r in (("sharegpt", 2), ("alpaca", 30)) for s in range(3)
+    ]
+    assert all(list(labels) == ["contiguous", "pow2", "oracle", "paged"] for _, labels, _ in panels)
+    figure = plots.throughput_latency(frame)  # six settings of bars: two panels a row
+    assert figure.axes[0].get_subplotspec().get_gridspec().get_geometry() == (2, 2)
 
 
 def test_a_key_one_sweep_did_not_set_is_left_out_of_its_points_names():

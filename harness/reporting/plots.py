@@ -77,17 +77,31 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
     values.plot.bar(
         ax=ax, width=0.8, legend=False, rot=0, color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns]
     )
-    crowded = len(names) > 3
-    ax.set_xticks(range(len(names)), names, rotation=20 if crowded else 0, ha="right" if crowded else "center")
+    if len(names) > 3:  # a name a line per key, level: rotated, long names overlap and squeeze the axes
+        ax.set_xticks(range(len(names)), [name.replace(", ", "\n") for name in names], fontsize=6.5)
+    else:
+        ax.set_xticks(range(len(names)), names)
     ax.set_xlabel("")
 
 
 def kv_breakdown(frame: pd.DataFrame):
     """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep."""
     x = rate_axis(frame)
+    keys = [k for k in varying_keys(frame) if k != "allocator"]
+    if x:
+        groups = [(name, rows) for name, _, _, rows in _series(frame)]
+    elif keys and len(frame) > 8 and "allocator" in varying_keys(frame):
+        # many points of several systems (fig13: 2 workloads x 3 seeds x 4 systems): a panel per
+        # setting, a bar per system, where one panel of 24 bars would need 24 rotated names
+        groups = [
+            (point_labels(rows.iloc[:1], keys).iloc[0], rows)
+            for _, rows in frame.groupby(keys, sort=False, dropna=False)
+        ]
+    else:
+        groups = [("", frame)]
     panels = []
-    for name, _, _, rows in _series(frame) if x else [("", None, "-", frame)]:
-        labels = pd.to_numeric(rows[x]).map("{:g}".format) if x else point_labels(rows)
+    for name, rows in groups:
+        labels = pd.to_numeric(rows[x]).map("{:g}".format) if x else point_labels(rows, ["allocator"] if name else None)
         # a share the table lacks, or a cell left blank, draws as 0 (a single run's figure does too)
         kv = rows.reindex(columns=[key for key, _, _ in KV_PARTS])
         shares = [(pd.to_numeric(kv[key], errors="coerce").fillna(0) * 100).tolist() for key, _, _ in KV_PARTS]
@@ -100,7 +114,10 @@ def throughput_latency(frame: pd.DataFrame):
     grouped bars (one group per setting, one bar per system)."""
     x = rate_axis(frame)
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
-    fig, axes = plt.subplots(1, len(panels), figsize=(MAX_WIDTH_IN, 3.9), squeeze=False)
+    # bars of more than four settings get two panels a row: four a row leave each too narrow for their names
+    rows = 2 if not x and len(panels) > 2 and len(bar_table(frame, panels[0][0])[1]) > 4 else 1
+    cols = -(-len(panels) // rows)
+    fig, axes = plt.subplots(rows, cols, figsize=(MAX_WIDTH_IN, 3.9 * rows), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
         if x:
             _lines(ax, frame, metric, markersize=3)

@@ -161,12 +161,13 @@ def curve_keys(frame: pd.DataFrame, keys: list[str]) -> list[str]:
     the rates pair one to one among points that share every other key. Where two keys pair so
     with the rate (fig12's point and workload, whose curves take different rates), the one with
     more values per group goes first (point: 8 a workload; workload: 2 a point), and the rest are
-    tested again. The sweep and the allocator always stay."""
+    tested again. The sweep, the allocator and the workload always stay (a curve is one system's,
+    on one workload's requests)."""
     kept = list(keys)
     while "rate" in frame:
         best, most = None, 1.0
         for key in kept:
-            if key in ("sweep", "allocator"):
+            if key in ("sweep", "allocator", "workload"):
                 continue
             others = [k for k in kept if k != key]
             sizes = []
@@ -185,12 +186,18 @@ def curve_keys(frame: pd.DataFrame, keys: list[str]) -> list[str]:
 
 
 def rate_axis(frame: pd.DataFrame) -> str | None:
-    """`rate` when the points were taken at several finite request rates."""
+    """`rate` when the points were taken at finite request rates, several on some curve (a
+    system's points that share every key but the rate and those that only name it: curve_keys);
+    not where each workload ran at its own one rate (fig13)."""
     import pandas as pd
 
-    if "rate" not in varying_keys(frame):
+    varying = varying_keys(frame)
+    if "rate" not in varying or not np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all():
         return None
-    return "rate" if np.isfinite(pd.to_numeric(frame["rate"], errors="coerce")).all() else None
+    keys = curve_keys(frame, [k for k in varying if k != "rate"])
+    if keys and frame.groupby(keys, dropna=False)["rate"].nunique().max() < 2:
+        return None
+    return "rate"
 
 
 def cell_text(value) -> str:

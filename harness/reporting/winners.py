@@ -108,10 +108,16 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
     ok = ok_rows(frame)
     ok = ok[ok[METRIC].notna()] if METRIC in ok and "allocator" in ok else ok.iloc[0:0]
     if ok.empty or rate_axis(ok) is None:
-        rates = ", ".join(f"{r:g}" for r in pd.to_numeric(ok.get("rate", pd.Series()), errors="coerce").unique())
+        rates = sorted(pd.to_numeric(ok.get("rate", pd.Series()), errors="coerce").unique())
+        listed = ", ".join(f"{r:g}" for r in rates) or "none"
+        taken = (
+            f"each curve was taken at one request rate (rates: {listed})"
+            if len(rates) > 1
+            else (f"the points were not taken at several finite request rates (rate: {listed})")
+        )
         return pd.DataFrame(), [
-            f"the points were not taken at several finite request rates (rate: {rates or 'none'}); "
-            f"sweep workload.rate (e.g. workload.rate=1,2,4,8) to find where each system crosses {slo:g} s/token"
+            f"{taken}; sweep workload.rate (e.g. workload.rate=1,2,4,8) to find where each system crosses "
+            f"{slo:g} s/token"
         ]
     keys = curve_keys(ok, [k for k in varying_keys(ok) if k not in ("rate", "allocator")])
     found, unplaced = [], []
