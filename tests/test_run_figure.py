@@ -15,7 +15,6 @@ from hydra.core.global_hydra import GlobalHydra
 
 from kvbench import launch
 from kvbench.reporting import plots
-from kvbench.reporting.figures import pyplot
 from kvbench.reporting.run_figure import breakdown_of_row, draw_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -46,7 +45,6 @@ def drawn(fig) -> dict:
         "legend": [t.get_text() for t in fig.legends[0].get_texts()],
         "size": tuple(fig.get_size_inches()),
     }
-    pyplot().close(fig)
     return shown
 
 
@@ -73,7 +71,6 @@ def test_a_single_runs_figure_holds_all_it_draws_so_it_is_saved_uncropped(alloca
     tick_box, legend_box = tick.get_window_extent(renderer), fig.legends[0].get_window_extent(renderer)
     title_box, axes_box = fig._suptitle.get_window_extent(renderer), ax.get_window_extent(renderer)
     label_box = ax.yaxis.label.get_window_extent(renderer)
-    pyplot().close(fig)
     assert 0 <= drawn_box.x0 and drawn_box.x1 <= width and 0 <= drawn_box.y0 and drawn_box.y1 <= height
     assert tick.get_text() == allocator and legend_box.y1 < tick_box.y0  # the label above the legend
     assert axes_box.y1 < title_box.y0 and label_box.x0 > 0

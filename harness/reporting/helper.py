@@ -99,11 +99,13 @@ def main(kind: str) -> None:
 
     jobs: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read_messages, args=(jobs, answer), daemon=True).start()
-    from kvbench.reporting.figures import pyplot
+    import matplotlib.backends.backend_agg  # noqa: F401 (matplotlib and the canvas figures.subplots draws on)
+    import matplotlib.figure  # noqa: F401
 
-    pyplot()
     if kind == "sweep":
         import kvbench.reporting.report  # noqa: F401 (pandas, the plots, the verdict)
+    else:
+        import kvbench.reporting.run_figure  # noqa: F401 (the figure's module and the results' helpers)
     job = jobs.get()
     if job is not None:
         if job["job"] == "run":

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.figures import MAX_WIDTH_IN, pyplot, save_figure
-
-plt = pyplot()
+from kvbench.reporting.figures import MAX_WIDTH_IN, save_figure, subplots
 
 SERIES_KEYS = ("backend", "allocator", "layout", "graph", "dtype", "model", "window")
 
@@ -31,7 +29,7 @@ def series_label(row: pd.Series, keys: list[str], interpreted: bool) -> str:
 def latency_vs_context(frame: pd.DataFrame, out_dir: Path) -> Path:
     frame = frame.assign(_interpreted=_interpreted(frame))
     keys = [k for k in SERIES_KEYS if k in frame and frame[k].astype(str).nunique() > 1] or ["backend"]
-    fig, (lat, bw) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.5))
+    fig, (lat, bw) = subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.5))
     for _, points in frame.groupby([*keys, "num_seqs", "_interpreted"], sort=True, dropna=False):
         points = points.sort_values("context_len")
         interpreted = bool(points["_interpreted"].iloc[0])

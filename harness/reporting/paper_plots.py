@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.figures import pyplot, save_figure
+from kvbench.reporting.figures import save_figure, subplots
 from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS
-
-plt = pyplot()
 
 COLORS = {
     "token states": "#2b8a3e",
@@ -33,7 +31,7 @@ def fig2_breakdown(rows: list[dict], out: Path) -> Path:
     parts = [(name, column, "//" * (column == "kv_rounding_frac")) for name, cs in FIG2_PARTS.items() for column in cs]
     means = _numbers(rows, *(c for _, c, _ in parts)).groupby("allocator")[[c for _, c, _ in parts]].mean()
     systems = [a for a in PAPER_ORDER if a in means.index]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = subplots(figsize=(7, 4.2))
     for i, allocator in enumerate(systems):
         bottom = 0.0
         for (name, _, hatch), share in zip(parts, means.loc[allocator]):
@@ -78,7 +76,7 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
     """Normalized latency against rate, per workload, with the target and each system's knee."""
     frame = _numbers(rows, "rate", "normalized_latency_s_per_tok")
     workloads = sorted(frame["workload"].unique())
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
+    fig, axes = subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         curves = frame[frame["workload"] == workload].pivot_table(
             index="rate", columns="allocator", values="normalized_latency_s_per_tok"
@@ -101,7 +99,7 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
 def sharing_savings(points: dict, out: Path) -> Path:
     """One panel per sharing mode: % of blocks saved against the width, per workload, over the
     paper's range for that workload (shaded)."""
-    fig, axes = plt.subplots(1, len(SHARING), figsize=(10, 4), squeeze=False)
+    fig, axes = subplots(1, len(SHARING), figsize=(10, 4), squeeze=False)
     for ax, (mode, (name, knob)) in zip(axes[0], SHARING.items()):
         for workload in dict.fromkeys(w for w, m in FIG14_15 if m == mode):
             mine = {width: rows for (w, m, width), rows in points.items() if (w, m) == (workload, mode)}

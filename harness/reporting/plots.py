@@ -20,8 +20,8 @@ from kvbench.reporting.figures import (
     context_title,
     kv_figure,
     legend_below,
-    pyplot,
     save_figure,
+    subplots,
 )
 from kvbench.reporting.results import (
     curve_keys,
@@ -32,8 +32,6 @@ from kvbench.reporting.results import (
     table,
     varying_keys,
 )
-
-plt = pyplot()
 
 # (column, axis label, log scale) of the throughput / latency figure
 PANELS = [
@@ -117,7 +115,7 @@ def throughput_latency(frame: pd.DataFrame):
     # bars of more than four settings get two panels a row: four a row leave each too narrow for their names
     rows = 2 if not x and len(panels) > 2 and len(bar_table(frame, panels[0][0])[1]) > 4 else 1
     cols = -(-len(panels) // rows)
-    fig, axes = plt.subplots(rows, cols, figsize=(MAX_WIDTH_IN, 3.9 * rows), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, 3.9 * rows), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
         if x:
             _lines(ax, frame, metric, markersize=3)
@@ -142,7 +140,7 @@ def _lines(ax, frame: pd.DataFrame, metric: str, **style) -> None:
 
 
 def latency_vs_rate(frame: pd.DataFrame):
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = subplots(figsize=(8, 4.8))
     _lines(ax, frame, "normalized_latency_s_per_tok")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")

@@ -212,12 +212,10 @@ def markdown(rows: list[dict], head: str) -> str:
 def step_plot(measured_s: list, predicted_s: np.ndarray, sim_engine, path) -> float:
     """Measured vs predicted time of the same steps, and the simulated run's own steps; returns
     the median per-step relative error."""
-    from kvbench.reporting.figures import pyplot, save_figure
-
-    plt = pyplot()
+    from kvbench.reporting.figures import save_figure, subplots
 
     measured = np.asarray(measured_s)
-    fig, (over_run, scatter) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (over_run, scatter) = subplots(1, 2, figsize=(12, 4.2))
     smooth = lambda a: np.convolve(a, np.ones(15) / 15, mode="same") if len(a) > 15 else a
     over_run.plot(smooth(measured) * 1e3, label="measured (serve)", lw=1.2)
     over_run.plot(smooth(predicted_s) * 1e3, label="calibrated model, same batches", lw=1.2)
