@@ -110,10 +110,11 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
     if ok.empty or rate_axis(ok) is None:
         rates = sorted(pd.to_numeric(ok.get("rate", pd.Series()), errors="coerce").unique())
         listed = ", ".join(f"{r:g}" for r in rates) or "none"
+        several_finite = len(rates) > 1 and all(math.isfinite(r) for r in rates)
         taken = (
             f"each curve was taken at one request rate (rates: {listed})"
-            if len(rates) > 1
-            else (f"the points were not taken at several finite request rates (rate: {listed})")
+            if several_finite  # each workload at its own rate (fig13)
+            else f"the points were not taken at several finite request rates (rate: {listed})"
         )
         return pd.DataFrame(), [
             f"{taken}; sweep workload.rate (e.g. workload.rate=1,2,4,8) to find where each system crosses "
