@@ -509,7 +509,9 @@ def swept_values(config, key: str) -> list[str] | None:
     given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
     values = None
     for override in OverridesParser.create().parse_overrides([*params, *given]):
-        if override.key_or_group == key:
+        if override.key_or_group == key and override.is_delete():
+            values = None  # `~workload`: whatever that leaves is refused elsewhere
+        elif override.key_or_group == key:
             taken = override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]
             values = [str(value) for value in taken]
     return values
