@@ -642,6 +642,15 @@ RUN_CASES = [
     # 16 points ran (450 s of arrivals each), then "no successful point ... is one the paper measured"
     (["+experiment=fig12", "+allocator=paged", "hydra.sweep.dir=FILES/sweep-m"], "fig12's ratios compare paged with"),
     (["+experiment=fig12", "workload=alpaca", "hydra.sweep.dir=FILES/sweep-n"], "fig12's ratios are ShareGPT's"),
+    # glob() made the check before the sweep fail (a Hydra warning), and fig12.point=r3 ran
+    (
+        ["+experiment=fig12", "+allocator=glob(p*)", "fig12.point=r3", "hydra.sweep.dir=FILES/sweep-o"],
+        "fig12.point=r3 fixes it to one",
+    ),
+    # "report.ttftz is not a key of report": the middle of a nested dict was dropped
+    (["report={goodput:{ttftz:1}}"], "report.goodput.ttftz is not a key of report.goodput; did you mean report"),
+    # "(its keys: )": an experiment's table has no schema of its own
+    (["+experiment=fig12", "fig12.rates.sharegptz=1"], "(--cfg job -p fig12 beside the same overrides prints"),
     # "scenario.profiling is not a key of the chosen scenario; scenario=validate has it", under validate
     (
         ["scenario=validate", "scenario.profiling={steps:3}"],

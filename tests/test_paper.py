@@ -348,3 +348,27 @@ def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_befor
     line = refused(lambda: cli.main([*args, f"hydra.sweep.dir={tmp_path / 'sweep'}"]))
     assert said in line
     assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
+
+
+@pytest.mark.parametrize(
+    "given, key, values",
+    [
+        ([], "workload", ["sharegpt", "alpaca"]),  # the experiment's params
+        (["workload=sharegpt"], "workload", ["sharegpt"]),  # the command line's win
+        (["workload='sharegpt','alpaca'"], "workload", ["sharegpt", "alpaca"]),  # quotes are not part of a value
+        (['+allocator="paged","oracle"'], "allocator", ["paged", "oracle"]),
+        (["+allocator=choice(paged,pow2)"], "allocator", ["paged", "pow2"]),
+        (["+allocator=glob(p*)"], "allocator", None),  # only the sweeper can expand it: unknown, not refused
+        (["~workload"], "workload", None),
+        ([], "seed", None),
+    ],
+)
+def test_the_values_a_sweep_runs_are_read_as_the_sweeper_combines_them(given, key, values):
+    from omegaconf import OmegaConf
+
+    from kvbench.reporting.paper import swept_values
+
+    config = OmegaConf.create(
+        {"hydra": {"sweeper": {"params": {"workload": "sharegpt,alpaca"}}, "overrides": {"task": given}}}
+    )
+    assert swept_values(config, key) == values

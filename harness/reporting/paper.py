@@ -502,18 +502,26 @@ NEEDED_AXES = {
 def swept_values(config, key: str) -> list[str] | None:
     """The values a sweep's points take for `key` (a group or key, with or without its +), as the
     basic sweeper combines them: the experiment's params, then the command line's, the later
-    winning; None where neither names it (the config's one value)."""
+    winning; None where neither names it (the config's one value), or where only the sweeper
+    knows them (glob(), which it expands against the config's options)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
     values = None
     for override in OverridesParser.create().parse_overrides([*params, *given]):
-        if override.key_or_group == key and override.is_delete():
+        if override.key_or_group != key:
+            continue
+        if override.is_delete():
             values = None  # `~workload`: whatever that leaves is refused elsewhere
-        elif override.key_or_group == key:
-            taken = override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]
-            values = [str(value) for value in taken]
+            continue
+        try:
+            taken = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        except HydraException:  # glob(): expanded by the sweeper, against the config's options
+            values = None
+            continue
+        values = [str(getattr(value, "text", value)) for value in taken]  # 'sharegpt': its text
     return values
 
 

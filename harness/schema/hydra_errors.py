@@ -165,7 +165,8 @@ def hydra_line(err: BaseException) -> str | None:
             chosen = cause is not None and f"Key '{group}' is not in struct" not in str(cause)
             missing = str(cause).split("Key '", 1)[-1].split("'", 1)[0] if cause is not None else ""
             if "={" in add and missing and missing not in key.split("."):  # KEY={a:1}: a is what is unknown
-                return _unknown_key(f"{key}.{missing}", "", chosen, missing)
+                inner = str(getattr(cause, "full_key", "") or "")  # KEY={a:{b:1}}: OmegaConf's KEY.a.b
+                return _unknown_key(inner if inner.startswith(f"{key}.") else f"{key}.{missing}", "", chosen, missing)
             return _unknown_key(key, add, chosen, missing)
         if message.startswith("Ambiguous value for argument"):
             return (
