@@ -322,6 +322,9 @@ def test_a_key_that_only_names_the_rate_does_not_cut_the_curves():
     assert curve_keys(frame, ["allocator", "workload", "fig12.point"]) == ["allocator", "workload"]
     seeds = pd.concat([linear_sweep(range(1, 4)).assign(seed=s) for s in (0, 1)], ignore_index=True)
     assert curve_keys(seeds, ["allocator", "seed"]) == ["allocator", "seed"]  # a real key stays
+    # failed points can leave a real key one value a rate: seed 0 at rate 1, seed 1 at rate 2
+    survivors = linear_sweep([1, 2]).assign(seed=[0, 0, 1, 1])
+    assert curve_keys(survivors, ["allocator", "seed"]) == ["allocator", "seed"]
     series = [(name, len(rows)) for name, _, _, rows in plots._series(frame)]
     assert sorted(series) == sorted(
         (f"{a}, workload={w}", 12) for a in ("contiguous", "paged") for w in ("sharegpt", "alpaca")
@@ -452,3 +455,42 @@ def test_a_single_runs_row_is_written_as_pandas_writes_it(tmp_path):
     write_csv(tmp_path / "one.csv", [row])
     write_csv(tmp_path / "pandas.csv", pd.DataFrame([row]))
     assert (tmp_path / "one.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_an_infinite_rate_is_on_no_curve_and_the_finite_rates_still_make_one():
+    from kvbench.reporting.results import rate_axis
+    from kvbench.reporting.winners import capacity
+
+    frame = linear_sweep([*range(1, 13), float("inf")])
+    frame.loc[frame["rate"] == float("inf"), "normalized_latency_s_per_tok"] = 9.0
+    assert rate_axis(frame) == "rate"
+    found, unplaced = capacity(frame, 0.5, "contiguous")
+    assert unplaced == [] and found.set_index("allocator")["capacity_req_s"].round(3).to_dict() == {
+        "contiguous": 5.0,
+        "paged": 10.0,
+    }
+    assert rate_axis(linear_sweep([4, float("inf")])) is None  # one finite rate: no curve
+
+
+def test_two_sweeps_of_one_system_each_keep_one_panel_of_bars(monkeypatch):
+    """A per-setting panel is for settings that hold several systems: two sweeps of one system
+    each (an A/B comparison) would give a panel per bar."""
+    frame = fig13_like()
+    frame = frame[frame["allocator"].isin(["paged", "oracle"])]
+    frame = frame.assign(sweep=frame["allocator"].map({"paged": "a", "oracle": "b"}))
+    drawn = []
+    monkeypatch.setattr(plots, "kv_figure", lambda panels, rates, title: drawn.append(panels))
+    plots.kv_breakdown(frame)
+    ((panel,),) = drawn
+    assert len(panel[1]) == 12
+
+
+def test_a_tall_figure_keeps_its_panels_below_its_title():
+    frame = pd.concat([fig13_like().assign(block_size=b) for b in (8, 16, 32)], ignore_index=True)
+    fig = plots.kv_breakdown(frame)  # 18 panels, 9 rows
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (title,) = [t for t in fig.texts if t.get_text() == fig.get_suptitle()]
+    reach = max(ax.get_tightbbox(renderer).y1 for ax in fig.axes if ax.get_visible())
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 18
+    assert reach < title.get_window_extent(renderer).y0

@@ -98,10 +98,25 @@ def legend_below(fig, ax, margins_in: tuple[float, float, float, float] | None =
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 5), frameon=False)
     if margins_in is None:
         fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
+        _clear_of_title(fig)
         return
     left, right, bottom, top = margins_in
     width, height = fig.get_size_inches()
     fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
+
+
+def _clear_of_title(fig) -> None:
+    """Lower the panels where tight_layout left them under the figure's title (it spares the
+    title too little room in a tall figure: four rows of panels and more)."""
+    title = next((t for t in fig.texts if t.get_text() == fig.get_suptitle()), None) if fig.get_suptitle() else None
+    if title is None:
+        return
+    renderer = fig.canvas.get_renderer()
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    reach = max(ax.get_tightbbox(renderer).y1 for ax in visible)  # pixels, titles of the top row included
+    floor = title.get_window_extent(renderer).y0 - 0.1 * fig.dpi  # a tenth of an inch below the title
+    if reach > floor:
+        fig.subplots_adjust(top=fig.subplotpars.top - (reach - floor) / fig.bbox.height)
 
 
 def kv_figure(panels: list[tuple[str, list[str], list[list[float]]]], rates: bool, title: str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvbench.reporting.figures import (
@@ -75,26 +76,34 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
     values.plot.bar(
         ax=ax, width=0.8, legend=False, rot=0, color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns]
     )
-    if len(names) > 3:  # a name a line per key, level: rotated, long names overlap and squeeze the axes
-        ax.set_xticks(range(len(names)), [name.replace(", ", "\n") for name in names], fontsize=6.5)
-    else:
-        ax.set_xticks(range(len(names)), names)
     ax.set_xlabel("")
+    if len(names) <= 3:
+        ax.set_xticks(range(len(names)), names)
+        return
+    # A name a line per key, level, in a font small enough for its slot (rotated, long names
+    # overlap and squeeze the axes); rotated only where even 5 pt would not fit (12 settings and more).
+    stacked = [name.replace(", ", "\n") for name in names]
+    widest = max(len(line) for name in stacked for line in name.split("\n"))
+    slot_in = ax.get_position().width * ax.figure.get_figwidth() / len(names)
+    size = min(7.0, 72 * slot_in / (0.62 * widest))  # a character is about 0.62 em wide
+    if size >= 5:
+        ax.set_xticks(range(len(names)), stacked, fontsize=size)
+    else:
+        ax.set_xticks(range(len(names)), names, fontsize=6.5, rotation=30, ha="right")
 
 
 def kv_breakdown(frame: pd.DataFrame):
     """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep."""
     x = rate_axis(frame)
     keys = [k for k in varying_keys(frame) if k != "allocator"]
+    settings = frame.groupby(keys, sort=False, dropna=False) if keys and "allocator" in frame else None
     if x:
         groups = [(name, rows) for name, _, _, rows in _series(frame)]
-    elif keys and len(frame) > 8 and "allocator" in varying_keys(frame):
-        # many points of several systems (fig13: 2 workloads x 3 seeds x 4 systems): a panel per
-        # setting, a bar per system, where one panel of 24 bars would need 24 rotated names
-        groups = [
-            (point_labels(rows.iloc[:1], keys).iloc[0], rows)
-            for _, rows in frame.groupby(keys, sort=False, dropna=False)
-        ]
+    elif len(frame) > 8 and settings is not None and settings["allocator"].nunique().min() > 1:
+        # many points, several systems at every setting (fig13: 2 workloads x 3 seeds x 4
+        # systems): a panel per setting, a bar per system, where one panel of 24 bars would need
+        # 24 rotated names (not two sweeps of one system each: their settings hold one bar)
+        groups = [(point_labels(rows.iloc[:1], keys).iloc[0], rows) for _, rows in settings]
     else:
         groups = [("", frame)]
     panels = []
@@ -131,10 +140,11 @@ def throughput_latency(frame: pd.DataFrame):
 
 
 def _lines(ax, frame: pd.DataFrame, metric: str, **style) -> None:
+    rates = pd.to_numeric(frame["rate"], errors="coerce")
+    frame, rates = frame[np.isfinite(rates)], rates[np.isfinite(rates)]  # rate=inf is on no line
     for name, color, line, rows in _series(frame):
         ax.plot(pd.to_numeric(rows["rate"]), rows[metric], line, marker="o", color=color, label=name, **style)
     ax.set_xlabel("request rate (req/s)")
-    rates = pd.to_numeric(frame["rate"])
     if rates.min() > 0 and rates.max() > 20 * rates.min():  # curves over decades of load (fig12's workloads)
         ax.set_xscale("log")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
@@ -120,7 +121,9 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
             f"{taken}; sweep workload.rate (e.g. workload.rate=1,2,4,8) to find where each system crosses "
             f"{slo:g} s/token"
         ]
-    keys = curve_keys(ok, [k for k in varying_keys(ok) if k not in ("rate", "allocator")])
+    ok = ok[np.isfinite(pd.to_numeric(ok["rate"], errors="coerce"))]  # rate=inf is on no curve
+    # the curves the plots draw (plots._series): every key but the rate and those that only name it
+    keys = [k for k in curve_keys(ok, [k for k in varying_keys(ok) if k != "rate"]) if k != "allocator"]
     found, unplaced = [], []
     for _, rows in ok.groupby(keys, sort=False, dropna=False) if keys else [((), ok)]:
         setting = point_labels(rows.iloc[:1], keys).iloc[0] if keys else ""
