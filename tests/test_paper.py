@@ -372,3 +372,42 @@ def test_the_values_a_sweep_runs_are_read_as_the_sweeper_combines_them(given, ke
         {"hydra": {"sweeper": {"params": {"workload": "sharegpt,alpaca"}}, "overrides": {"task": given}}}
     )
     assert swept_values(config, key) == values
+
+
+def test_a_fig12_curve_its_rates_cannot_place_leaves_the_others_compared_then_is_the_error(tmp_path):
+    """ShareGPT's curves cross the target; Alpaca's oracle never does (its sweep too short): the
+    ShareGPT ratios, the capacities placed and the figure are written, then the error names it."""
+    slope = {"contiguous": 0.1, "oracle": 0.05, "paged": 0.02}  # s/token per req/s: cross 0.5 at 5, 10, 25
+    rows = [
+        {
+            "allocator": a,
+            "workload": "sharegpt",
+            "rate": str(r),
+            "status": "ok",
+            "normalized_latency_s_per_tok": str(k * r),
+        }
+        for a, k in slope.items()
+        for r in (1, 2, 4, 8, 16, 32)
+    ]
+    rows += [
+        {
+            "allocator": a,
+            "workload": "alpaca",
+            "rate": str(r),
+            "status": "ok",
+            "normalized_latency_s_per_tok": str(v * r),
+        }
+        for a, v in (("contiguous", 0.1), ("oracle", 0.001))
+        for r in (4, 8, 16)
+    ]
+    for point, row in enumerate(rows):
+        (tmp_path / f"p{point}").mkdir()
+        (tmp_path / f"p{point}" / "metrics.csv").write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    with pytest.raises(UserError) as refused:
+        write_comparison(tmp_path, {"paper": "fig12"})
+    assert "oracle on alpaca (rates 4, 8, 16) never exceeds" in str(refused.value)
+    assert "(paper_comparison.csv, paper_comparison.md, capacity.csv, fig12_latency.png written" in str(refused.value)
+    compared = (tmp_path / "paper_comparison.csv").read_text()
+    assert "vLLM / Orca (Oracle)" in compared and "vLLM / Orca (Max)" in compared
+    capacity = (tmp_path / "capacity.csv").read_text().splitlines()
+    assert len(capacity) == 1 + 3 + 1  # ShareGPT's three systems, Alpaca's contiguous: its oracle is left out

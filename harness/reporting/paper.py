@@ -209,8 +209,21 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
-def capacities(rows: list[dict], slo: float) -> dict[tuple[str, str], float]:
-    """(workload, allocator) -> the highest request rate with normalized latency <= `slo`."""
+def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> dict[tuple[str, str], float]:
+    """(workload, allocator) -> the highest request rate with normalized latency <= `slo`. A curve
+    whose rates cannot place it is an error; where `unplaced` is given, its reason goes there
+    under (workload, allocator) instead, and the other curves are placed."""
+    try:
+        return _capacities(rows, slo, unplaced)
+    except _Unplaced as err:
+        raise UserError(str(err)) from None
+
+
+class _Unplaced(Exception):
+    pass
+
+
+def _capacities(rows: list[dict], slo: float, unplaced: dict | None) -> dict[tuple[str, str], float]:
     series = defaultdict(lambda: defaultdict(list))
     for r in _ok(rows):
         latency = number(r, "normalized_latency_s_per_tok")
@@ -220,20 +233,26 @@ def capacities(rows: list[dict], slo: float) -> dict[tuple[str, str], float]:
         rates = sorted(by_rate)
         latency = [float(np.mean(by_rate[rate])) for rate in rates]
         where = f"{allocator} on {workload} (rates {', '.join(f'{x:g}' for x in rates)})"
+        above = next((i for i, v in enumerate(latency) if v > slo), None)
+        reason = None
         if len(rates) < 2:
-            raise UserError(f"report: {where} has fewer than 2 rates: a rate sweep is needed to find its knee")
-        if latency[0] > slo:
-            raise UserError(
+            reason = f"report: {where} has fewer than 2 rates: a rate sweep is needed to find its knee"
+        elif latency[0] > slo:
+            reason = (
                 f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
                 f"rate ({latency[0]:.3g} s/token): add lower workload.rate values"
             )
-        above = next((i for i, v in enumerate(latency) if v > slo), None)
-        if above is None:
-            raise UserError(
+        elif above is None:
+            reason = (
                 f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "
                 f"{latency[-1]:.3g} s/token): the sweep is too short to find its knee; "
                 f"add higher workload.rate values"
             )
+        if reason is not None:
+            if unplaced is None:
+                raise _Unplaced(reason)
+            unplaced[(workload, allocator)] = reason
+            continue
         # interpolate in log latency: the curve is close to exponential around its knee
         lo, hi = np.log(latency[above - 1]), np.log(latency[above])
         found[(workload, allocator)] = float(np.interp(np.log(slo), [lo, hi], [rates[above - 1], rates[above]]))
@@ -261,7 +280,7 @@ def capacity_rows(found: dict, baseline: str) -> list[dict]:
 
 
 def fig12(rows: list[dict], cfg) -> list[dict]:
-    found = capacities(rows, cfg["slo"])
+    found = capacities(rows, cfg["slo"], cfg.get("unplaced"))
     out = []
     for (system, other), paper in FIG12.items():
         if ("sharegpt", system) in found and ("sharegpt", other) in found:
@@ -464,7 +483,12 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     if not _ok(rows):
         raise UserError(f"{sweep_dir} has no successful point to compare with the paper")
     name = settings["paper"]
+    # fig12: a curve its rates cannot place (a workload's sweep too short) leaves the others'
+    # comparison and capacities written, and is the error after them
+    unplaced = settings["unplaced"] = {}
     compared = FIGURES[name](rows, settings)
+    if not compared and unplaced:  # the reason of a curve the comparison needed (fig12's: ShareGPT's) first
+        raise UserError(sorted(unplaced.items(), key=lambda item: item[0][0] != "sharegpt")[0][1])
     if not compared:  # fig13: no point at one of the paper's rates
         raise UserError(
             f"report.paper={name}: no successful point of {sweep_dir} is one the paper measured "
@@ -474,19 +498,24 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     write_csv(written[0], compared)
     write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's"))
     if name == "fig12":
-        found = capacities(rows, settings["slo"])
-        write_csv(sweep_dir / "capacity.csv", capacity_rows(found, settings["baseline"]))
+        found = capacities(rows, settings["slo"], {})
+        baseline = settings["baseline"]  # a workload whose baseline is unplaced has no ratios
+        placed = {key: c for key, c in found.items() if (key[0], baseline) not in unplaced}
+        write_csv(sweep_dir / "capacity.csv", capacity_rows(placed, baseline))
         written.append(sweep_dir / "capacity.csv")
-    if not plots:
-        return written
-    from kvbench.reporting import paper_plots  # matplotlib is slow to load; only plots need it
+    if plots:
+        from kvbench.reporting import paper_plots  # matplotlib is slow to load; only plots need it
 
-    if name == "fig2":
-        written.append(paper_plots.fig2_breakdown(_ok(rows), sweep_dir))
-    if name == "fig14_15":
-        written.append(paper_plots.sharing_savings(sharing_points(rows), sweep_dir))
-    if name == "fig12":
-        written.append(paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir))
+        if name == "fig2":
+            written.append(paper_plots.fig2_breakdown(_ok(rows), sweep_dir))
+        if name == "fig14_15":
+            written.append(paper_plots.sharing_savings(sharing_points(rows), sweep_dir))
+        if name == "fig12":
+            written.append(paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir))
+    if unplaced:
+        first, *rest = unplaced.values()
+        more = f"; {len(rest)} more curve(s) cannot be placed either" if rest else ""
+        raise UserError(f"{first}{more} ({', '.join(p.name for p in written)} written from the curves placed)")
     return written
 
 

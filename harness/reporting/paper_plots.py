@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.figures import save_figure, subplots
+from kvbench.reporting.figures import SYSTEM_COLORS, save_figure, subplots
 from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS
 
 COLORS = {
@@ -82,7 +82,9 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
             index="rate", columns="allocator", values="normalized_latency_s_per_tok"
         )  # the mean over seeds at each rate
         for allocator in [a for a in PAPER_ORDER if a in curves]:
-            (line,) = ax.plot(curves[allocator].dropna(), marker="o", label=SYSTEMS[allocator])
+            (line,) = ax.plot(
+                curves[allocator].dropna(), marker="o", label=SYSTEMS[allocator], color=SYSTEM_COLORS.get(allocator)
+            )  # each system's colour in every kvbench figure
             knee = capacity.get((workload, allocator))
             if knee is not None:
                 ax.axvline(knee, color=line.get_color(), linestyle=":", linewidth=1)
