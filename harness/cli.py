@@ -140,7 +140,7 @@ UNREAD_HINTS = {
 # the roofline's step-time knobs (cost_model); a calibrated executor times steps from its profile
 # (the peak FLOP/s still models what recomputing the preempted tokens would cost)
 ROOFLINE_STEP_KEYS = ("hardware.hbm_bytes_per_s", "hardware.hbm_efficiency", "hardware.step_overhead_s")
-# what times a swap: a run that recomputes swaps nothing
+# what times a swap, read (as the swap pool's size) only with engine.preemption=swap
 SWAP_KEYS = ("hardware.pcie_bytes_per_s", "hardware.copy_latency_s")
 # scenario=kernel's timing knobs by device: do_bench on cuda, torch's Timer on cpu
 KERNEL_CUDA_KEYS = ("scenario.warmup_ms", "scenario.rep_ms", "scenario.cuda_graph")
@@ -185,10 +185,12 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
         raise UserError(
             f"engine.swap_space_bytes is not read by scenario=serve, whose swap pool is {pool}: set that instead"
         )
-    if pool in overridden and str(cfg.engine.get("preemption")) != "swap":
+    unread = next((k for k in (pool, *SWAP_KEYS) if k in overridden), None)  # the swap pool and its timing
+    if unread and str(cfg.engine.get("preemption")) != "swap":
         raise UserError(
-            f"{pool} is read only with engine.preemption=swap; engine.preemption={cfg.engine.get('preemption')} "
-            f"recomputes what it preempts: drop it, or set engine.preemption=swap"
+            f"{unread} {'is' if unread == pool else 'times swaps,'} read only with engine.preemption=swap; "
+            f"engine.preemption={cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set "
+            f"engine.preemption=swap"
         )
     roofline_unread = [k for k in ROOFLINE_UNREAD if k in overridden]
     if scenario == "simulate" and roofline_unread and cfg.get("executor", {}).get("name") == "roofline":
@@ -250,12 +252,6 @@ def refuse_unread_settings(cfg: DictConfig, scenario: str, overridden: list[str]
                 f"hardware.gpu_memory_utilization is not read: it sizes the simulated KV pool from the GPU's memory, "
                 f"and this run's pool is {pool}: drop one"
             )
-    unread = next((k for k in SWAP_KEYS if k in overridden), None)
-    if unread and str((cfg.get("engine") or {}).get("preemption")) != "swap":
-        raise UserError(
-            f"{unread} times swaps, read only with engine.preemption=swap; engine.preemption="
-            f"{(cfg.get('engine') or {}).get('preemption')} swaps nothing: drop it, or set engine.preemption=swap"
-        )
     if scenario == "kernel":
         from kvbench.scenarios.build import resolve_device
 
@@ -815,7 +811,7 @@ def main(argv: list[str] | None = None) -> None:
             else "the run wrote no result"
         )
     except Exception as err:
-        line = sweeper_params_line(err, parsed.overrides) or hydra_line(err)
+        line = sweeper_params_line(err, [split_override(o)[0] for o in parsed.overrides]) or hydra_line(err)
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
         exit_with(UserError(line) if line is not None else err)

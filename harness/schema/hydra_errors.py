@@ -204,11 +204,10 @@ def hydra_line(err: BaseException) -> str | None:
     return None
 
 
-def sweeper_params_line(err: BaseException, overrides: list[str]) -> str | None:
+def sweeper_params_line(err: BaseException, keys: list[str]) -> str | None:
     """One line where an override set a key inside `hydra.sweeper.params` of a config that leaves
     it null (every config but an experiment's): Hydra and OmegaConf then fail with an assertion or
-    an attribute error, not a message. None where no override names it."""
-    keys = [override.split("=", 1)[0].lstrip("+~") for override in overrides]
+    an attribute error, not a message. None where no override's key (`keys`) names it."""
     if not any(key == "hydra.sweeper.params" or key.startswith("hydra.sweeper.params.") for key in keys):
         return None
     if "NoneType" not in f"{err} {err.__cause__ or err.__context__ or ''}":  # not the null params

@@ -36,11 +36,11 @@ def closest(name: str, known) -> str:
 
 def unknown_key(key: str, fields: list[str], where: str) -> str:
     """`KEY is not a key of WHERE; did you mean NEAREST? (its keys: ...)`."""
+    if not fields:  # a table the schema does not spell out (an experiment's): the config shows it
+        return f"{key} is not a key of {where} (--cfg job -p {where} beside the same overrides prints its keys)"
     prefix, _, last = key.rpartition(".")
     match = difflib.get_close_matches(last, [f for f in fields if f != last], n=1, cutoff=0.6)
     hint = f"; did you mean {prefix + '.' if prefix else ''}{match[0]}?" if match else ""
-    if not fields:  # a table the schema does not spell out (an experiment's): the config shows it
-        return f"{key} is not a key of {where}{hint} (--cfg job -p {where} beside the same overrides prints its keys)"
     return f"{key} is not a key of {where}{hint} (its keys: {', '.join(fields)})"
 
 
