@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.report import NEGATIVE_SLACK, check_statuses, load_rows
+from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks
 from kvbench.reporting.results import identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
@@ -172,13 +172,8 @@ def _numbers(merged: pd.DataFrame, metric: str, side: str, name: str, measured: 
     """A side's metric column as numbers, a blank cell missing. A cell that is not a number is
     bad input, and so is an infinite one in a measured row: no throughput or latency is infinite."""
     cells = merged[f"{metric}{side}"]
-    numbers = pd.to_numeric(cells, errors="coerce")
-    blank = cells.isna() | cells.astype(str).str.strip().eq("")
-    for bad, why in (
-        (numbers.isna() & ~blank, "not a number; a metric cell holds a number, or is blank where the point has none"),
-        (np.isinf(numbers) & measured, "a point that ran has no infinite metric (a blank cell: one it has none of)"),
-        ((numbers < NEGATIVE_SLACK) & measured, f"{metric} is never negative"),
-    ):
+    numbers, checks = metric_cell_checks(metric, cells, measured)
+    for bad, why in checks:
         if bad.any():
             i = bad.idxmax()
             value = repr(cells[i]) if isinstance(cells[i], str) else str(cells[i])

@@ -123,11 +123,9 @@ def check_results(frame: pd.DataFrame, path) -> None:
     ran = frame["status"].fillna("ok").astype(str).eq("ok") if "status" in frame else True
     for column in [c for c in frame.columns if c in KEY_METRICS or c in non_negative_metrics()]:
         cells = frame[column]
-        numbers = pd.to_numeric(cells, errors="coerce")
+        numbers, checks = metric_cell_checks(column, cells, ran)
         for bad, why in (
-            (cells.notna() & numbers.isna(), "a metric cell holds a number, or is blank where the point has none"),
-            (np.isinf(numbers) & ran, "a point that ran has no infinite metric (blank: one it has none of)"),
-            ((numbers < NEGATIVE_SLACK) & ran, f"{column} is never negative"),
+            *checks,
             # the verdict's ratios divide by it: a request takes time, so a point that ran has one > 0
             ((numbers == 0) & ran & (column == "normalized_latency_s_per_tok"), f"{column} of a point that ran is > 0"),
         ):
@@ -136,6 +134,19 @@ def check_results(frame: pd.DataFrame, path) -> None:
                 value = repr(cell) if isinstance(cell, str) else cell_text(cell)
                 raise UserError(f"{path}: {column} is {value} in row {bad.to_numpy().argmax() + 1}; {why}")
     refuse_repeated_points(frame, path)
+
+
+def metric_cell_checks(column: str, cells: pd.Series, ran) -> tuple[pd.Series, list]:
+    """A metric column as numbers (a blank cell missing), and what its cells must pass, as (the
+    rows that fail, why): a number or blank; not infinite, nor negative, where the point ran.
+    bench-report and bench-compare check their inputs' cells alike."""
+    numbers = pd.to_numeric(cells, errors="coerce")
+    blank = cells.isna() | cells.astype(str).str.strip().eq("")
+    return numbers, [
+        (numbers.isna() & ~blank, "not a number; a metric cell holds a number, or is blank where the point has none"),
+        (np.isinf(numbers) & ran, "a point that ran has no infinite metric (a blank cell: one it has none of)"),
+        ((numbers < NEGATIVE_SLACK) & ran, f"{column} is never negative"),
+    ]
 
 
 @functools.lru_cache(maxsize=1)
@@ -181,7 +192,8 @@ def refuse_repeated_points(frame: pd.DataFrame, path) -> None:
             if "point" in frame
             else f"its rows {first + 1} and {second + 1}"
         )
-        label = ", ".join(f"{k}={v}" for k, v in texts.iloc[second].items() if v and k in point_keys(frame))
+        named = point_keys(frame)
+        label = ", ".join(f"{k}={v}" for k, v in texts.iloc[second].items() if v and k in named)
         raise UserError(
             f"{path} holds two rows of one point ({label or 'the only point'}; {where}): give each point once"
         )
