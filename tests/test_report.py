@@ -20,7 +20,7 @@ import pytest
 
 from kvbench.reporting import plots, report
 from kvbench.reporting.figures import KV_PARTS
-from kvbench.reporting.results import read_csv, write_csv
+from kvbench.reporting.results import rate_curves, read_csv, write_csv
 from kvbench.reporting.winners import winners
 
 SMALL = ["workload.num_requests=50", "workload.duration_s=null", "progress=false"]
@@ -325,7 +325,7 @@ def test_a_key_that_only_names_the_rate_does_not_cut_the_curves():
     # failed points can leave a real key one value a rate: seed 0 at rate 1, seed 1 at rate 2
     survivors = linear_sweep([1, 2]).assign(seed=[0, 0, 1, 1])
     assert curve_keys(survivors, ["allocator", "seed"]) == ["allocator", "seed"]
-    series = [(name, len(rows)) for name, _, _, rows in plots._series(frame)]
+    series = [(name, len(rows)) for name, _, _, rows in plots._series(frame, rate_curves(frame))]
     assert sorted(series) == sorted(
         (f"{a}, workload={w}", 12) for a in ("contiguous", "paged") for w in ("sharegpt", "alpaca")
     )
@@ -359,11 +359,9 @@ def fig13_like() -> pd.DataFrame:
 
 
 def test_workloads_each_at_their_own_rate_are_no_rate_sweep(monkeypatch):
-    from kvbench.reporting.results import rate_axis
-
     frame = fig13_like()
-    assert rate_axis(frame) is None  # two rates, but each curve has one
-    assert rate_axis(frame.assign(rate=frame["rate"] * (1 + frame["seed"]))) == "rate"  # a real rate sweep
+    assert rate_curves(frame) is None  # two rates, but each curve has one
+    assert rate_curves(frame.assign(rate=frame["rate"] * (1 + frame["seed"]))) is not None  # a real rate sweep
     verdict = verdict_of(frame)
     assert "each curve was taken at one request rate (rates: 2, 30); sweep workload.rate" in verdict
     assert "fewer than 2 rates" not in verdict
@@ -458,18 +456,17 @@ def test_a_single_runs_row_is_written_as_pandas_writes_it(tmp_path):
 
 
 def test_an_infinite_rate_is_on_no_curve_and_the_finite_rates_still_make_one():
-    from kvbench.reporting.results import rate_axis
     from kvbench.reporting.winners import capacity
 
     frame = linear_sweep([*range(1, 13), float("inf")])
     frame.loc[frame["rate"] == float("inf"), "normalized_latency_s_per_tok"] = 9.0
-    assert rate_axis(frame) == "rate"
+    assert rate_curves(frame) == ["allocator"]
     found, unplaced = capacity(frame, 0.5, "contiguous")
     assert unplaced == [] and found.set_index("allocator")["capacity_req_s"].round(3).to_dict() == {
         "contiguous": 5.0,
         "paged": 10.0,
     }
-    assert rate_axis(linear_sweep([4, float("inf")])) is None  # one finite rate: no curve
+    assert rate_curves(linear_sweep([4, float("inf")])) is None  # one finite rate: no curve
 
 
 def test_two_sweeps_of_one_system_each_keep_one_panel_of_bars(monkeypatch):

@@ -25,11 +25,10 @@ from kvbench.reporting.figures import (
     subplots,
 )
 from kvbench.reporting.results import (
-    curve_keys,
     in_paper_order,
     ok_rows,
     point_labels,
-    rate_axis,
+    rate_curves,
     table,
     varying_keys,
 )
@@ -43,10 +42,13 @@ PANELS = [
 ]
 
 
-def _series(frame: pd.DataFrame):
-    """(name, colour, line style, rows) of each group of points that share every key but rate:
-    one colour per system, one line style per setting of the other keys."""
-    keys = curve_keys(frame, [k for k in varying_keys(frame) if k != "rate"])
+AUTO = object()  # a plot's curves not given: found from its frame (results.rate_curves)
+
+
+def _series(frame: pd.DataFrame, keys: list[str]):
+    """(name, colour, line style, rows) of each curve, the points that share the curve keys
+    (`keys`, from results.rate_curves): one colour per system, one line style per setting of
+    the other keys."""
     if not keys:
         yield point_labels(frame.iloc[:1], []).iloc[0], _color(frame), "-", frame
         return
@@ -92,13 +94,15 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
         ax.set_xticks(range(len(names)), names, fontsize=6.5, rotation=30, ha="right")
 
 
-def kv_breakdown(frame: pd.DataFrame):
-    """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep."""
-    x = rate_axis(frame)
+def kv_breakdown(frame: pd.DataFrame, curves=AUTO):
+    """Stacked KV shares: one bar per point, or per rate in one panel per system in a rate sweep.
+    `curves`: results.rate_curves(frame), where the caller has it."""
+    curves = rate_curves(frame) if curves is AUTO else curves
+    x = "rate" if curves is not None else None
     keys = [k for k in varying_keys(frame) if k != "allocator"]
     settings = frame.groupby(keys, sort=False, dropna=False) if keys and "allocator" in frame else None
     if x:
-        groups = [(name, rows) for name, _, _, rows in _series(frame)]
+        groups = [(name, rows) for name, _, _, rows in _series(frame, curves)]
     elif len(frame) > 8 and settings is not None and settings["allocator"].nunique().min() > 1:
         # many points, several systems at every setting (fig13: 2 workloads x 3 seeds x 4
         # systems): a panel per setting, a bar per system, where one panel of 24 bars would need
@@ -116,10 +120,11 @@ def kv_breakdown(frame: pd.DataFrame):
     return kv_figure(panels, rates=bool(x), title=context_title(frame))
 
 
-def throughput_latency(frame: pd.DataFrame):
+def throughput_latency(frame: pd.DataFrame, curves=AUTO):
     """Throughput, batch size and latency medians: lines against rate in a rate sweep, else
-    grouped bars (one group per setting, one bar per system)."""
-    x = rate_axis(frame)
+    grouped bars (one group per setting, one bar per system). `curves`: as kv_breakdown's."""
+    curves = rate_curves(frame) if curves is AUTO else curves
+    x = curves is not None
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
     # bars of more than four settings get two panels a row: four a row leave each too narrow for their names
     rows = 2 if not x and len(panels) > 2 and len(bar_table(frame, panels[0][0])[1]) > 4 else 1
@@ -127,7 +132,7 @@ def throughput_latency(frame: pd.DataFrame):
     fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, 3.9 * rows), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
         if x:
-            _lines(ax, frame, metric, markersize=3)
+            _lines(ax, frame, metric, curves, markersize=3)
         else:
             _draw_bars(ax, frame, metric)
         ax.set_ylabel(text)
@@ -139,19 +144,19 @@ def throughput_latency(frame: pd.DataFrame):
     return fig
 
 
-def _lines(ax, frame: pd.DataFrame, metric: str, **style) -> None:
+def _lines(ax, frame: pd.DataFrame, metric: str, curves: list[str], **style) -> None:
     rates = pd.to_numeric(frame["rate"], errors="coerce")
     frame, rates = frame[np.isfinite(rates)], rates[np.isfinite(rates)]  # rate=inf is on no line
-    for name, color, line, rows in _series(frame):
+    for name, color, line, rows in _series(frame, curves):
         ax.plot(pd.to_numeric(rows["rate"]), rows[metric], line, marker="o", color=color, label=name, **style)
     ax.set_xlabel("request rate (req/s)")
     if rates.min() > 0 and rates.max() > 20 * rates.min():  # curves over decades of load (fig12's workloads)
         ax.set_xscale("log")
 
 
-def latency_vs_rate(frame: pd.DataFrame):
+def latency_vs_rate(frame: pd.DataFrame, curves=AUTO):
     fig, ax = subplots(figsize=(8, 4.8))
-    _lines(ax, frame, "normalized_latency_s_per_tok")
+    _lines(ax, frame, "normalized_latency_s_per_tok", rate_curves(frame) if curves is AUTO else curves)
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")
     ax.set_title(f"Normalized latency against request rate\n{context_title(frame)}", fontsize=11)
@@ -168,11 +173,12 @@ def draw_all(rows, out: Path) -> list[Path]:
     if "kv_token_util" in frame:
         serving = in_paper_order(frame[frame["kv_token_util"].notna()])
         if len(serving):
-            written.append(save_figure(kv_breakdown(serving), out / "kv_breakdown.png"))
+            curves = rate_curves(serving)  # found once, for every figure
+            written.append(save_figure(kv_breakdown(serving, curves), out / "kv_breakdown.png"))
             if len(serving) > 1:  # one point's would be a bar per panel: the console table, drawn
-                written.append(save_figure(throughput_latency(serving), out / "throughput_latency.png"))
-            if rate_axis(serving):
-                written.append(save_figure(latency_vs_rate(serving), out / "latency_vs_rate.png"))
+                written.append(save_figure(throughput_latency(serving, curves), out / "throughput_latency.png"))
+            if curves is not None:
+                written.append(save_figure(latency_vs_rate(serving, curves), out / "latency_vs_rate.png"))
     if "latency_us_p50" in frame:
         kernel = frame[frame["latency_us_p50"].notna()]
         if len(kernel):

@@ -187,10 +187,12 @@ def curve_keys(frame: pd.DataFrame, keys: list[str]) -> list[str]:
     return kept
 
 
-def rate_axis(frame: pd.DataFrame) -> str | None:
-    """`rate` when some curve (a system's points that share every key but the rate and those that
-    only name it: curve_keys) was taken at several finite request rates; not where each workload
-    ran at its own one rate (fig13). Points at an infinite rate are on no curve."""
+def rate_curves(frame: pd.DataFrame) -> list[str] | None:
+    """The keys that tell the sweep's curves over the request rate apart (curve_keys: every key
+    but the rate and those that only name it), where some curve was taken at several finite
+    rates; None where there is no rate axis (one rate, or each workload at its own one rate, as in
+    fig13). Points at an infinite rate are on no curve. The plots and the verdict's capacities
+    draw and place the same curves from it."""
     import pandas as pd
 
     varying = varying_keys(frame)
@@ -199,7 +201,7 @@ def rate_axis(frame: pd.DataFrame) -> str | None:
     finite = frame[np.isfinite(pd.to_numeric(frame["rate"], errors="coerce"))]  # rate=inf is on no curve
     keys = curve_keys(finite, [k for k in varying if k != "rate"])
     most = finite.groupby(keys, dropna=False)["rate"].nunique().max() if keys else finite["rate"].nunique()
-    return "rate" if len(finite) and most >= 2 else None
+    return keys if len(finite) and most >= 2 else None
 
 
 def cell_text(value) -> str:

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from kvbench.errors import UserError
 from kvbench.reporting.paper import capacities, capacity_rows
-from kvbench.reporting.results import ALLOCATOR_ORDER, curve_keys, ok_rows, point_labels, rate_axis, varying_keys
+from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, rate_curves, varying_keys
 
 METRIC = "normalized_latency_s_per_tok"
 DEFAULT_BASELINE = "contiguous"
@@ -108,7 +108,8 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
     whose crossing of the target the swept rates cannot place."""
     ok = ok_rows(frame)
     ok = ok[ok[METRIC].notna()] if METRIC in ok and "allocator" in ok else ok.iloc[0:0]
-    if ok.empty or rate_axis(ok) is None:
+    curves = None if ok.empty else rate_curves(ok)
+    if curves is None:
         rates = sorted(pd.to_numeric(ok.get("rate", pd.Series()), errors="coerce").unique())
         listed = ", ".join(f"{r:g}" for r in rates) or "none"
         several_finite = len(rates) > 1 and all(math.isfinite(r) for r in rates)
@@ -122,8 +123,7 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
             f"{slo:g} s/token"
         ]
     ok = ok[np.isfinite(pd.to_numeric(ok["rate"], errors="coerce"))]  # rate=inf is on no curve
-    # the curves the plots draw (plots._series): every key but the rate and those that only name it
-    keys = [k for k in curve_keys(ok, [k for k in varying_keys(ok) if k != "rate"]) if k != "allocator"]
+    keys = [k for k in curves if k != "allocator"]  # the curves the plots draw; a system's each
     found, unplaced = [], []
     for _, rows in ok.groupby(keys, sort=False, dropna=False) if keys else [((), ok)]:
         setting = point_labels(rows.iloc[:1], keys).iloc[0] if keys else ""
