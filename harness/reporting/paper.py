@@ -213,17 +213,6 @@ def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> di
     """(workload, allocator) -> the highest request rate with normalized latency <= `slo`. A curve
     whose rates cannot place it is an error; where `unplaced` is given, its reason goes there
     under (workload, allocator) instead, and the other curves are placed."""
-    try:
-        return _capacities(rows, slo, unplaced)
-    except _Unplaced as err:
-        raise UserError(str(err)) from None
-
-
-class _Unplaced(Exception):
-    pass
-
-
-def _capacities(rows: list[dict], slo: float, unplaced: dict | None) -> dict[tuple[str, str], float]:
     series = defaultdict(lambda: defaultdict(list))
     for r in _ok(rows):
         latency = number(r, "normalized_latency_s_per_tok")
@@ -250,7 +239,7 @@ def _capacities(rows: list[dict], slo: float, unplaced: dict | None) -> dict[tup
             )
         if reason is not None:
             if unplaced is None:
-                raise _Unplaced(reason)
+                raise UserError(reason)
             unplaced[(workload, allocator)] = reason
             continue
         # interpolate in log latency: the curve is close to exponential around its knee
@@ -279,8 +268,9 @@ def capacity_rows(found: dict, baseline: str) -> list[dict]:
     return out
 
 
-def fig12(rows: list[dict], cfg) -> list[dict]:
-    found = capacities(rows, cfg["slo"], cfg.get("unplaced"))
+def fig12(found: dict, slo: float) -> list[dict]:
+    """The paper's capacity ratios (FIG12) from each ShareGPT curve's capacity (`found`, which
+    write_comparison finds once for the ratios, capacity.csv and the figure)."""
     out = []
     for (system, other), paper in FIG12.items():
         if ("sharegpt", system) in found and ("sharegpt", other) in found:
@@ -290,7 +280,7 @@ def fig12(rows: list[dict], cfg) -> list[dict]:
                     "fig12",
                     "sharegpt",
                     f"{SYSTEMS[system]} / {SYSTEMS[other]}",
-                    f"capacity ratio at {cfg['slo']:g} s/token",
+                    f"capacity ratio at {slo:g} s/token",
                     paper,
                     ratio,
                     1,
@@ -415,6 +405,8 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
+# each figure's comparison from the sweep's rows and the report settings; fig12's from its curves'
+# capacities instead (write_comparison)
 FIGURES = {"fig2": fig2, "fig12": fig12, "fig13": fig13, "fig14_15": fig14_15, "fig18": fig18, "fig19": fig19}
 
 
@@ -483,10 +475,11 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     if not _ok(rows):
         raise UserError(f"{sweep_dir} has no successful point to compare with the paper")
     name = settings["paper"]
-    # fig12: a curve its rates cannot place (a workload's sweep too short) leaves the others'
-    # comparison and capacities written, and is the error after them
-    unplaced = settings["unplaced"] = {}
-    compared = FIGURES[name](rows, settings)
+    # fig12's capacities, found once: a curve its rates cannot place (a workload's sweep too
+    # short) leaves the others' comparison and capacities written, and is the error after them
+    unplaced: dict = {}
+    found = capacities(rows, settings["slo"], unplaced) if name == "fig12" else {}
+    compared = fig12(found, settings["slo"]) if name == "fig12" else FIGURES[name](rows, settings)
     if not compared and unplaced:  # the reason of a curve the comparison needed (fig12's: ShareGPT's) first
         raise UserError(sorted(unplaced.items(), key=lambda item: item[0][0] != "sharegpt")[0][1])
     if not compared:  # fig13: no point at one of the paper's rates
@@ -498,7 +491,6 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     write_csv(written[0], compared)
     write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's"))
     if name == "fig12":
-        found = capacities(rows, settings["slo"], {})
         baseline = settings["baseline"]  # a workload whose baseline is unplaced has no ratios
         placed = {key: c for key, c in found.items() if (key[0], baseline) not in unplaced}
         write_csv(sweep_dir / "capacity.csv", capacity_rows(placed, baseline))
@@ -528,18 +520,24 @@ NEEDED_AXES = {
 }
 
 
+def _parsed_overrides(config, before: tuple | list = ()) -> list:
+    """`before`, then the sweep's command line (hydra.overrides.task), as Hydra parses overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
+    return OverridesParser.create().parse_overrides([*before, *given])
+
+
 def swept_values(config, key: str) -> list[str] | None:
     """The values a sweep's points take for `key` (a group or key, with or without its +), as the
     basic sweeper combines them: the experiment's params, then the command line's, the later
     winning; None where neither names it (the config's one value), or where only the sweeper
     knows them (glob(), which it expands against the config's options)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-    given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
     values = None
-    for override in OverridesParser.create().parse_overrides([*params, *given]):
+    for override in _parsed_overrides(config, params):
         if override.key_or_group != key:
             continue
         if override.is_delete():
@@ -575,11 +573,8 @@ def fig12_setup(config) -> None:
 def refuse_fixed_axes(config, paper: str | None) -> None:
     """Before an experiment's sweep: a command line that fixes an axis its comparison needs
     (`+experiment=fig19 engine.preemption=swap`) would run every point and then be refused."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     needed = NEEDED_AXES.get(paper or "", ())
-    given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
-    for override in OverridesParser.create().parse_overrides(given) if needed else []:
+    for override in _parsed_overrides(config) if needed else []:
         if override.key_or_group in needed and not override.is_sweep_override():
             swept = (config.hydra.sweeper.get("params") or {}).get(override.key_or_group, "several values")
             raise UserError(
