@@ -31,9 +31,9 @@ def writable_folder(path: Path | str, option: str) -> Path:
 
 def writable_file(path: Path | str, option: str) -> Path:
     """`path` as a file the script may write (its folder made if missing; not a folder itself)."""
-    file = Path(path)
-    if not str(path).strip() or file.is_dir():
-        raise UserError(f"{option} {path!s} is {'a folder' if file.is_dir() else 'empty'}: give a file name")
+    file = path_given(path, option, "a file name")
+    if file.is_dir():
+        raise UserError(f"{option} {path} is a folder: give a file name")
     writable_folder(file.parent if str(file.parent) else ".", f"{option}'s folder")
     return file
 
