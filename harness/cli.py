@@ -11,6 +11,7 @@ on; the sweep then exits 2 naming the first failure. Re-running a sweep into its
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -67,31 +68,25 @@ def point_dirname(overrides: str) -> str:
 OmegaConf.register_new_resolver("point_dirname", point_dirname, replace=True)
 
 
-# The keys that change how a point runs or is reported, not what it measures (conf/bench.yaml's
-# override_dirname.exclude_keys): a rerun that changes one of these alone skips a finished point
-RUN_MODE_KEYS = (
-    "progress",
-    "plots",
-    "profile",
-    "sweep.point_timeout_s",
-    "measure.save_requests",
-    "report.paper",
-    "report.baseline",
-    "report.slo_s_per_token",
-)
-
-
 def not_measured() -> list[str]:
     """The keys in no point's name or column: conf/bench.yaml's override_dirname.exclude_keys,
     which a command line may extend."""
     return list(HydraConfig.get().job.config.override_dirname.exclude_keys)
 
 
+@functools.lru_cache(maxsize=1)
+def run_mode_keys() -> tuple[str, ...]:
+    """The keys that change how a point runs or is reported, not what it measures: the packaged
+    conf/bench.yaml's override_dirname.exclude_keys, before a command line extends them."""
+    packaged = OmegaConf.load(str(resources.files("kvbench.conf") / "bench.yaml"))
+    return tuple(packaged.hydra.job.config.override_dirname.exclude_keys)
+
+
 def unfingerprinted() -> list[str]:
     """The keys a point's fingerprint leaves out: those of not_measured() that only change how it
-    runs (RUN_MODE_KEYS). A key a command line adds to exclude_keys (workload.num_requests) still
+    runs (run_mode_keys). A key a command line adds to exclude_keys (workload.num_requests) still
     shapes what the point measures, so a rerun that changes it runs the point again."""
-    return [key for key in not_measured() if key in RUN_MODE_KEYS]
+    return [key for key in not_measured() if key in run_mode_keys()]
 
 
 def split_override(item: str) -> tuple[str, str]:

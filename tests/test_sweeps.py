@@ -460,15 +460,6 @@ def test_a_measured_key_added_to_exclude_keys_still_reruns_a_point_it_changes(tm
     assert {r["requests"] for r in summary(tmp_path / "sweep")} == {"8"}
 
 
-def test_the_run_mode_keys_are_the_packaged_exclude_keys():
-    from importlib import resources
-
-    from omegaconf import OmegaConf
-
-    packaged = OmegaConf.load(str(resources.files("kvbench.conf") / "bench.yaml"))
-    assert list(packaged.hydra.job.config.override_dirname.exclude_keys) == list(cli.RUN_MODE_KEYS)
-
-
 def test_points_told_apart_by_a_key_no_column_holds_are_two_points_not_one(tmp_path, monkeypatch):
     # executor is a group choice: no column names it, the folders do; one point fails, both are rows
     with pytest.raises(SystemExit) as stop:
