@@ -90,3 +90,36 @@ def test_a_run_tunes_the_collector_for_its_loop_and_leaves_it_as_it_found_it(mon
         assert seen[-1][1] <= count and 0 < gc.get_freeze_count() <= count
     finally:
         gc.unfreeze()
+
+
+def test_a_simulated_run_imports_only_what_simulating_needs(tmp_path):
+    """Start-up: a simulated single run, in a fresh process with stderr not a terminal, loads
+    none of torch, triton, matplotlib, pandas (its figure is the helper's) or tqdm (no bar is
+    drawn off a terminal)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from kvbench import cli\n"
+        f"sys.argv = ['bench', 'workload.num_requests=10', 'plots=false', 'hydra.run.dir={tmp_path}']\n"
+        "cli.main()\n"
+        "print(sorted(m for m in ('torch', 'triton', 'matplotlib', 'pandas', 'tqdm') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert (tmp_path / "metrics.csv").is_file()
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal(monkeypatch, capsys):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    simulate("paged", "workload.num_requests=20", "progress=true")
+    assert "paged:" in terminal.getvalue() and "/20 [" in terminal.getvalue()  # tqdm's bar, 20 requests
