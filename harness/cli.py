@@ -522,6 +522,7 @@ def composing_once(args):
             refuse_nested_folders(folders)
             refuse_shared_folders(batch, folders)
             refuse_other_sweeps_points(sweep_dir, folders, swept_folders)
+        refuse_points_the_schema_refuses(batch, configs)  # last: the sweep's own shape is checked first
 
     def load_sweep_config(self, master_config, sweep_overrides):
         config = checked.pop(tuple(sweep_overrides), None)
@@ -721,6 +722,23 @@ def refuse_twice_swept(batch, configs) -> None:
                 f"setting; give each value once"
             )
         seen[body] = list(overrides)
+
+
+def refuse_points_the_schema_refuses(batch, configs) -> None:
+    """Before a sweep's first point: a point whose config the schema refuses (`-m workload.rate=1,x`)
+    would fail only when its turn came, after the points before it had run. What the schema
+    cannot decide from the config alone (an interpolation that resolves only as a point
+    launches) is left to the point, which fails with its own error."""
+    for overrides, config in zip(batch, configs):
+        try:
+            schema.validate(OmegaConf.masked_copy(config, [key for key in config if key != "hydra"]))
+        except UserError as err:
+            raise UserError(
+                f"the sweep's point {','.join(overrides) or '(no overrides)'} would fail: {err}; "
+                f"no point has run: fix or drop that value"
+            ) from None
+        except Exception:  # noqa: BLE001 (not decidable before the point launches)
+            continue
 
 
 def refuse_absent_baseline(batch, configs) -> None:

@@ -185,6 +185,10 @@ COMPOSE_CASES = [
     (["+workload.rate=3"], "workload.rate is already in the config"),
     (["~workload.nope"], "workload.nope"),
     (["workload.rate=[1"], "cannot parse the override"),
+    # the parser's words, not its grammar's token names (ID, ESC, WS, ...)
+    (["+allocator=paged,"], "'+allocator=paged,': it ends where a value was expected; overrides are key=value"),
+    (["workload.rate=1,,2"], "'workload.rate=1,,2': unexpected ','; overrides are"),
+    (["workload.rate='abc"], "a quote left open, or a character the grammar does not allow"),
     (["workload.rate=${nope}"], "Interpolation key 'nope' not found"),
     (["workload.rate=${hardware.nope}"], "nope"),
     (  # it said "Interpolation key 'fig14_15.knobs.beams.n' not found"
@@ -429,11 +433,16 @@ RUN_CASES = [
     (["workload.n=4", "scheduler.max_num_seqs=2", "workload.num_requests=5"], "scheduler.max_num_seqs=2"),
     (
         ["-m", "workload.rate=fast,2", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-a"],
-        "1 of 2 points of the sweep failed",
+        "point workload.rate=fast,workload.num_requests=5,progress=False would fail: workload.rate=fast must be a "
+        "number; no point has run",
     ),
     (
         ["-m", "workload.rate=-1,0", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-b"],
-        "every point of the sweep failed",
+        "point workload.rate=-1,workload.num_requests=5,progress=False would fail: workload.rate=-1 must be > 0",
+    ),
+    (  # valid configs that each fail as they run: recorded, then said
+        ["-m", "scheduler.max_num_batched_tokens=8,9", "workload.num_requests=5", "hydra.sweep.dir=FILES/sweep-f"],
+        "every point of the sweep failed; the first",
     ),
     (["hydra.run.dir=FILES/trace.csv/run"], "trace.csv"),
     (["hydra.run.dir=/proc/kvbench-run"], "/proc/kvbench-run"),

@@ -124,15 +124,16 @@ def test_the_verdict_comes_first_and_names_the_winner_and_its_margin(sweep, tmp_
 
 def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted(sweep, tmp_path):
     other = tmp_path / "other"
-    result = bench(tmp_path, "-m", "+allocator=pow2", "allocator.block_size=16,300", *SMALL, f"hydra.sweep.dir={other}")
-    assert result.returncode == 2, result.stderr  # the refused point is recorded, and the sweep says so
+    budgets = "scheduler.max_num_batched_tokens=16,4096"  # 16 tokens: the point fails as it runs
+    result = bench(tmp_path, "-m", "+allocator=pow2", budgets, *SMALL, f"hydra.sweep.dir={other}")
+    assert result.returncode == 2, result.stderr  # the failed point is recorded, and the sweep says so
     result = bench_report(other, sweep)
     assert result.returncode == 0, result.stderr
     assert f"{other} now holds the comparison of all 2 inputs" in result.stdout
     rows = read_csv(other / "summary.csv")
     assert list(zip(rows["sweep"], rows["allocator"], rows["status"])) == [
-        ("other", "pow2", "ok"),
         ("other", "pow2", "failed"),
+        ("other", "pow2", "ok"),
         ("sweep", "oracle", "ok"),
         ("sweep", "paged", "ok"),
     ]
@@ -141,11 +142,11 @@ def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted
     page = (other / "report.html").read_text()
     verdict = page.split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
     reason = rows.loc[rows["status"] == "failed", "reason"].iloc[0]
-    assert "allocator.block_size=300 must be" in reason
-    assert f"<li><b>other, pow2, block_size=300</b>: {html.escape(reason)}</li>" in verdict  # <= as &lt;=
+    assert "exceeds scheduler.max_num_batched_tokens=16" in reason
+    assert f"<li><b>other, pow2, max_num_batched_tokens=16</b>: {html.escape(reason)}</li>" in verdict
     results = page.split("<h2>Results</h2>")[1].split("<h2>Plots</h2>")[0]
     assert results.count("<tr>") == 5  # the header and four points
-    assert re.findall(r'class="data (row\d+) col0 failed"', results) == ["row1"]  # the failed one, highlighted
+    assert re.findall(r'class="data (row\d+) col0 failed"', results) == ["row0"]  # the failed one, highlighted
 
 
 def scaled_copy(sweep: Path, to: Path, factor: dict) -> Path:

@@ -91,10 +91,11 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, sto
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on_then_retried(tmp_path):
+    # a prompt longer than a step's token budget: the config is valid, the run refuses it
     args = [
         "-m",
         "+allocator=paged",
-        "allocator.block_size=300,16",
+        "scheduler.max_num_batched_tokens=16,4096",
         "workload.num_requests=40",
         *SMALL,
         "hydra.sweep.dir=sweep",
@@ -102,21 +103,39 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on_then_retried(tmp_path
     result = bench(tmp_path, *args)
     assert result.returncode == 2  # a point was refused: the sweep says so, after recording every point
     (line,) = result.stderr.splitlines()
-    assert line.startswith("error: 1 of 2 points of the sweep failed") and "allocator.block_size=300" in line
-    rows = {r["block_size"]: r for r in summary(tmp_path / "sweep")}
-    assert rows["16"]["status"] == "ok" and rows["16"]["completed"] == "40"
-    assert rows["300"]["status"] == "failed"
-    assert "allocator.block_size=300 must be <= 256" in rows["300"]["reason"]
+    assert line.startswith("error: 1 of 2 points of the sweep failed") and "max_num_batched_tokens=16" in line
+    rows = {r["scheduler.max_num_batched_tokens"]: r for r in summary(tmp_path / "sweep")}
+    assert rows["4096"]["status"] == "ok" and rows["4096"]["completed"] == "40"
+    assert rows["16"]["status"] == "failed"
+    assert "exceeds scheduler.max_num_batched_tokens=16" in rows["16"]["reason"]
 
     metrics = {p.parent.name: p for p in (tmp_path / "sweep").glob("*/metrics.csv")}
     before = {name: p.stat().st_mtime_ns for name, p in metrics.items()}
     time.sleep(0.01)
     assert bench(tmp_path, *args).returncode == 2
     after = {name: p.stat().st_mtime_ns for name, p in metrics.items()}
-    ok_point = next(n for n in metrics if "block_size=16" in n)
-    failed_point = next(n for n in metrics if "block_size=300" in n)
+    ok_point = next(n for n in metrics if "tokens=4096" in n)
+    failed_point = next(n for n in metrics if "tokens=16" in n)
     assert after[ok_point] == before[ok_point]  # complete: skipped
     assert after[failed_point] > before[failed_point]  # failed: tried again
+
+
+def test_a_point_the_schema_refuses_stops_the_sweep_before_any_point_runs(tmp_path):
+    result = bench(
+        tmp_path,
+        "-m",
+        "+allocator=paged",
+        "allocator.block_size=16,300",
+        "workload.num_requests=20",
+        *SMALL,
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: the sweep's point +allocator=paged,allocator.block_size=300") and (
+        "allocator.block_size=300 must be <= 256; no point has run" in line
+    )
+    assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
 
 
 def sweep_in_process(tmp_path, monkeypatch, *args):
@@ -131,14 +150,18 @@ def test_the_helper_ends_a_sweep_as_the_sweep_does_itself(tmp_path, monkeypatch)
     from kvbench import launch
     from kvbench.reporting.report import end_of_sweep
 
-    with pytest.raises(SystemExit) as stop:  # block 300 is refused: the sweep ends with exit code 2
+    with pytest.raises(SystemExit) as stop:  # a budget of 16 tokens fails its points: exit code 2
         sweep_in_process(
-            tmp_path, monkeypatch, "+allocator=pow2,paged", "allocator.block_size=16,300", "workload.num_requests=20"
+            tmp_path,
+            monkeypatch,
+            "+allocator=pow2,paged",
+            "scheduler.max_num_batched_tokens=16,4096",
+            "workload.num_requests=20",
         )
     assert stop.value.code == 2
     sweep = tmp_path / "sweep"
     itself = end_of_sweep(sweep, plots=True)
-    assert itself["rows"] == 4 and len(itself["failed"]) == 2  # block 300 is refused
+    assert itself["rows"] == 4 and len(itself["failed"]) == 2  # the two points of a 16-token budget
     files = {name: (sweep / name).read_bytes() for name in ("summary.csv", "kv_breakdown.png")}
     for name in ("summary.csv", "report.html", "kv_breakdown.png", "throughput_latency.png"):
         (sweep / name).unlink()
@@ -215,27 +238,39 @@ def test_a_resume_reruns_the_points_of_a_trace_rewritten_in_place(tmp_path, monk
 def test_a_sweep_into_a_folder_holding_another_sweep_s_points_is_refused_before_its_first(
     tmp_path, monkeypatch, capsys
 ):
-    """A corrected sweep (block 300 -> 32) into the first one's folder: its summary counted the
+    """A corrected sweep (a 16-token budget -> 32 tokens) into the first one's folder: its summary counted the
     old failed points, and it exited 2 for ever after; the whole list again resumes."""
-    with pytest.raises(SystemExit):  # block 300 is refused: exit 2
+    with pytest.raises(SystemExit):  # a budget of 16 tokens fails as it runs: exit 2
         sweep_in_process(
-            tmp_path, monkeypatch, "+allocator=paged", "allocator.block_size=16,300", "workload.num_requests=20"
+            tmp_path,
+            monkeypatch,
+            "+allocator=paged",
+            "scheduler.max_num_batched_tokens=16,4096",
+            "workload.num_requests=20",
         )
     with pytest.raises(SystemExit) as stop:
         sweep_in_process(
-            tmp_path, monkeypatch, "+allocator=paged", "allocator.block_size=16,32", "workload.num_requests=20"
+            tmp_path,
+            monkeypatch,
+            "+allocator=paged",
+            "scheduler.max_num_batched_tokens=4096,8192",
+            "workload.num_requests=20",
         )
     assert stop.value.code == 2
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert said.startswith(
-        "error: sweep holds points this sweep does not run (+allocator=paged,allocator.block_size=300"
+        "error: sweep holds points this sweep does not run (+allocator=paged,scheduler.max_num_batched_tokens=16"
     )
-    assert not list((tmp_path / "sweep").glob("*block_size=32*"))  # nothing ran
-    with pytest.raises(SystemExit):  # the first list again: 16 is skipped, 300 fails again
+    assert not list((tmp_path / "sweep").glob("*tokens=8192*"))  # nothing ran
+    with pytest.raises(SystemExit):  # the first list again: 4096 is skipped, 16 fails again
         sweep_in_process(
-            tmp_path, monkeypatch, "+allocator=paged", "allocator.block_size=16,300", "workload.num_requests=20"
+            tmp_path,
+            monkeypatch,
+            "+allocator=paged",
+            "scheduler.max_num_batched_tokens=16,4096",
+            "workload.num_requests=20",
         )
-    assert "skipped +allocator=paged,allocator.block_size=16" in capsys.readouterr().out
+    assert "skipped +allocator=paged,scheduler.max_num_batched_tokens=4096" in capsys.readouterr().out
 
 
 def test_plots_and_progress_name_no_point_and_a_rerun_that_only_draws_skips_every_point(tmp_path, monkeypatch, capsys):

@@ -44,6 +44,20 @@ def _first(text: str) -> str:
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
+def parse_reason(err: OverrideParseException) -> str:
+    """What the override grammar's parser (ANTLR) found, in words: its list of the grammar's
+    token names (ID, ESC, WS, ...) dropped, the end of the text and a bad character named so."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip() and not line.startswith("See ")]
+    lines = [line for line in lines if not line.startswith("Error parsing override")] or [""]
+    reason = lines[0]
+    if reason.startswith("LexerNoViableAltException"):
+        return "a quote left open, or a character the grammar does not allow"
+    reason = re.sub(r" expecting \{[^}]*\}", "", reason).replace(" expecting <EOF>", "")
+    reason = reason.replace("mismatched input '<EOF>'", "it ends where a value was expected")
+    reason = reason.replace("no viable alternative at input", "cannot read")
+    return reason.replace("mismatched input", "unexpected").replace("extraneous input", "unexpected")
+
+
 def _nested(group: str, rest: str) -> tuple[str, list[str]] | None:
     """For `group.section.key` inside a top-level section (report.goodput.x): the innermost section
     that exists and its keys; None when the key is not below a nested section."""
@@ -137,7 +151,7 @@ def hydra_line(err: BaseException) -> str | None:
     """One line for an error Hydra or OmegaConf raised while composing; None if it is neither's."""
     if isinstance(err, OverrideParseException):
         override = f" {err.override!r}" if getattr(err, "override", None) else ""
-        return f"cannot parse the override{override}: {_first(err)}; overrides are {GRAMMAR}"
+        return f"cannot parse the override{override}: {parse_reason(err)}; overrides are {GRAMMAR}"
     if isinstance(err, MissingConfigException):
         missing = str(err.missing_cfg_file or "")
         group, _, option = missing.rpartition("/")
