@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.kv_layout import LOG2E, check_cache, dot_precision, kv_token_offsets, layout_args, pow2_at_least_16
+from kvbench.kernels.kv_layout import LOG2E, check_query, dot_precision, kv_token_offsets, layout_args, pow2_at_least_16
 
 # A split shorter than this spends more on its partial results than it saves.
 MIN_PARTITION = 256
@@ -198,14 +198,8 @@ def paged_decode(
     `num_splits` None picks one from the device and the context length; the split count used may
     be lower than asked when the context is too short to give every split a token.
     """
-    check_cache(k_cache, v_cache)
-    num_seqs, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    if num_heads % num_kv_heads or head_dim != cache_head_dim or query.stride(2) != 1:
-        raise ValueError(
-            f"query [B, {num_heads}, {head_dim}] (contiguous last dim) does not fit "
-            f"a cache of {num_kv_heads} kv heads x {cache_head_dim} dims"
-        )
+    num_heads, head_dim, block_size, num_kv_heads = check_query(query, k_cache, v_cache, "B")
+    num_seqs = query.shape[0]
     table, starts, stride_table, paged = layout_args(block_tables, seq_starts)
     if out is None:
         out = torch.empty_like(query)

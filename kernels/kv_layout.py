@@ -63,6 +63,21 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         raise ValueError("k_cache and v_cache must share strides and be contiguous along head_dim")
 
 
+def check_query(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: str) -> tuple[int, ...]:
+    """A query [`rows`, num_heads, head_dim] against the cache (checked too): its heads a multiple
+    of the cache's kv heads, its head_dim the cache's, contiguous along it. Returns
+    (num_heads, head_dim, block_size, num_kv_heads)."""
+    check_cache(k_cache, v_cache)
+    _, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    if num_heads % num_kv_heads or head_dim != cache_head_dim or query.stride(2) != 1:
+        raise ValueError(
+            f"query [{rows}, {num_heads}, {head_dim}] (contiguous last dim) does not fit "
+            f"a cache of {num_kv_heads} kv heads x {cache_head_dim} dims"
+        )
+    return num_heads, head_dim, block_size, num_kv_heads
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     # TF32 holds fp16/bf16 operands exactly, so only fp32 inputs need the IEEE path to match eager.
     return "ieee" if dtype == torch.float32 else "tf32"

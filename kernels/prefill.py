@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.kv_layout import LOG2E, check_cache, dot_precision, kv_token_offsets, layout_args, pow2_at_least_16
+from kvbench.kernels.kv_layout import LOG2E, check_query, dot_precision, kv_token_offsets, layout_args, pow2_at_least_16
 
 TILE_ROWS = 64
 
@@ -137,14 +137,7 @@ def paged_prefill(
 
     Rows past `query_start_loc[-1]` (padding) are left as they are in `out` (zero if not given).
     """
-    check_cache(k_cache, v_cache)
-    _, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    if num_heads % num_kv_heads or head_dim != cache_head_dim or query.stride(2) != 1:
-        raise ValueError(
-            f"query [T, {num_heads}, {head_dim}] (contiguous last dim) does not fit "
-            f"a cache of {num_kv_heads} kv heads x {cache_head_dim} dims"
-        )
+    num_heads, head_dim, block_size, num_kv_heads = check_query(query, k_cache, v_cache, "T")
     table, starts, stride_table, paged = layout_args(block_tables, seq_starts)
     if out is None:
         out = torch.zeros_like(query)

@@ -257,3 +257,24 @@ def test_a_backend_whose_output_is_not_one_row_per_query_token_is_refused_naming
         pytest.raises(UserError, match=r"backend one_row returned attention of shape \(1, 2, 4\)"),
     ):
         attention(query, key, key, torch.empty_like(query), 0)
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_the_kernels_refuse_a_query_that_does_not_fit_the_cache(kernel):
+    """Checked before any launch: 4 query heads of 8 dims against 2 kv heads of 16 dims."""
+    from kvbench.kernels.decode import paged_decode
+    from kvbench.kernels.prefill import paged_prefill
+
+    k_cache = v_cache = torch.zeros(4, 16, 2, 16)
+    query, lens, table = torch.zeros(2, 4, 8), torch.tensor([3, 5]), torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(
+        ValueError, match=r"query \[., 4, 8\] \(contiguous last dim\) does not fit a cache of 2 kv heads x 16"
+    ):
+        if kernel == "decode":
+            paged_decode(query, k_cache, v_cache, lens, 1.0, block_tables=table)
+        else:
+            paged_prefill(
+                query, k_cache, v_cache, torch.tensor([0, 1, 2]), lens, 1.0, max_query_len=1, block_tables=table
+            )
+    with pytest.raises(ValueError, match="k_cache and v_cache must both be"):
+        paged_decode(query, k_cache, torch.zeros(4, 16, 2, 8), lens, 1.0, block_tables=table)
