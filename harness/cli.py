@@ -730,8 +730,14 @@ def refuse_points_the_schema_refuses(batch, configs) -> None:
     cannot decide from the config alone (an interpolation that resolves only as a point
     launches) is left to the point, which fails with its own error."""
     for overrides, config in zip(batch, configs):
+        try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
+            data = OmegaConf.to_container(
+                OmegaConf.masked_copy(config, [key for key in config if key != "hydra"]), resolve=True
+            )
+        except Exception:  # noqa: BLE001 (it resolves only as its point launches, or fails there)
+            continue
         try:
-            schema.validate(OmegaConf.masked_copy(config, [key for key in config if key != "hydra"]))
+            schema.validate(data)
         except UserError as err:
             raise UserError(
                 f"the sweep's point {','.join(overrides) or '(no overrides)'} would fail: {err}; "

@@ -172,6 +172,18 @@ def test_the_helper_ends_a_sweep_as_the_sweep_does_itself(tmp_path, monkeypatch)
     assert (sweep / "report.html").is_file()
 
 
+def test_a_value_that_resolves_only_as_its_point_launches_is_left_to_the_point(tmp_path, monkeypatch):
+    """`seed=${hydra:job.num}` (a seed per point, a Hydra idiom) resolves in each point's own
+    Hydra settings: the check before the first point leaves it alone, and the sweep's end reads
+    the command line without resolving it (it raised "HydraConfig was not set" there)."""
+    sweep_in_process(
+        tmp_path, monkeypatch, "+allocator=paged,pow2", "seed=${hydra:job.num}", "workload.num_requests=20"
+    )
+    rows = summary(tmp_path / "sweep")
+    assert sorted((r["allocator"], r["seed"], r["status"]) for r in rows) == [("paged", "0", "ok"), ("pow2", "1", "ok")]
+    assert (tmp_path / "sweep" / "report.html").is_file()
+
+
 def test_a_range_sweep_runs_one_point_per_value(tmp_path, monkeypatch):
     sweep_in_process(tmp_path, monkeypatch, "workload.rate=range(1,4)", "workload.num_requests=20")
     rows = summary(tmp_path / "sweep")

@@ -520,12 +520,19 @@ NEEDED_AXES = {
 }
 
 
+def task_overrides(config) -> list[str]:
+    """A saved sweep config's command line (hydra.overrides.task) as it was typed: an override
+    that holds an interpolation (`seed=${hydra:job.num}`) stays text, where reading it would
+    resolve it without the point it belongs to."""
+    node = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    return [str(item) for item in OmegaConf.to_container(node, resolve=False)] if node is not None else []
+
+
 def _parsed_overrides(config, before: tuple | list = ()) -> list:
     """`before`, then the sweep's command line (hydra.overrides.task), as Hydra parses overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    given = list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
-    return OverridesParser.create().parse_overrides([*before, *given])
+    return OverridesParser.create().parse_overrides([*before, *task_overrides(config)])
 
 
 def swept_values(config, key: str) -> list[str] | None:

@@ -18,7 +18,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from kvbench.errors import UserError
-from kvbench.reporting.paper import capacities, capacity_rows
+from kvbench.reporting.paper import capacities, capacity_rows, task_overrides
 from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, rate_curves, varying_keys
 
 METRIC = "normalized_latency_s_per_tok"
@@ -35,7 +35,7 @@ def configured(sweep_dir: Path) -> tuple[str, bool, float]:
         return DEFAULT_BASELINE, False, DEFAULT_SLO
     try:
         cfg = OmegaConf.load(saved)
-        overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []
+        overrides = task_overrides(cfg)
         baseline = OmegaConf.select(cfg, "report.baseline", default=DEFAULT_BASELINE)
         slo = OmegaConf.select(cfg, "report.slo_s_per_token", default=DEFAULT_SLO)
     except Exception as err:  # noqa: BLE001 (YAML's and OmegaConf's errors alike: the file is not a config)
