@@ -326,12 +326,17 @@ def refuse_preset_clash() -> None:
         )
 
 
-def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
-    from kvbench.scenarios.run import run_point
-
+def check_run_config(cfg: DictConfig) -> None:
+    """What a run checks of its config before it runs anything (HydraConfig set)."""
     refuse_preset_clash()
     schema.validate(cfg)
     refuse_unread_overrides(cfg)
+
+
+def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
+    from kvbench.scenarios.run import run_point
+
+    check_run_config(cfg)
     with sweep.deadline(float(cfg.sweep.point_timeout_s)), profiled(cfg, out_dir):
         return run_point(cfg)
 
@@ -549,7 +554,27 @@ def composing_once(args):
         # point's config applies it.
         apply([o for o in overrides if o.key_or_group.split(".")[0] not in swept - set(cfg)], cfg)
 
+    show = Hydra.show_cfg
+
+    def show_cfg(self, config_name, overrides, cfg_type, package, resolve=False) -> None:
+        """`--cfg job|all` prints the config, then checks it as a run would: a config a run
+        refuses is printed, then refused (one line, exit code 2), not shown as if it would run."""
+        shown: list = []  # the config printed (job, or all: job and hydra)
+        sanitize = self.get_sanitized_cfg
+        self.get_sanitized_cfg = lambda cfg, kind: shown.append(sanitize(cfg, kind)) or shown[-1]
+        try:
+            show(self, config_name, overrides, cfg_type, package, resolve)
+        finally:
+            del self.get_sanitized_cfg
+        if cfg_type in ("job", "all") and shown:
+            sys.stdout.flush()
+            try:
+                check_run_config(OmegaConf.masked_copy(shown[0], [key for key in shown[0] if key != "hydra"]))
+            except UserError as err:
+                raise UserError(f"{err} (the config printed above is one a run refuses)") from None
+
     patches = [
+        (Hydra, "show_cfg", show_cfg),
         (Sweeper, "validate_batch_is_legal", validate_batch_is_legal),
         (ConfigLoaderImpl, "load_sweep_config", load_sweep_config),
         (ConfigLoaderImpl, "load_configuration", load_configuration),

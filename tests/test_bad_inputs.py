@@ -845,3 +845,26 @@ def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
     """validate() refuses an experiment's table without its experiment from Root's `dict | None`
     fields, which spares every run reading conf/experiment; they must be the YAMLs' own tables."""
     assert set(schema.EXPERIMENT_SECTIONS) == {name for name, keys in schema.experiments().items() if keys}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["workload.rate=-1"], "workload.rate=-1 must be > 0"),
+        (["scenario=kernel", "workload.num_requests=5"], "scenario=kernel would ignore it: drop it"),
+        (["+allocator=paged", "allocator.block_size=300"], "allocator.block_size=300 must be <= 256"),
+    ],
+)
+def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, message):
+    result = in_process(lambda: cli.main(["--cfg", "job", *args]))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "scenario:" in result.stdout and "workload:" in result.stdout  # printed first, as asked
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and message in line
+    assert line.endswith("(the config printed above is one a run refuses)")
+
+
+def test_cfg_job_of_a_config_a_run_accepts_ends_as_usual():
+    result = in_process(lambda: cli.main(["--cfg", "job", "+allocator=paged", "workload.rate=2"]))
+    assert result.returncode == 0 and result.stderr == ""
+    assert "rate: 2" in result.stdout
