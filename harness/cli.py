@@ -398,6 +398,8 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
             request_log.follower.reset(token)
             recorder.shares_ready.reset(hook)
     else:
+        # a subdir that resolved only now (../p${hydra.job.num}): the check before the sweep could not see it
+        refuse_nested_folders([str(HydraConfig.get().sweep.subdir)])
         try:
             current = sweep.fingerprint(cfg, unfingerprinted())
         except Exception:  # a config that does not resolve: the schema check below says why

@@ -184,6 +184,26 @@ def test_a_value_that_resolves_only_as_its_point_launches_is_left_to_the_point(t
     assert (tmp_path / "sweep" / "report.html").is_file()
 
 
+def test_a_subdir_that_puts_points_outside_the_sweep_as_they_launch_is_refused(tmp_path, monkeypatch, capsys):
+    """`hydra.sweep.subdir=../x${hydra.job.num}` resolves only as each point launches, so the
+    check before the sweep cannot see it; the first point refuses it before it runs (the points
+    ran into ../x0, ../x1, and the sweep's end said it had no points)."""
+    with pytest.raises(SystemExit) as stop:
+        sweep_in_process(
+            tmp_path,
+            monkeypatch,
+            "+allocator=paged,pow2",
+            "workload.num_requests=10",
+            "hydra.sweep.subdir=../x${hydra.job.num}",
+        )
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(
+        "error: hydra.sweep.subdir gives a point the folder '../x0', not a folder directly in the sweep's"
+    )
+    assert not list(tmp_path.glob("*/metrics.csv")) and not (tmp_path / "x1").exists()
+
+
 def test_a_range_sweep_runs_one_point_per_value(tmp_path, monkeypatch):
     sweep_in_process(tmp_path, monkeypatch, "workload.rate=range(1,4)", "workload.num_requests=20")
     rows = summary(tmp_path / "sweep")
