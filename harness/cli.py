@@ -529,7 +529,7 @@ def composing_once(args):
             refuse_nested_folders(folders)
             refuse_shared_folders(batch, folders)
             refuse_other_sweeps_points(sweep_dir, folders, swept_folders)
-        refuse_points_the_schema_refuses(batch, configs)  # last: the sweep's own shape is checked first
+        refuse_bad_points(batch, configs)  # last: the sweep's own shape is checked first
 
     def load_sweep_config(self, master_config, sweep_overrides):
         config = checked.pop(tuple(sweep_overrides), None)
@@ -751,11 +751,14 @@ def refuse_twice_swept(batch, configs) -> None:
         seen[body] = list(overrides)
 
 
-def refuse_points_the_schema_refuses(batch, configs) -> None:
-    """Before a sweep's first point: a point whose config the schema refuses (`-m workload.rate=1,x`)
-    would fail only when its turn came, after the points before it had run. What the schema
-    cannot decide from the config alone (an interpolation that resolves only as a point
-    launches) is left to the point, which fails with its own error."""
+def refuse_bad_points(batch, configs) -> None:
+    """Before a sweep's first point: a point whose config the schema refuses (`-m workload.rate=1,x`),
+    or whose allocator cannot hold its model's layers (`-m model=glob(*)` with paged and a
+    sliding-window model), would fail only when its turn came, after the points before it had
+    run. What cannot be decided from the config alone (an interpolation that resolves only as
+    its point launches) is left to the point, which fails with its own error."""
+    from kvbench.scenarios.build import allocator_class, load_specs
+
     for overrides, config in zip(batch, configs):
         try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
             data = OmegaConf.to_container(
@@ -765,6 +768,8 @@ def refuse_points_the_schema_refuses(batch, configs) -> None:
             continue
         try:
             schema.validate(data)
+            point = OmegaConf.create(data)
+            allocator_class(point, load_specs(point)[0])
         except UserError as err:
             raise UserError(
                 f"the sweep's point {','.join(overrides) or '(no overrides)'} would fail: {err}; "

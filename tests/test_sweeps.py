@@ -172,6 +172,24 @@ def test_the_helper_ends_a_sweep_as_the_sweep_does_itself(tmp_path, monkeypatch)
     assert (sweep / "report.html").is_file()
 
 
+def test_a_point_whose_allocator_cannot_hold_its_model_stops_the_sweep_before_any_point_runs(tmp_path):
+    result = bench(
+        tmp_path,
+        "-m",
+        "+allocator=paged",
+        "model=tiny,tiny-gemma3",
+        "workload.num_requests=5",
+        *SMALL,
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: the sweep's point +allocator=paged,model=tiny-gemma3") and (
+        "allocator paged cannot hold the window layers of model tiny-gemma3" in line
+    )
+    assert not list((tmp_path / "sweep").glob("*/metrics.csv"))
+
+
 def test_a_value_that_resolves_only_as_its_point_launches_is_left_to_the_point(tmp_path, monkeypatch):
     """`seed=${hydra:job.num}` (a seed per point, a Hydra idiom) resolves in each point's own
     Hydra settings: the check before the first point leaves it alone, and the sweep's end reads
