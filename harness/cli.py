@@ -326,6 +326,11 @@ def refuse_preset_clash() -> None:
         )
 
 
+def task_config(config: DictConfig) -> DictConfig:
+    """A composed config without its `hydra` node: the config a point's run is handed."""
+    return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
+
+
 def check_run_config(cfg: DictConfig) -> None:
     """What a run checks of its config before it runs anything (HydraConfig set)."""
     refuse_preset_clash()
@@ -563,7 +568,12 @@ def composing_once(args):
         refuses is printed, then refused (one line, exit code 2), not shown as if it would run."""
         shown: list = []  # the config printed (job, or all: job and hydra)
         sanitize = self.get_sanitized_cfg
-        self.get_sanitized_cfg = lambda cfg, kind: shown.append(sanitize(cfg, kind)) or shown[-1]
+
+        def keep_printed(cfg, kind):
+            shown.append(sanitize(cfg, kind))
+            return shown[-1]
+
+        self.get_sanitized_cfg = keep_printed  # show_cfg composes and prints without handing it back
         try:
             show(self, config_name, overrides, cfg_type, package, resolve)
         finally:
@@ -571,7 +581,7 @@ def composing_once(args):
         if cfg_type in ("job", "all") and shown:
             sys.stdout.flush()
             try:
-                check_run_config(OmegaConf.masked_copy(shown[0], [key for key in shown[0] if key != "hydra"]))
+                check_run_config(task_config(shown[0]))
             except UserError as err:
                 raise UserError(f"{err} (the config printed above is one a run refuses)") from None
 
@@ -761,9 +771,7 @@ def refuse_bad_points(batch, configs) -> None:
 
     for overrides, config in zip(batch, configs):
         try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
-            data = OmegaConf.to_container(
-                OmegaConf.masked_copy(config, [key for key in config if key != "hydra"]), resolve=True
-            )
+            data = OmegaConf.to_container(task_config(config), resolve=True)
         except Exception:  # noqa: BLE001 (it resolves only as its point launches, or fails there)
             continue
         try:

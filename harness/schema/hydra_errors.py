@@ -47,9 +47,8 @@ def _first(text: str) -> str:
 def parse_reason(err: OverrideParseException) -> str:
     """What the override grammar's parser (ANTLR) found, in words: its list of the grammar's
     token names (ID, ESC, WS, ...) dropped, the end of the text and a bad character named so."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip() and not line.startswith("See ")]
-    lines = [line for line in lines if not line.startswith("Error parsing override")] or [""]
-    reason = lines[0]
+    skipped = ("Error parsing override", "See ")  # the override again, and Hydra's link to its grammar
+    reason = next((line.strip() for line in str(err).splitlines() if line.strip() and not line.startswith(skipped)), "")
     if reason.startswith("LexerNoViableAltException"):
         return "a quote left open, or a character the grammar does not allow"
     reason = re.sub(r" expecting \{[^}]*\}", "", reason).replace(" expecting <EOF>", "")
