@@ -143,23 +143,8 @@ class LazyDecode:
         """`_schedule_running`'s decisions, touching only the running sequences that change."""
         step, active, expiry = len(self.step_clocks), self._active, self._expiry
         quiet = self.allocator.quiet_room
-        # the sequences that take a step of room from now on become steady
-        steady = active and [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
-        if steady:
-            base = 0
-            for seq in steady:
-                seq.steady_since = step
-                base += seq.num_computed
-                at = _meets_at(step, seq, quiet)
-                bucket = expiry.get(at)  # _meet_at, inlined: with prefix caching, once a block
-                if bucket is None:
-                    expiry[at] = [(step, seq)]
-                    heappush(self._expiry_steps, at)
-                else:
-                    bucket.append((step, seq))
-            active.difference_update(steady)
-            self._num_steady += len(steady)
-            self._steady_base += base - step * len(steady)
+        if active:
+            self._become_steady(step)
         if self.chunked_prefill or self.num_running_seqs > budget:
             # Without chunked prefill every running sequence decodes one token: its request's
             # width bounds what they need. Otherwise count; where the budget may run out part-way,
@@ -194,16 +179,41 @@ class LazyDecode:
         batch.num_steady = steady
         return budget - num_tokens
 
+    def _become_steady(self, step: int) -> None:
+        """The running sequences that take a step of room from `step` on become steady: the
+        first thing a step's schedule() does, done as soon as the step before has ended (the
+        engine's quiet stretch may then start at `step`)."""
+        active, expiry, quiet = self._active, self._expiry, self.allocator.quiet_room
+        steady = [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
+        if steady:
+            base = 0
+            for seq in steady:
+                seq.steady_since = step
+                base += seq.num_computed
+                at = _meets_at(step, seq, quiet)
+                bucket = expiry.get(at)  # _meet_at, inlined: with prefix caching, once a block
+                if bucket is None:
+                    expiry[at] = [(step, seq)]
+                    heappush(self._expiry_steps, at)
+                else:
+                    bucket.append((step, seq))
+            active.difference_update(steady)
+            self._num_steady += len(steady)
+            self._steady_base += base - step * len(steady)
+
     def quiet_stretch(self) -> tuple[int, int, int, int, bool] | None:
-        """After a step, where every running sequence is steady: the stretch of steps from
-        the next one on in which only the steady decodes can run, as (its first step, the first
-        step at which a steady sequence is met, the steady count and base: a step's decode
-        context is base + steady * (step + 1), and whether the waiting queue has a head that
-        stays refused until then, its refusals counted here as `_schedule_waiting` would count
-        them; else an arrival ends the stretch). The engine runs the stretch on through the
-        steps that meet steady sequences only to give them a new block (`cross_quietly`). None
-        when the next step may do more."""
+        """After a step, where every running sequence is steady (those that the step made
+        steady included: a prefilled sequence joins a stretch at once, not after one more
+        scheduled step): the stretch of steps from the next one on in which only the steady
+        decodes can run, as (its first step, the first step at which a steady sequence is met,
+        the steady count and base: a step's decode context is base + steady * (step + 1), and
+        whether the waiting queue has a head that stays refused until then, its refusals counted
+        here as `_schedule_waiting` would count them; else an arrival ends the stretch). The
+        engine runs the stretch on through the steps that meet steady sequences only to give them
+        a new block (`cross_quietly`). None when the next step may do more."""
         step = len(self.step_clocks)
+        if self._active:
+            self._become_steady(step)  # as the step's schedule() would first
         if self._active or self.swapped or not self._expiry:
             return None
         met = self.next_meeting()
