@@ -2,7 +2,7 @@
 
     python scripts/bench_step.py [--ref 45506d6] [--repeats 5] [--cases decode,simdecode,admit,sim|startup,main]
     python scripts/bench_step.py --ref REF --cases calsim --profile PROFILE.csv
-    python scripts/bench_step.py --opcodes [--cases decode,simdecode]
+    python scripts/bench_step.py --opcodes [--cases decode,simdecode,sim]
 
 The reference is checked out as a git worktree (detached, in the system's temp folder) and
 both trees are imported the same way, each in its own worker process, with this environment's
@@ -18,7 +18,9 @@ A whole-process case prints its CPU seconds (user + system) too: waiting for a c
 host lengthens the wall time but not those.
 
 `--opcodes` counts instead of timing: the Python bytecode instructions a decode step executes
-(schedule() + the token append, the first step's admission left out), once per tree. The count
+(schedule() + the token append, the first step's admission left out), once per tree, and with
+`sim` among the cases those of a simulated run's loop per step (`Engine.run` of 2,000 ShareGPT
+requests, paged, 4 req/s: its admissions, preemptions and quiet steps as they come). The count
 does not move with the host's speed, so it shows a change of a few per cent that timing on a
 shared machine cannot; what it does not see is the cost of the C code an instruction calls.
 
@@ -46,6 +48,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -156,12 +159,41 @@ def admit_case(num_blocks: int) -> list[float]:
     return times
 
 
+def simloop_case(num_requests: int) -> list[float]:
+    """The bytecode instructions per step of a simulated run's loop (`Engine.run`): ShareGPT at
+    4 req/s on paged, OPT-13B on A100-40GB, as SIM_ARGS but shorter (tracing is ~50x slower)."""
+    from hydra import compose, initialize_config_module
+
+    engine_mod = find("kvbench.core.engine", "kvbench.engine")
+    run_point = find("kvbench.scenarios.run", "kvbench.run").run_point
+    overrides = SIM_ARGS["10000"].replace("10000", str(num_requests)).split()
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=[*overrides, "workload.duration_s=null", "progress=false"])
+    tracer, counted = opcode_tracer()
+    run = engine_mod.Engine.run
+
+    def traced(self, requests):
+        sys.settrace(tracer)
+        try:
+            return run(self, requests)
+        finally:
+            sys.settrace(None)
+
+    engine_mod.Engine.run = traced
+    with tempfile.TemporaryDirectory() as out:  # where a tree writes its per-request file
+        os.chdir(out)
+        (row,) = run_point(cfg)
+    return [counted[0] / row["steps"]]
+
+
 def worker(tree: Path, case: str) -> None:
     use_tree(tree)
     kind, *args = case.split(":")
     if kind in ("decode", "simdecode"):
         opcodes = args[2:] == ["opcodes"]
         times = decode_case(int(args[0]), args[1] == "on", simulated=kind == "simdecode", opcodes=opcodes)
+    elif kind == "simloop":
+        times = simloop_case(int(args[0]))
     else:
         times = admit_case(int(args[0]))
     print(json.dumps(statistics.median(times)))
@@ -275,7 +307,8 @@ def main() -> None:
         folders = [str(tree / folder) for folder in PACKAGES.values() if (tree / folder).is_dir()]
         subprocess.run([sys.executable, "-m", "compileall", "-q", *folders], check=True, capture_output=True)
     if args.opcodes:
-        return print_opcodes(trees, args.ref, [c for c in cases if c.startswith(("decode:", "simdecode:"))])
+        counted = [c for c in cases if c.startswith(("decode:", "simdecode:"))]
+        return print_opcodes(trees, args.ref, counted + (["simloop:2000"] if "sim" in groups else []))
     print(f"ref = {args.ref} ({trees['ref']}), new = {ROOT}; {args.repeats} interleaved repeats")
     print(
         f"{'case':<18} {'ref median':>11} {'(min-max)':>19} {'new median':>11} {'(min-max)':>19} {'new/ref':>8}"
@@ -306,12 +339,13 @@ def print_line(name: str, ref: list[float], new: list[float], unit: str) -> None
 
 
 def print_opcodes(trees: dict, ref: str, cases: list[str]) -> None:
-    print(f"ref = {ref} ({trees['ref']}), new = {ROOT}; bytecode instructions per decode step")
+    print(f"ref = {ref} ({trees['ref']}), new = {ROOT}; bytecode instructions per step")
     print(f"{'case':<18} {'ref':>10} {'new':>10} {'new/seq':>8} {'new/ref':>8}")
     for case in cases:
-        ref, new = (run_case(tree, f"{case}:opcodes")[0] for tree in trees.values())
-        per_seq = new / int(case.split(":")[1])
-        print(f"{case:<18} {ref:>10.0f} {new:>10.0f} {per_seq:>8.1f} {new / ref:>7.2f}x", flush=True)
+        suffix = "" if case.startswith("simloop:") else ":opcodes"
+        ref, new = (run_case(tree, case + suffix)[0] for tree in trees.values())
+        per_seq = "" if suffix == "" else f"{new / int(case.split(':')[1]):.1f}"
+        print(f"{case:<18} {ref:>10.0f} {new:>10.0f} {per_seq:>8} {new / ref:>7.2f}x", flush=True)
 
 
 if __name__ == "__main__":

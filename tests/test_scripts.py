@@ -67,3 +67,14 @@ def test_vllm_env_never_removes_a_folder_that_is_not_its_environment(tmp_path):
 def test_the_helper_ends_on_a_message_it_cannot_read_instead_of_waiting(message):
     result = run(sys.executable, "-m", "kvbench.reporting.helper", "run", stdin=message + "\n")
     assert result.returncode == 1 and "a message it cannot read" in result.stderr
+
+
+def test_bench_steps_instruction_count_of_a_simulated_loop_is_exact_and_per_step():
+    """`bench_step.py --opcodes --cases sim` compares two trees by the bytecode instructions of a
+    simulated run's loop, per step: the figure stands for the code only if the same tree counts
+    the same twice; and it is per step (hundreds of instructions), not the run's total."""
+    counts = [run(sys.executable, SCRIPTS / "bench_step.py", "--worker", ROOT, f"simloop:{n}") for n in (30, 30, 60)]
+    assert all(c.returncode == 0 for c in counts), counts[0].stderr
+    first, again, longer = (float(c.stdout) for c in counts)
+    assert first == again
+    assert 300 < first < 5000 and 300 < longer < 5000  # a 60-request run has about twice the steps
