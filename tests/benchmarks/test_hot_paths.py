@@ -177,3 +177,29 @@ def test_recording_a_finished_340_token_request_with_its_log_line(benchmark, tmp
 
     benchmark(record)
     assert recorder.output_len[-1] == 340 and recorder.e2el[-1] == pytest.approx(0.5 + 0.03 * 339)
+
+
+def test_simulated_run_of_300_sharegpt_requests_on_paged(benchmark):
+    """The simulator's loop as a whole: 300 ShareGPT requests at 4 req/s on paged (OPT-13B on
+    A100-40GB), with its admissions, preemptions, quiet stretches and striding blocks, the
+    workload's generation and the run's summary included. The work per step is counted over the
+    whole run: the steps differ, so no one step stands for the rest."""
+    from kvbench.scenarios.simulate import simulate
+
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose(
+            "bench",
+            overrides=[
+                "+allocator=paged",
+                "workload=sharegpt",
+                "workload.rate=4",
+                "workload.num_requests=300",
+                "workload.duration_s=null",
+                "progress=false",
+                "measure.save_requests=false",
+            ],
+        )
+    row, _ = benchmark.pedantic(simulate, args=(cfg,), rounds=5, warmup_rounds=1)
+    assert row["completed"] == 300 and row["preemptions"] > 0  # the pool fills: preemption is on the path
+    calls, lines = count_work(lambda: simulate(cfg), 1)
+    benchmark.extra_info.update(calls_per_step=calls / row["steps"], lines_per_step=lines / row["steps"])
