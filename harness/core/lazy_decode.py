@@ -186,6 +186,9 @@ class LazyDecode:
         active, expiry, quiet = self._active, self._expiry, self.allocator.quiet_room
         steady = [s for s in active if s.room and s.width == 1 and s.num_computed + 1 == s.num_tokens]
         if steady:
+            # in running order, not the set's (which follows memory addresses): the expiry lists
+            # then come out the same in every process, and so does cross_quietly's early exit
+            steady.sort(key=RUN_ORDER)
             base = 0
             for seq in steady:
                 seq.steady_since = step
