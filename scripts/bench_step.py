@@ -161,14 +161,14 @@ def admit_case(num_blocks: int) -> list[float]:
 
 def simloop_case(num_requests: int) -> list[float]:
     """The bytecode instructions per step of a simulated run's loop (`Engine.run`): ShareGPT at
-    4 req/s on paged, OPT-13B on A100-40GB, as SIM_ARGS but shorter (tracing is ~50x slower)."""
+    4 req/s on paged, OPT-13B on A100-40GB, as the 10k case but shorter (tracing is ~50x slower)."""
     from hydra import compose, initialize_config_module
 
     engine_mod = find("kvbench.core.engine", "kvbench.engine")
     run_point = find("kvbench.scenarios.run", "kvbench.run").run_point
-    overrides = SIM_ARGS["10000"].replace("10000", str(num_requests)).split()
+    overrides = [*SIM_WORKLOAD.split(), f"workload.num_requests={num_requests}", "workload.duration_s=null"]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
-        cfg = compose("bench", overrides=[*overrides, "workload.duration_s=null", "progress=false"])
+        cfg = compose("bench", overrides=[*overrides, "progress=false"])
     tracer, counted = opcode_tracer()
     run = engine_mod.Engine.run
 
@@ -199,8 +199,9 @@ def worker(tree: Path, case: str) -> None:
     print(json.dumps(statistics.median(times)))
 
 
+SIM_WORKLOAD = "+allocator=paged workload=sharegpt workload.rate=4"  # the issue's 10k run, but its length
 SIM_ARGS = {
-    "10000": "+allocator=paged workload=sharegpt workload.rate=4 workload.num_requests=10000",
+    "10000": f"{SIM_WORKLOAD} workload.num_requests=10000",
     "10": "workload.num_requests=10",
 }
 CALIBRATED_ARGS = (

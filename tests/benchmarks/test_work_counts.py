@@ -6,18 +6,26 @@ from __future__ import annotations
 from test_hot_paths import COUNTED_STEPS, decode_step, running_scheduler
 from work_counter import count_work
 
+from kvbench.plugins.allocators.block_pool import BlockPool
 from kvbench.plugins.allocators.paged import PagedAllocator
 
 
-class ScanningPagedAllocator(PagedAllocator):
-    """A regression a profile would miss at this size: each new block is found by a pool scan.
-    The scan goes where every new block of a decode step goes: a step that starts a block calls
-    _new_last_block from grow, and the steps in between take room in the last block without
-    calling the allocator at all."""
+class ScanningBlockPool(BlockPool):
+    """A regression a profile would miss at this size: each new block is found by a pool scan."""
 
-    def _new_last_block(self, *args) -> int:
+    def take(self) -> int:
         next(i for i, count in enumerate(self.ref_count) if count == 0)
-        return super()._new_last_block(*args)
+        return super().take()
+
+
+class ScanningPagedAllocator(PagedAllocator):
+    """The paged allocator on that pool. The scan goes into BlockPool.take, which every new block
+    still goes through: a decode step that starts a block calls pool.take from grow directly, and
+    the steps in between take room in the last block without calling the allocator at all."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pool.__class__ = ScanningBlockPool  # same state; grow's aliases of its lists still hold
 
 
 def lines_per_step(allocator_cls, running: int = 256) -> float:
