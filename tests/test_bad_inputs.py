@@ -746,6 +746,7 @@ COMPARE_CASES = [
     (["FILES/rated.csv", "FILES/good.csv"], "baseline has workload.rate=4, current has workload.rate=(unset)"),
     (["FILES/good.csv", "FILES/good.json"], "good.json is a pytest-benchmark JSON file and"),
     (["FILES/twice.csv", "FILES/good.csv"], "the baseline has two rows for the point"),
+    (["FILES/good.csv", "workload.rate=4"], "workload.rate=4 is not a file or folder: KEY=VALUE overrides are"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES/missing.yaml"], "missing.yaml does not exist"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "FILES"], "is not a regular file"),
     (["FILES/good.csv", "FILES/good.csv", "--policy", "/dev/null"], "/dev/null is not a regular file"),
@@ -758,6 +759,7 @@ COMPARE_CASES = [
 REPORT_CASES = [
     ([], "bench-report: the following arguments are required: dirs"),
     (["FILES/missing"], "missing does not exist"),
+    (["FILES/good.csv", "report.baseline=paged"], "here give options: --baseline NAME"),
     (["/dev/null", "--out", "FILES/out-a"], "/dev/null is not a regular file"),
     (["FILES/emptydir"], "emptydir has no results"),
     (["FILES/good.csv"], "good.csv is a file: give --out DIR"),

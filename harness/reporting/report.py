@@ -467,6 +467,9 @@ def render_html(
     return "\n".join(parts)
 
 
+REPORT_OPTIONS = "give options: --baseline NAME, --slo S_PER_TOKEN, --out DIR (bench-report --help)"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html."
@@ -486,7 +489,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        args.dirs = [path_given(d, "an input", "a sweep or run folder or a summary.csv") for d in args.dirs]
+        args.dirs = [
+            path_given(d, "an input", "a sweep or run folder or a summary.csv", REPORT_OPTIONS) for d in args.dirs
+        ]
         args.out = None if args.out is None else path_given(args.out, "--out", "a folder to write into")
         if args.out is None and args.dirs[0].is_file():
             raise UserError(f"{args.dirs[0]} is a file: give --out DIR to say where the report goes")

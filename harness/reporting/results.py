@@ -13,6 +13,7 @@ import functools
 import io
 import math
 import os
+import re
 import subprocess
 import tempfile
 from collections import Counter
@@ -221,12 +222,20 @@ def identity_text(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return cells.where(cells.notna(), None).map(cell_text)
 
 
-def path_given(text: str, name: str, wanted: str) -> Path:
+# `key=value` or `+group=option`: how a bench override reads
+OVERRIDE = re.compile(r"[+~]{0,2}[A-Za-z_][\w.]*=")
+
+
+def path_given(text: str, name: str, wanted: str, options: str = "") -> Path:
     """A path from a command line. An empty one (an unset variable) is refused: Path("") would
-    be the current folder."""
+    be the current folder; so is a missing one that reads as a bench override (`report.baseline=
+    paged`), naming the command's `options` instead."""
     if not str(text).strip():
         raise UserError(f"{name} is empty (an unset variable?): give {wanted}")
-    return Path(text)
+    path = Path(text)
+    if options and OVERRIDE.match(str(text)) and not path.exists():
+        raise UserError(f"{text} is not a file or folder: KEY=VALUE overrides are bench's; here {options}")
+    return path
 
 
 def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Series:
