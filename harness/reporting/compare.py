@@ -65,13 +65,11 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+OVERRIDES_GO = "overrides go after --against REF, which runs them on both trees (bench-compare --help)"
+
+
 def read_side(path) -> pd.DataFrame:
-    p = path_given(
-        path,
-        "an input",
-        "a summary.csv, a sweep directory or a benchmark JSON",
-        "overrides go after --against REF, which runs them on both trees (bench-compare --help)",
-    )
+    p = path_given(path, "an input", "a summary.csv, a sweep directory or a benchmark JSON", OVERRIDES_GO)
     if not p.exists():
         raise UserError(f"{path} does not exist; give a summary.csv, a sweep directory or a benchmark JSON")
     frame = benchmark_frame(p) if p.suffix.lower() == ".json" else pd.DataFrame(load_rows(p))
