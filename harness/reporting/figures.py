@@ -83,9 +83,12 @@ def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
 def save_figure(fig, path: Path, crop: bool = True) -> Path:
     """`fig` as a PNG at `path`, written atomically. `crop`: the image is what is drawn
     (bbox_inches="tight"), which takes a second render (0.04-0.05 s for a single run's figure);
-    a figure laid out to hold everything it draws (kv_figure) is saved as it is."""
+    a figure laid out to hold everything it draws (kv_figure) is saved as it is. zlib's fastest
+    level: the same pixels in a file 7 % larger (a single run's breakdown: 42.9 KB, not 40.1 KB)
+    for 0.02 s less a figure (0.125 -> 0.104 s of savefig, four in one process), which a short
+    run waits for."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight" if crop else None)
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight" if crop else None, pil_kwargs={"compress_level": 1})
     write_bytes_atomic(path, buffer.getvalue())
     return path
 
