@@ -326,18 +326,10 @@ class PagedAllocator(KVAllocator):
         return max(0, (seq.final_len - num_computed) // self.block_size - 1)
 
     def take_striding(self, count: int) -> bool:
-        # Striding runs only without the prefix cache, so no block waits named in pool.evictable:
-        # the free queue is every free block, and take()'s first case is all that can happen
-        # (inlined: one to three blocks a step, 1.7 % of a simulated step's instructions).
-        pool, bs, free, append = self.pool, self.block_size, self.pool.free, self._striding.append
-        if len(free) < count:
+        pool, bs = self.pool, self.block_size
+        if pool.num_free < count:
             return False
-        ref_count, fill = pool.ref_count, pool.fill
-        for _ in range(count):
-            block = free.popleft()
-            ref_count[block] = 1
-            fill[block] = 0
-            append(block)
+        self._striding.extend(pool.take_blocks(count))
         self._allocated += bs * count
         self._token += count
         self._reserved += (bs - 1) * count
