@@ -378,6 +378,18 @@ def test_workloads_each_at_their_own_rate_are_no_rate_sweep(monkeypatch):
     assert figure.axes[0].get_subplotspec().get_gridspec().get_geometry() == (2, 2)
 
 
+def test_latencies_of_millions_of_ms_tick_as_1M_not_under_an_offset():
+    frame = fig13_like().query("workload == 'sharegpt' and seed == 0")  # one setting: one row of panels
+    frame = frame.assign(median_ttft_ms=[2_316_056.8, 1_716_930.1, 1_182_129.0, 331_426.1])  # the default sweep's
+    figure = plots.throughput_latency(frame)
+    figure.canvas.draw()
+    ttft = next(ax for ax in figure.axes if ax.get_ylabel() == "median TTFT (ms)")
+    assert ttft.get_yscale() == "linear" and ttft.yaxis.get_offset_text().get_text() == ""
+    assert {"1M", "2M"} <= {label.get_text() for label in ttft.get_yticklabels()}
+    tpot = next(ax for ax in figure.axes if ax.get_ylabel() == "median TPOT (ms)")
+    assert "30" in {label.get_text() for label in tpot.get_yticklabels()}  # tens stay as they are
+
+
 def test_a_key_one_sweep_did_not_set_is_left_out_of_its_points_names():
     from kvbench.reporting.results import point_labels
 

@@ -139,6 +139,10 @@ def throughput_latency(frame: pd.DataFrame, curves=AUTO):
         values = pd.to_numeric(frame[metric], errors="coerce")
         if log and values.min() > 0 and values.max() > 20 * values.min():  # latencies that span decades
             ax.set_yscale("log")
+        elif values.abs().max() >= 10_000:  # ticks of 1.5M ms, not 1.5 under a "1e6" in the corner
+            from matplotlib.ticker import EngFormatter
+
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
     fig.suptitle(f"Throughput and latency: {context_title(frame)}", fontsize=11)
     legend_below(fig, axes.flat[0])
     return fig
