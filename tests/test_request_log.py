@@ -21,6 +21,7 @@ from kvbench.core.request_log import (
     follow_spool,
     open_request_log,
 )
+from kvbench.core.serving_metrics import ValueCounts
 
 
 def requests(count: int, seed: int = 0) -> list[tuple[tuple, np.ndarray]]:
@@ -62,7 +63,8 @@ class InProcessFollower:
 
     def _follow(self, spool, out):
         try:
-            self.result = follow_spool(spool, out, lambda: self.size, lambda: self.closed)
+            self.gaps = ValueCounts()
+            self.result = follow_spool(spool, out, lambda: self.size, lambda: self.closed, gaps=self.gaps)
         except FileNotFoundError:  # the run's log was gone before this opened it (as the helper's _Spool)
             self.result = None
 
@@ -72,10 +74,18 @@ class InProcessFollower:
             return self.answer_with
         self.size = message["size"]
         self.thread.join()
-        return {"written": self.result}
+        return {"written": self.result, "itl": self.gaps.stats("itl")}
 
     def close(self):
         self.closed = True
+
+
+def gap_stats(records) -> dict:
+    """The inter-token latency columns of `records`, counted as the recorder counts them."""
+    counts = ValueCounts()
+    for _, gaps in records:
+        counts.add(gaps)
+    return counts.stats("itl")
 
 
 def leftovers(folder) -> list[str]:
@@ -92,6 +102,7 @@ def test_the_spooled_log_writes_the_bytes_the_run_writes_itself(tmp_path):
     direct = (tmp_path / "direct" / "requests.jsonl").read_bytes()
     assert (tmp_path / "spooled" / "requests.jsonl").read_bytes() == direct
     assert follower.result == 300 and not follower.closed  # the follower wrote them all
+    assert log.gap_stats == gap_stats(records)  # and counted their gaps, which the recorder leaves to it
     assert leftovers(tmp_path / "spooled") == []  # no spool, no temporary file
     frame = pd.read_json(tmp_path / "spooled" / "requests.jsonl", lines=True)
     assert list(frame.columns) == [*FIELDS, "itl_s"]
@@ -101,16 +112,27 @@ def test_the_spooled_log_writes_the_bytes_the_run_writes_itself(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "answer", [{"written": 299}, {"error": "ValueError: boom"}, "not a dict"], ids=["short", "error", "garbled"]
+    "answer",
+    [
+        {"written": 299, "itl": {}},
+        {"written": 300},
+        {"written": 300, "itl": {"mean_itl_ms": 1.0}},
+        {"error": "ValueError: boom"},
+        "not a dict",
+    ],
+    ids=["short", "no-gaps", "some-gaps", "error", "garbled"],
 )
 def test_a_follower_that_fails_is_stopped_and_the_run_converts_the_spool(tmp_path, answer):
-    """It left a partial line and answered wrong: the run throws its file away and writes every line."""
+    """It left a partial line and answered wrong: the run throws its file away and writes every
+    line, and counts the gaps itself."""
     records = requests(300, seed=1)
     write_all(RequestLog(tmp_path / "direct.jsonl"), records)
     follower = InProcessFollower(answer_with=answer)
-    write_all(open_request_log(tmp_path / "run" / "requests.jsonl", follower), records)
+    log = open_request_log(tmp_path / "run" / "requests.jsonl", follower)
+    write_all(log, records)
     assert follower.closed
     assert (tmp_path / "run" / "requests.jsonl").read_bytes() == (tmp_path / "direct.jsonl").read_bytes()
+    assert log.gap_stats == gap_stats(records)
     assert leftovers(tmp_path / "run") == []
 
 
@@ -154,7 +176,7 @@ def test_the_helper_process_follows_a_spool_and_answers_how_many_it_wrote(tmp_pa
     ask = helper.ask
     helper.ask = lambda message, timeout_s: asked.append(ask(message, timeout_s)) or asked[-1]
     write_all(log, records)
-    assert asked == [{"written": 200}]  # the helper wrote them, not the run
+    assert asked == [{"written": 200, "itl": gap_stats(records)}]  # the helper wrote and counted them, not the run
     assert (tmp_path / "run" / "requests.jsonl").read_bytes() == (tmp_path / "direct.jsonl").read_bytes()
     helper.send({"job": "run", "rows": [{"status": "failed"}], "out": str(tmp_path / "run")})
     assert helper.result() == {"written": []}  # a failed row draws nothing; the helper still answers

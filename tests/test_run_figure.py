@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from hydra.core.global_hydra import GlobalHydra
@@ -200,14 +201,22 @@ def test_bench_on_two_cores_has_its_helper_draw_the_figure_and_write_the_request
     (helper,) = run_bench(monkeypatch, tmp_path, cpus=2)
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"  # set before numpy's import; the helper inherits it
     assert helper.sent and helper._process.returncode == 0  # it drew the figure and left
-    assert helper.answers == [{"written": 5}]  # and wrote the 5 requests' lines from the run's spool
-    assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 5
+    # it wrote the 5 requests' lines from the run's spool and counted their gaps: the row's ITL columns
+    ((answer,),) = [helper.answers]
+    assert answer["written"] == 5
+    requests = pd.read_json(tmp_path / "requests.jsonl", lines=True)
+    assert len(requests) == 5
+    (row,) = pd.read_csv(tmp_path / "metrics.csv").to_dict("records")
+    gaps_ms = np.concatenate(requests["itl_s"].tolist()) * 1e3
+    assert answer["itl"]["median_itl_ms"] == pytest.approx(np.median(gaps_ms), abs=1e-5)  # itl_s: to the ns
+    assert [row[f"{s}_itl_ms"] for s in ("mean", "median", "p99")] == pytest.approx(
+        [answer["itl"][f"{s}_itl_ms"] for s in ("mean", "median", "p99")], abs=1e-8
+    )
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".requests")) == []
     assert launch.current() is None
     # the figure's job left as the summary had the KV shares, before the latencies and the row
     # (recorder.shares_ready): its row is the identity and the shares, and draws the same bytes
     ((job_row,),) = [job["rows"] for job in helper.jobs]
-    (row,) = pd.read_csv(tmp_path / "metrics.csv").to_dict("records")
     assert "request_throughput" not in job_row and job_row["allocator"] == row["allocator"]
     assert [job_row[k] for k in KV_COLUMNS] == pytest.approx([row[k] for k in KV_COLUMNS], abs=1e-9)
     drawn = draw_run([row], tmp_path / "again")

@@ -99,7 +99,14 @@ class Recorder:
             self._finishing_step = len(self.step_end)
         self._finishing.append(seq)
 
+    @property
+    def _log_counts_gaps(self) -> bool:
+        """Whether the request log counts the inter-token gaps (a spooled one's converter does,
+        off the run's core: request_log.SpooledRequestLog), or this recorder does."""
+        return self.request_log is not None and self.request_log.counts_gaps
+
     def _read_finished(self) -> None:
+        counted_here = not self._log_counts_gaps
         for root in self._finishing:
             r = root.request
             ttft, e2el = root.first_token_s - r.arrival_s, root.finish_s - r.arrival_s
@@ -110,7 +117,8 @@ class Recorder:
             self.e2el.append(e2el)
             self.input_len.append(r.prompt_len)
             self.output_len.append(r.output_len)
-            self.itl.add(itl)
+            if counted_here:
+                self.itl.add(itl)
             if self.goodput:  # request_goodput is a column only where SLOs are set
                 tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
                 self.num_good += meets_slos(self.goodput, ttft, tpot, e2el)
@@ -194,6 +202,7 @@ class Recorder:
         self._read_finished()
         if self.request_log is not None:
             self.request_log.close()
+        itl = self.request_log.gap_stats if self._log_counts_gaps else self.itl.stats("itl")
         shares = {
             "kv_token_util": token,
             "kv_reserved_frac": reserved,
@@ -230,7 +239,7 @@ class Recorder:
             "normalized_latency_s_per_tok": float(np.mean(e2el / out)) if len(out) else float("nan"),
             **latency_stats("ttft", ttft),
             **latency_stats("tpot", tpot),
-            **self.itl.stats("itl"),
+            **itl,
             **latency_stats("e2el", e2el),
             "steps": len(ends),
             "window_start_s": start,

@@ -7,7 +7,8 @@ It imports what its kind of job needs (`run`: matplotlib, for a single run's fig
 pandas and matplotlib and the report, for a sweep's end) while it reads its messages, JSON
 lines on stdin, as they come:
     {"job": "requests", "spool": SPOOL, "out": FILE}  follow a run's request spool into FILE
-    {"job": "requests_end", "size": BYTES}            -> {"written": N requests}, once FILE is whole
+    {"job": "requests_end", "size": BYTES}            -> {"written": N requests, "itl": their gaps'
+                                                         statistics}, once FILE is whole
     {"job": "run", "rows": [...], "out": DIR}         -> {"written": [the figure files]}
     {"job": "sweep", "dir": DIR, "plots": BOOL}       -> report.end_of_sweep's result
 and prints each answer as a JSON line on stdout. The `run` or `sweep` job is its last; an
@@ -43,12 +44,15 @@ class _Spool:
         self._thread.start()
 
     def _follow(self, follow_spool, spool: str, out: str) -> None:
+        from kvbench.core.serving_metrics import ValueCounts
+
         try:
-            written = follow_spool(spool, out, lambda: self.size, lambda: self.dropped)
+            gaps = ValueCounts()  # the run's inter-token latencies, counted here (SpooledRequestLog)
+            written = follow_spool(spool, out, lambda: self.size, lambda: self.dropped, gaps=gaps)
             if written is not None:  # here, on this core: freeing a large file takes milliseconds
                 with contextlib.suppress(OSError):
                     os.unlink(spool)
-            self.answer = {"written": written}
+            self.answer = {"written": written, "itl": gaps.stats("itl")}
         except Exception as err:  # noqa: BLE001 (any failure: the run converts the spool itself)
             self.answer = {"error": f"{type(err).__name__}: {err}"}
 
