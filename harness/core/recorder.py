@@ -50,6 +50,9 @@ class Recorder:
         self.allocator_name = "?"  # whose accounting it is, for the error a bad count raises (watch())
         self._by_kind = False
         self.request_log = request_log
+        # who counts the inter-token gaps: a spooled log's converter does, off the run's core
+        # (request_log.SpooledRequestLog), else this recorder
+        self._log_counts_gaps = request_log is not None and request_log.counts_gaps
         self.goodput = goodput or {}
         self.finished: list[Sequence] = []  # only with keep_sequences
         self.keep_sequences = keep_sequences
@@ -98,12 +101,6 @@ class Recorder:
             self._read_finished()
             self._finishing_step = len(self.step_end)
         self._finishing.append(seq)
-
-    @property
-    def _log_counts_gaps(self) -> bool:
-        """Whether the request log counts the inter-token gaps (a spooled one's converter does,
-        off the run's core: request_log.SpooledRequestLog), or this recorder does."""
-        return self.request_log is not None and self.request_log.counts_gaps
 
     def _read_finished(self) -> None:
         counted_here = not self._log_counts_gaps
