@@ -160,10 +160,16 @@ class LazyDecode:
         due = expiry.pop(step, None)
         striders = self._striders[step % self._period]
         if due or active or striders:
-            touched = [seq for since, seq in due if seq.steady_since == since] if due else []
+            touched = []  # loops, not comprehensions (block_pool.take_blocks says why)
+            if due:
+                for since, seq in due:
+                    if seq.steady_since == since:
+                        touched.append(seq)
             if striders:  # their crossings now, but the last after their last (that one is due)
                 period = self._period
-                touched += [seq for seq in striders if seq.stride_start + seq.stride_len * period >= step]
+                for seq in striders:
+                    if seq.stride_start + seq.stride_len * period >= step:
+                        touched.append(seq)
             touched += active
             num_tokens, context_tokens, attention_pairs, took, crossed = self._meet(batch, touched, step, quiet)
         else:
@@ -258,7 +264,9 @@ class LazyDecode:
         striding = len(self._striders[step % self._period])  # those met above no longer stride
         if touched or striding:  # the head's refusal stands: grow_steady_all's promise
             touched.sort(key=RUN_ORDER)
-            computed = [seq.num_computed + step - seq.steady_since for seq in touched]
+            computed = []  # a loop, not a comprehension (block_pool.take_blocks says why)
+            for seq in touched:
+                computed.append(seq.num_computed + step - seq.steady_since)
             granted = allocator.grow_steady_all(touched, computed, striding)
             if granted is None:
                 return None

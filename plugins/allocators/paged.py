@@ -306,7 +306,9 @@ class PagedAllocator(KVAllocator):
             if len(tables[seq.seq_id]) * bs != before:
                 return None
         new_last_block = self._new_last_block
-        granted = [new_last_block(seq, tables[seq.seq_id], before, 0) for seq, before in zip(seqs, num_computed)]
+        granted = []  # a loop, not a comprehension (block_pool.take_blocks says why)
+        for seq, before in zip(seqs, num_computed):
+            granted.append(new_last_block(seq, tables[seq.seq_id], before, 0))
         if striding:
             self.take_striding(striding)
         return granted
