@@ -300,7 +300,8 @@ class PagedAllocator(KVAllocator):
         # Taking blocks can only keep admission's pool.fits refusing, and refuses_again reads
         # nothing else: the promise holds.
         bs, tables = self.block_size, self.block_tables
-        if self.pool.num_free < len(seqs) + striding:
+        pool, need = self.pool, len(seqs) + striding
+        if len(pool.free) < need and pool.num_free < need:  # the free queue alone, most often, is enough
             return None
         for seq, before in zip(seqs, num_computed):
             if len(tables[seq.seq_id]) * bs != before:
@@ -329,7 +330,7 @@ class PagedAllocator(KVAllocator):
 
     def take_striding(self, count: int) -> bool:
         pool, bs = self.pool, self.block_size
-        if pool.num_free < count:
+        if len(pool.free) < count and pool.num_free < count:  # the free queue alone, most often, is enough
             return False
         self._striding.extend(pool.take_blocks(count))
         self._allocated += bs * count
