@@ -78,8 +78,7 @@ class BlockPool:
     def fits(self, need: int, reserve: bool) -> bool:
         """Whether `need` more blocks can be taken; `reserve` keeps the watermark free too
         (admission does, so that running sequences can still grow)."""
-        # num_free's sum, without the property's call: fits runs on every admission and step
-        return len(self.free) + len(self.evictable) - need >= (self.watermark_blocks if reserve else 0)
+        return self.num_free - need >= (self.watermark_blocks if reserve else 0)
 
     def admission_need(self, num_blocks: int, hits: list[int]) -> int:
         """Blocks a sequence of `num_blocks` blocks takes from the free ones when it starts with

@@ -300,8 +300,7 @@ class PagedAllocator(KVAllocator):
         # Taking blocks can only keep admission's pool.fits refusing, and refuses_again reads
         # nothing else: the promise holds.
         bs, tables = self.block_size, self.block_tables
-        pool, need = self.pool, len(seqs) + striding
-        if len(pool.free) < need and pool.num_free < need:  # the free queue alone, most often, is enough
+        if self.pool.num_free < len(seqs) + striding:
             return None
         for seq, before in zip(seqs, num_computed):
             if len(tables[seq.seq_id]) * bs != before:
@@ -330,7 +329,7 @@ class PagedAllocator(KVAllocator):
 
     def take_striding(self, count: int) -> bool:
         pool, bs = self.pool, self.block_size
-        if len(pool.free) < count and pool.num_free < count:  # the free queue alone, most often, is enough
+        if pool.num_free < count:
             return False
         self._striding.extend(pool.take_blocks(count))
         self._allocated += bs * count
