@@ -237,3 +237,20 @@ def test_a_bad_goodput_slo_is_one_line_with_exit_code_2(tmp_path, args, message)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert message in lines[0]
+
+
+def test_a_run_with_a_request_log_counts_its_gaps_once_in_the_log(tmp_path):
+    from kvbench.core.request_log import RequestLog
+
+    def run(recorder):
+        allocator = PagedAllocator(num_slots=4096, max_model_len=256, block_size=16)
+        requests = [Request(i, 0.013 * i, 20, 30 + i % 7) for i in range(40)]
+        return Engine(Scheduler(allocator, 8, 256), FixedStep(), recorder, progress=False).run(requests)
+
+    logged = Recorder(request_log=RequestLog(tmp_path / "requests.jsonl"))
+    row, bare = run(logged), run(Recorder())
+    assert len(logged.itl) == 0  # the log counted them, not the recorder as well
+    columns = [f"{stat}_itl_ms" for stat in ("mean", "median", "std", "p90", "p99")]
+    assert [row[c] for c in columns] == [logged.request_log.gap_stats[c] for c in columns] == [bare[c] for c in columns]
+    gaps = np.concatenate(pd.read_json(tmp_path / "requests.jsonl", lines=True)["itl_s"].tolist())
+    assert row["median_itl_ms"] == pytest.approx(np.median(gaps) * 1e3, abs=1e-6)

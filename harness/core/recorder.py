@@ -49,10 +49,7 @@ class Recorder:
         self.num_slots = 1  # the pool's size in the units its accounting counts (watch())
         self.allocator_name = "?"  # whose accounting it is, for the error a bad count raises (watch())
         self._by_kind = False
-        self.request_log = request_log
-        # who counts the inter-token gaps: a spooled log's converter does, off the run's core
-        # (request_log.SpooledRequestLog), else this recorder
-        self._log_counts_gaps = request_log is not None and request_log.counts_gaps
+        self.request_log = request_log  # which counts the inter-token gaps where there is one
         self.goodput = goodput or {}
         self.finished: list[Sequence] = []  # only with keep_sequences
         self.keep_sequences = keep_sequences
@@ -103,7 +100,6 @@ class Recorder:
         self._finishing.append(seq)
 
     def _read_finished(self) -> None:
-        counted_here = not self._log_counts_gaps
         for root in self._finishing:
             r = root.request
             ttft, e2el = root.first_token_s - r.arrival_s, root.finish_s - r.arrival_s
@@ -114,12 +110,12 @@ class Recorder:
             self.e2el.append(e2el)
             self.input_len.append(r.prompt_len)
             self.output_len.append(r.output_len)
-            if counted_here:
-                self.itl.add(itl)
             if self.goodput:  # request_goodput is a column only where SLOs are set
                 tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
                 self.num_good += meets_slos(self.goodput, ttft, tpot, e2el)
-            if self.request_log is not None:  # request_log.FIELDS, in their order
+            if self.request_log is None:
+                self.itl.add(itl)
+            else:  # request_log.FIELDS, in their order; the log counts the gaps (a spooled one off this core)
                 self.request_log.write(
                     (
                         r.request_id,
@@ -199,7 +195,7 @@ class Recorder:
         self._read_finished()
         if self.request_log is not None:
             self.request_log.close()
-        itl = self.request_log.gap_stats if self._log_counts_gaps else self.itl.stats("itl")
+        itl = self.itl.stats("itl") if self.request_log is None else self.request_log.gap_stats
         shares = {
             "kv_token_util": token,
             "kv_reserved_frac": reserved,

@@ -38,7 +38,7 @@ from typing import Protocol
 import numpy as np
 import orjson
 
-from kvbench.core.serving_metrics import ValueCounts
+from kvbench.core.serving_metrics import STATS, ValueCounts
 
 LINE = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 # a line's fields, in the order Recorder passes them (itl_s follows them)
@@ -81,9 +81,9 @@ def _discard(file, *paths: str) -> None:
 
 
 class RequestLog:
-    """Writes the lines itself, as requests finish."""
-
-    counts_gaps = False  # the recorder counts the inter-token gaps itself (SpooledRequestLog)
+    """Writes the lines itself, as requests finish, and counts their inter-token gaps: a run
+    with a log leaves the counting to it, and reads `gap_stats` (ValueCounts.stats("itl")) once
+    the log is closed."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -91,14 +91,18 @@ class RequestLog:
         self._tmp, self._file = _temp_beside(self.path, ".tmp", 1 << 16)
         # a run that raises never calls close(): its partial file goes with the log
         self._cleanup = weakref.finalize(self, _discard, self._file, self._tmp)
+        self._gaps = ValueCounts()
+        self.gap_stats: dict | None = None  # once closed
 
     def write(self, values: tuple, itl_s: np.ndarray) -> None:
         """One request: FIELDS' `values` and its inter-token gaps (seconds, float64)."""
         self._file.write(_line(values, itl_s))
+        self._gaps.add(itl_s)
 
     def close(self) -> Path:
         self._cleanup.detach()
         self._file.close()
+        self.gap_stats = self._gaps.stats("itl")
         return self._publish()
 
     def _publish(self) -> Path:
@@ -124,12 +128,9 @@ class SpooledRequestLog(RequestLog):
     """Spools the requests in binary for `follower` to turn into lines (see the module doc).
     Built by `open_request_log`, which falls back to a RequestLog where the follower is gone.
 
-    Whoever converts the spool also counts its inter-token gaps (`follow_spool`'s `gaps`): the
-    recorder leaves them to the log (`counts_gaps`) and reads their statistics from `gap_stats`
-    once the log is closed. Where the follower converts, that work is off the run's core too:
-    3.3M gaps of 10,000 ShareGPT requests, folded a million at a time (serving_metrics.ValueCounts)."""
-
-    counts_gaps = True
+    Whoever converts the spool also counts its inter-token gaps (`follow_spool`'s `gaps`), so
+    where the follower converts, that work is off the run's core too: 3.3M gaps of 10,000
+    ShareGPT requests, folded a million at a time (serving_metrics.ValueCounts)."""
 
     def __init__(self, path: Path, follower: Follower):
         self.path = Path(path)
@@ -139,7 +140,7 @@ class SpooledRequestLog(RequestLog):
         self.spool, self._file = _temp_beside(self.path, ".spool", SPOOL_BUFFER)
         self._cleanup = weakref.finalize(self, _discard, self._file, self._tmp, self.spool)
         self.num_written = 0
-        self.gap_stats: dict | None = None  # ValueCounts.stats("itl") of every gap, once closed
+        self.gap_stats: dict | None = None  # once closed: the follower's, or this process's count
         self.follower = follower
         self.taken = follower.tell({"job": "requests", "spool": self.spool, "out": self._tmp})
 
@@ -186,9 +187,7 @@ def open_request_log(path: Path, follower: Follower | None = None) -> RequestLog
 
 def _gap_stats(stats) -> bool:
     """Whether a follower's `itl` answer holds every statistic ValueCounts.stats gives."""
-    return isinstance(stats, dict) and all(
-        isinstance(stats.get(f"{stat}_itl_ms"), float) for stat in ("mean", "median", "std", "p90", "p99")
-    )
+    return isinstance(stats, dict) and all(isinstance(stats.get(f"{stat}_itl_ms"), float) for stat in STATS)
 
 
 def _convert(buffer: bytes, write: Callable[[bytes], object], gaps: ValueCounts | None) -> tuple[int, int]:

@@ -106,7 +106,7 @@ class BlockPool:
             return [self.take() for _ in range(count)]
         # a loop, not a comprehension: Python 3.11 makes a function and a frame for each
         # comprehension it runs, and this one ran 88,642 times in a 10,000-request run (most
-        # for one to three blocks: 0.2-0.4 us each of overhead, against its blocks' work)
+        # for one to three blocks: 0.15-0.35 us more a call than this loop, timed alone)
         blocks = []
         for _ in range(count):
             block = free.popleft()
