@@ -63,8 +63,7 @@ class InProcessFollower:
 
     def _follow(self, spool, out):
         try:
-            self.gaps = ValueCounts()
-            self.result = follow_spool(spool, out, lambda: self.size, lambda: self.closed, gaps=self.gaps)
+            self.result = follow_spool(spool, out, lambda: self.size, lambda: self.closed)
         except FileNotFoundError:  # the run's log was gone before this opened it (as the helper's _Spool)
             self.result = None
 
@@ -74,7 +73,7 @@ class InProcessFollower:
             return self.answer_with
         self.size = message["size"]
         self.thread.join()
-        return {"written": self.result, "itl": self.gaps.stats("itl")}
+        return self.result
 
     def close(self):
         self.closed = True
@@ -103,7 +102,7 @@ def test_the_spooled_log_writes_the_bytes_the_run_writes_itself(tmp_path):
     write_all(log, records)
     direct = (tmp_path / "direct" / "requests.jsonl").read_bytes()
     assert (tmp_path / "spooled" / "requests.jsonl").read_bytes() == direct
-    assert follower.result == 300 and not follower.closed  # the follower wrote them all
+    assert follower.result["written"] == 300 and not follower.closed  # the follower wrote them all
     assert log.gap_stats == gap_stats(records)  # and counted their gaps
     assert leftovers(tmp_path / "spooled") == []  # no spool, no temporary file
     frame = pd.read_json(tmp_path / "spooled" / "requests.jsonl", lines=True)

@@ -128,7 +128,7 @@ class SpooledRequestLog(RequestLog):
     """Spools the requests in binary for `follower` to turn into lines (see the module doc).
     Built by `open_request_log`, which falls back to a RequestLog where the follower is gone.
 
-    Whoever converts the spool also counts its inter-token gaps (`follow_spool`'s `gaps`), so
+    Whoever converts the spool also counts its inter-token gaps (`follow_spool`'s answer), so
     where the follower converts, that work is off the run's core too: 3.3M gaps of 10,000
     ShareGPT requests, folded a million at a time (serving_metrics.ValueCounts)."""
 
@@ -162,9 +162,7 @@ class SpooledRequestLog(RequestLog):
         else:
             self.follower.close()  # silent, wrong or late: it must not write on while this does
             os.truncate(self._tmp, 0)
-            gaps = ValueCounts()
-            follow_spool(self.spool, self._tmp, lambda: size, gaps=gaps)
-            self.gap_stats = gaps.stats("itl")
+            self.gap_stats = follow_spool(self.spool, self._tmp, lambda: size)["itl"]
         if os.path.exists(self.spool):  # a follower that wrote every line has removed it
             os.unlink(self.spool)
         return self._publish()
@@ -190,7 +188,7 @@ def _gap_stats(stats) -> bool:
     return isinstance(stats, dict) and all(isinstance(stats.get(f"{stat}_itl_ms"), float) for stat in STATS)
 
 
-def _convert(buffer: bytes, write: Callable[[bytes], object], gaps: ValueCounts | None) -> tuple[int, int]:
+def _convert(buffer: bytes, write: Callable[[bytes], object], gaps: ValueCounts) -> tuple[int, int]:
     """Write the lines of the whole requests at the start of `buffer`, and count their gaps
     into `gaps`: (bytes used, requests)."""
     at, end, count = 0, len(buffer), 0
@@ -202,8 +200,7 @@ def _convert(buffer: bytes, write: Callable[[bytes], object], gaps: ValueCounts 
             break
         itl_s = np.frombuffer(buffer, np.float64, num_gaps, at + header)
         write(_line(values, itl_s))
-        if gaps is not None:
-            gaps.add(itl_s)
+        gaps.add(itl_s)
         at, count = stop, count + 1
     return at, count
 
@@ -214,15 +211,15 @@ def follow_spool(
     size: Callable[[], int | None],
     stop: Callable[[], bool] = lambda: False,
     poll_s=0.002,
-    gaps: ValueCounts | None = None,
-) -> int | None:
+) -> dict | None:
     """Append the lines of the requests in `spool` to `out` (an existing file; the caller
     empties it first where it must: see _temp_beside on truncating), reading the spool as it
-    grows until it is whole: `size()` says its final size, None while it grows. Every request's
-    inter-token gaps are added to `gaps`, where given. Returns how many requests it wrote; gives
-    up (None) as soon as `stop()` is True. Raises ValueError where the spool ends inside a
-    request, FileNotFoundError where either file is gone."""
-    written, pending, read = 0, b"", 0
+    grows until it is whole: `size()` says its final size, None while it grows. Returns the
+    answer a follower gives at the spool's end: {"written": how many requests, "itl": their
+    inter-token gaps' statistics (ValueCounts.stats)}; gives up (None) as soon as `stop()` is
+    True. Raises ValueError where the spool ends inside a request, FileNotFoundError where
+    either file is gone."""
+    written, pending, read, gaps = 0, b"", 0, ValueCounts()
     # r+b, not ab: a file the run already removed (it failed at once) must not be made again
     with open(spool, "rb") as source, open(out, "r+b", buffering=1 << 16) as target:
         target.seek(0, os.SEEK_END)
@@ -242,4 +239,4 @@ def follow_spool(
             time.sleep(poll_s)
     if pending or read != final:
         raise ValueError(f"{spool} does not end with a whole request ({len(pending)} bytes left over)")
-    return written
+    return {"written": written, "itl": gaps.stats("itl")}

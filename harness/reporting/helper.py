@@ -44,15 +44,13 @@ class _Spool:
         self._thread.start()
 
     def _follow(self, follow_spool, spool: str, out: str) -> None:
-        from kvbench.core.serving_metrics import ValueCounts
-
         try:
-            gaps = ValueCounts()  # the run's inter-token latencies, counted here (SpooledRequestLog)
-            written = follow_spool(spool, out, lambda: self.size, lambda: self.dropped, gaps=gaps)
-            if written is not None:  # here, on this core: freeing a large file takes milliseconds
+            # the lines written and the run's inter-token latencies counted here (SpooledRequestLog)
+            answer = follow_spool(spool, out, lambda: self.size, lambda: self.dropped)
+            if answer is not None:  # here, on this core: freeing a large file takes milliseconds
                 with contextlib.suppress(OSError):
                     os.unlink(spool)
-            self.answer = {"written": written, "itl": gaps.stats("itl")}
+            self.answer = answer or {"written": None}
         except Exception as err:  # noqa: BLE001 (any failure: the run converts the spool itself)
             self.answer = {"error": f"{type(err).__name__}: {err}"}
 
