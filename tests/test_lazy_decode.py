@@ -71,6 +71,46 @@ def test_lazy_decode_decides_every_step_as_the_eager_loop(
     assert lazy[3] == eager[3]
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(
+        st.tuples(
+            st.floats(0.0, 0.2),  # arrival
+            st.integers(1, 40),  # prompt
+            st.integers(30, 150),  # output: long enough to decode through several blocks
+            st.sampled_from([(1, 1)] * 6 + [(2, 1), (1, 2)]),  # (n, beam_width)
+        ),
+        min_size=20,
+        max_size=60,
+    ),
+    block_size=st.sampled_from([2, 4, 16]),
+    preemption=st.sampled_from(["recompute", "recompute", "swap"]),
+    num_slots=st.integers(250, 1200),
+    max_num_seqs=st.integers(16, 64),
+)
+def test_long_decodes_in_a_tight_pool_preempt_as_the_eager_loop(
+    shapes, block_size, preemption, num_slots, max_num_seqs
+):
+    """Many sequences decoding through whole blocks in a pool that cannot hold them all: the
+    quiet stretch meets steps whose crossings the free blocks do not cover and preempts for
+    them itself (cross_quietly; with swap it leaves them to schedule()). The random workloads
+    above reach such steps rarely; these reach them in about one example in four."""
+    made = [
+        Request(i, arrival, prompt, output, np.arange(prompt) + 7 * i, n=n, beam_width=beam)
+        for i, (arrival, prompt, output, (n, beam)) in enumerate(sorted(shapes))
+    ]
+    sides = []
+    for lazy in (False, True):
+        allocator = PagedAllocator(num_slots, 256, block_size=block_size, watermark=0.01)
+        allocator.enable_swap(num_slots)
+        scheduler = Scheduler(allocator, max_num_seqs, 4096, preemption=preemption)
+        sides.append(decisions(scheduler, made, lazy))
+    eager, lazy = sides
+    if not isinstance(eager, str):
+        event(f"preempted: {bool(eager[3]['preemptions'])}")
+    assert lazy == eager
+
+
 def count_calls(scheduler, allocator, *names) -> dict:
     """Count the calls of the scheduler's or allocator's methods `names`; "grow_steady" counts
     the blocks steady crossings take: grow_steady's, grow_steady_all's (one call for several
@@ -191,13 +231,14 @@ def test_a_sequence_that_decodes_through_whole_blocks_strides_and_gets_their_blo
     assert lazy == eager
 
 
-def test_a_step_whose_crossings_the_pool_cannot_all_take_is_scheduled_and_preempts_as_eagerly():
+def test_a_step_whose_crossings_the_pool_cannot_all_take_preempts_in_the_stretch_as_eagerly():
     """The 64 requests in a pool that holds about half their blocks: the quiet stretch reaches
-    a step at which the free blocks do not cover every crossing; grow_steady_all or
-    take_striding refuses it,
-    changing nothing, and scheduling that step preempts exactly as the eager loop does."""
+    steps at which the free blocks do not cover every crossing (grow_steady_all or
+    take_striding refuses them, changing nothing). The stretch runs them itself, preempting
+    the newest requests as `_meet` would (cross_quietly): exactly the eager loop's preemptions,
+    at the same steps, and schedule() is not called for them."""
     requests = [Request(i, 0.0, 20 + i % 16, 200, np.arange(20 + i % 16)) for i in range(64)]
-    refused = []
+    refused, scheduled_preemptions = [], []
     allocator = PagedAllocator(64 * 120, 256, block_size=16)
     grow_steady_all = allocator.grow_steady_all
 
@@ -214,10 +255,20 @@ def test_a_step_whose_crossings_the_pool_cannot_all_take_is_scheduled_and_preemp
         return taken
 
     allocator.grow_steady_all, allocator.take_striding = watched, watched_strides
-    lazy = decisions(Scheduler(allocator, 64, 4096), requests, True)
+    scheduler = Scheduler(allocator, 64, 4096)
+    schedule = scheduler.schedule
+
+    def watched_schedule(now=0.0):
+        batch = schedule(now)
+        scheduled_preemptions.extend(batch.preempted)
+        return batch
+
+    scheduler.schedule = watched_schedule
+    lazy = decisions(scheduler, requests, True)
     eager = decisions(Scheduler(PagedAllocator(64 * 120, 256, block_size=16), 64, 4096), requests, False)
     assert eager[3]["preemptions"] > 0
     assert any(refused) and not all(refused)
+    assert len(scheduled_preemptions) < eager[3]["preemptions"]  # the others: in the stretch
     assert lazy == eager
 
 

@@ -187,8 +187,10 @@ class Engine:
         may be admitted); behind a head that stays refused, arrivals only join the queue. A step
         that meets steady sequences runs on when all it does is give some of them new blocks and
         let others decode their last token (Scheduler.cross_quietly: those that cross take no
-        room); those are then brought up to date and retired, as _advance retires them, and the
-        stretch goes on only where quiet_stretch says so again. Any other meeting ends it."""
+        room), preempting for those blocks where the free ones do not cover them (a step of
+        striding crossings alone too); those that end are then brought up to date and retired,
+        as _advance retires them, and after them or a preemption the stretch goes on only where
+        quiet_stretch says so again. Any other meeting ends it."""
         stretch = self.scheduler.quiet_stretch()
         if stretch is None:
             return clock, 0
@@ -212,17 +214,18 @@ class Engine:
                     waiting = True
             wall = perf_counter()
             took, met_here = steady, None
-            if step == met:
-                met_here = cross_quietly(step, waiting)  # (how many crossed, the ended)
+            striding = 0 if step == met else len(striders[step % period])
+            if step == met or (striding and not take_striding(striding)):
+                # steady sequences met, or striding crossings that the free blocks do not cover
+                met_here = cross_quietly(step, waiting)  # (how many crossed, the ended, preempted)
                 if met_here is None:
                     break
-                took -= met_here[0]
+                crossed, ended, preempted = met_here
+                if preempted:  # the victims decode no more
+                    steady, base = scheduler.steady_totals()
+                took = steady - crossed
             else:
-                striding = len(striders[step % period])
-                if striding:  # striding sequences cross into new blocks (counted in bulk)
-                    if not take_striding(striding):
-                        break
-                    took -= striding
+                took -= striding  # striding sequences cross into new blocks (counted in bulk)
             if took:
                 took_room(took)
             schedule_s = perf_counter() - wall
@@ -233,8 +236,7 @@ class Engine:
             step_clocks.append(clock)
             on_step(clock, dt, steady, allocator, schedule_s)
             if met_here is not None:  # a step that met steady sequences
-                crossed, ended = met_here
-                if crossed and not ended:  # new blocks only: a head's refusal stands (grow_steady_all)
+                if crossed and not ended and not preempted:  # new blocks only: a head's refusal stands
                     met = next_meeting()
                     continue
                 for seq in ended:  # retired as _advance retires them, then look again

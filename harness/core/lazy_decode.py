@@ -31,6 +31,15 @@ the one into its last block: the sequences striding are kept by the phase of the
 (step mod block size), a step's crossings are taken in bulk (`take_striding`), and the blocks
 are handed to the sequence when it is next met (`_end_stride`). A scheduled step gives them in
 running order, one by one, so a refused block preempts as the eager loop does.
+
+A step whose crossings the free blocks do not cover need not be scheduled either, where
+preemption recomputes: the stretch makes `_meet`'s preemptions itself (`_preempt_for_crossings`:
+the crossings in running order each take a block while there is one, and where there is none
+the newest running request goes, until one is freed or the crossing sequence itself was the
+newest), then gives the blocks of the crossings left running as above. Such a step admits
+nobody (`_schedule_waiting` stops at a preemption), and its time is that of the steady decodes
+left. In a 10,000-request ShareGPT run at 4 req/s (OPT-13B, A100-40GB) 8,551 of the 8,637 steps
+that preempt run so; with swap the copies change the step's time, and it is scheduled.
 """
 
 from __future__ import annotations
@@ -231,23 +240,26 @@ class LazyDecode:
             return None
         return step, met, self._num_steady, self._steady_base, waiting
 
-    def cross_quietly(self, step: int, waiting: bool) -> tuple[int, list] | None:
-        """In a quiet stretch, `step`, at which steady sequences are met, run without scheduling
-        it where each of them either has used up its room and decodes on into a new block that
-        the allocator gives them all (`grow_steady_all`), or decodes its last token into its room
-        (a quiet allocator's room_ran_out does nothing). Take the new blocks in running order as
-        `_meet` would and return (how many crossed, the sequences whose output ends: still
-        steady, so that the step's totals count them; the engine brings them up to date and
-        retires them once the step's clock is known). None, changing nothing that scheduling
-        the step would not, where the step must be scheduled.
+    def cross_quietly(self, step: int, waiting: bool) -> tuple[int, list, bool] | None:
+        """In a quiet stretch, `step`, at which steady sequences are met or striding ones cross
+        into blocks that the free ones do not cover, run without scheduling it where each of the
+        met either has used up its room and decodes on into a new block that the allocator gives
+        them all (`grow_steady_all`), or decodes its last token into its room (a quiet
+        allocator's room_ran_out does nothing). Where the free blocks do not cover the step's
+        crossings, preempt for them first as `_meet` would (`_preempt_for_crossings`). Take the
+        new blocks in running order as `_meet` would and return (how many crossed, the sequences
+        whose output ends: still steady, so that the step's totals count them; the engine brings
+        them up to date and retires them once the step's clock is known, and whether any request
+        was preempted: the steady totals changed). None, changing nothing that scheduling the
+        step would not, where the step must be scheduled.
 
         `waiting`: the stretch runs behind a waiting head, which must stay refused at this step
         too: tested here, or, where blocks are taken, by grow_steady_all's promise that the
-        refusal tested when the stretch began stands. The engine tests the steps after this one
-        again (quiet_stretch)."""
+        refusal tested when the stretch began stands; a step that preempts admits nobody
+        (`_schedule_waiting`). The engine tests the steps after this one again (quiet_stretch)."""
         expiry, allocator = self._expiry, self.allocator
         touched, ending = [], []
-        for since, seq in expiry[step]:  # _meet's tests, made before anything changes
+        for since, seq in expiry.get(step, ()):  # _meet's tests, made before anything changes
             if seq.steady_since == since:
                 if seq.stride_start >= 0:  # met after its last striding crossing: its blocks first
                     self._end_stride(seq, step)
@@ -262,6 +274,7 @@ class LazyDecode:
         if (touched or ending) and not allocator.quiet_room:
             return None
         striding = len(self._striders[step % self._period])  # those met above no longer stride
+        preempted = False
         if touched or striding:  # the head's refusal stands: grow_steady_all's promise
             touched.sort(key=RUN_ORDER)
             computed = []  # a loop, not a comprehension (block_pool.take_blocks says why)
@@ -269,10 +282,23 @@ class LazyDecode:
                 computed.append(seq.num_computed + step - seq.steady_since)
             granted = allocator.grow_steady_all(touched, computed, striding)
             if granted is None:
-                return None
+                if not self._preempt_for_crossings(step, touched, computed):
+                    return None
+                preempted, running = True, SeqStatus.RUNNING
+                kept, kept_computed = [], []  # the crossings the preemptions left running
+                for seq, before in zip(touched, computed):
+                    if seq.status is running:
+                        kept.append(seq)
+                        kept_computed.append(before)
+                touched, computed = kept, kept_computed
+                ending = [seq for seq in ending if seq.status is running]
+                striding = len(self._striders[step % self._period])  # the preempted no longer stride
+                granted = allocator.grow_steady_all(touched, computed, striding)
+                if granted is None:
+                    raise RuntimeError(f"{allocator.name}: too few blocks after preempting for them at step {step}")
         elif waiting and not self.head_stays_refused(1):
             return None
-        del expiry[step]
+        expiry.pop(step, None)
         if touched:
             meet_at, start_stride = self._meet_at, self._start_stride
             for seq, before, more in zip(touched, computed, granted):
@@ -282,7 +308,42 @@ class LazyDecode:
                 meet_at(_meets_at(since, seq, True), since, seq)
         if len(ending) > 1:
             ending.sort(key=RUN_ORDER)
-        return len(touched) + striding, ending
+        return len(touched) + striding, ending, preempted
+
+    def _preempt_for_crossings(self, step: int, touched: list, computed: list) -> bool:
+        """`step`'s crossings into new blocks, `touched` (in running order, `computed[i]` the
+        i-th one's tokens) and the striding ones, where the free blocks do not cover them all:
+        make the preemptions `_meet` makes for them. It gives the crossings their blocks in
+        running order and, where none is left, preempts the newest running request (`preempt`)
+        until one is, or until the crossing sequence itself was the newest. The blocks are
+        taken afterwards (the caller): how many each victim freed is all the order depends on.
+        False, changing nothing, where the step must be scheduled: preemption by swap (the
+        step's time counts its copies), or a crossing the allocator's short path would refuse."""
+        if self.preemption != "recompute":
+            return False
+        free = self.allocator.steady_blocks(touched, computed)
+        if free is None:
+            return False
+        from kvbench.core.scheduler import Batch  # (the scheduler's module imports this one)
+
+        crossing = touched + list(self._striders[step % self._period])
+        crossing.sort(key=RUN_ORDER)
+        running, batch, taken, running_status = self.running, Batch(), 0, SeqStatus.RUNNING
+        for seq in crossing:
+            if seq.status is not running_status:
+                continue  # preempted for a crossing ahead of it
+            while taken == free:  # no block left for it (those ahead of it take theirs first)
+                victim = running[-1]  # newest first
+                self.preempt(victim, batch)
+                free = self.allocator.steady_blocks()
+                if victim is seq:
+                    return True  # every crossing behind it was newer, so went before it
+            taken += 1
+        return True
+
+    def steady_totals(self) -> tuple[int, int]:
+        """The steady sequences' count and base: a step's decode context is base + count * (step + 1)."""
+        return self._num_steady, self._steady_base
 
     def head_stays_refused(self, steps: int) -> bool:
         """Whether `_schedule_waiting` stops at the waiting head in each of the next `steps` steps

@@ -181,6 +181,14 @@ class KVAllocator(ABC):
         None, the default, keeps such a step scheduled."""
         return None
 
+    def steady_blocks(self, seqs=(), num_computed=()) -> int | None:
+        """The blocks grow_steady_all and take_striding could take now, where each of `seqs`
+        would take one as grow_steady does (`num_computed[i]` is the i-th one's); None where one
+        of them would need more, or where the allocator has no such path (the default). Lazy
+        decode reads it at a step whose crossings the free blocks do not cover, to preempt for
+        them without scheduling the step."""
+        return None
+
     # Striding: the steps between a steady sequence's block crossings where the allocator can
     # count its crossings in bulk (paged without prefix caching: its block size); 0 where not.
     # Lazy decode then meets a sequence that decodes through whole blocks once, not per block.

@@ -299,19 +299,22 @@ class PagedAllocator(KVAllocator):
     def grow_steady_all(self, seqs: list[Sequence], num_computed: list[int], striding: int = 0) -> list[int] | None:
         # Taking blocks can only keep admission's pool.fits refusing, and refuses_again reads
         # nothing else: the promise holds.
-        bs, tables = self.block_size, self.block_tables
-        if self.pool.num_free < len(seqs) + striding:
+        if self.pool.num_free < len(seqs) + striding or self.steady_blocks(seqs, num_computed) is None:
             return None
-        for seq, before in zip(seqs, num_computed):
-            if len(tables[seq.seq_id]) * bs != before:
-                return None
-        new_last_block = self._new_last_block
+        tables, new_last_block = self.block_tables, self._new_last_block
         granted = []  # a loop, not a comprehension (block_pool.take_blocks says why)
         for seq, before in zip(seqs, num_computed):
             granted.append(new_last_block(seq, tables[seq.seq_id], before, 0))
         if striding:
             self.take_striding(striding)
         return granted
+
+    def steady_blocks(self, seqs=(), num_computed=()) -> int | None:
+        bs, tables = self.block_size, self.block_tables
+        for seq, before in zip(seqs, num_computed):
+            if len(tables[seq.seq_id]) * bs != before:
+                return None  # its last block is not full: grow_steady would refuse it
+        return self.pool.num_free
 
     # Striding. A steady sequence that grow_steady gave a block it will fill (a whole block's
     # room, bs - 1, granted) crosses again bs steps later, and there, of _new_last_block's work,

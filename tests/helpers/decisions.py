@@ -2,7 +2,7 @@
 
 `Totals` is a simulated executor whose step time depends only on a batch's totals and that logs
 them; `decisions(scheduler, requests, lazy)` runs the requests with it and returns every step's
-totals and preemptions, the recorder's clock, batch sizes and accounting, each finished
+totals and preemptions (the scheduler's, by step), the recorder's clock, batch sizes and accounting, each finished
 sequence's tokens, times and preemptions, and the result row (or the refusal's text when a
 request cannot fit). `REQUESTS` draws small mixed workloads for it.
 """
@@ -27,14 +27,14 @@ class Totals:
         self.steps: list[tuple] = []
 
     def execute(self, batch) -> StepResult:
-        preempted = [seq.seq_id for seq in batch.preempted]
         totals = (batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs, batch.swapped_blocks)
-        self.steps.append((*totals, preempted))
+        self.steps.append(totals)
         return StepResult(self._step_s(batch.num_tokens, batch.context_tokens, batch.num_seqs))
 
     def quiet_step_s(self, num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
-        """A step of steady decodes the engine runs without a batch: logged as execute() logs it."""
-        self.steps.append((num_tokens, num_tokens, context_tokens, attention_pairs, 0, []))
+        """A step the engine runs without a batch (steady decodes, and any preemption for their
+        new blocks): logged as execute() logs it."""
+        self.steps.append((num_tokens, num_tokens, context_tokens, attention_pairs, 0))
         return self._step_s(num_tokens, context_tokens, num_tokens)
 
     @staticmethod
@@ -59,6 +59,16 @@ def decisions(scheduler, requests, lazy: bool):
     """Run `requests` through `scheduler` with lazy decode on or off; what it decided."""
     executor = Totals(needs_sequences=not lazy)
     recorder = Recorder(keep_sequences=True)
+    # the preemptions, by the step they happen in: a step the engine runs without a batch
+    # preempts too (lazy decode), so they are taken from the scheduler, not from the batch
+    preempted: dict[int, list] = {}
+    preempt = scheduler.preempt
+
+    def logged_preempt(seq, batch):
+        preempted.setdefault(len(executor.steps), []).append(seq.seq_id)
+        preempt(seq, batch)
+
+    scheduler.preempt = logged_preempt
     try:
         row = Engine(scheduler, executor, recorder=recorder, progress=False, seed=3).run(requests)
     except UserError as error:  # a request larger than the pool: every side refuses it
@@ -69,4 +79,5 @@ def decisions(scheduler, requests, lazy: bool):
         (s.seq_id, s.num_tokens, s.first_token_s, s.finish_s, s.num_preemptions, tuple(s.token_times))
         for s in recorder.finished
     ]
-    return executor.steps, (recorder.step_end, recorder.batch_size, recorder.kv), finished, row
+    steps = [(*totals, preempted.get(step, [])) for step, totals in enumerate(executor.steps)]
+    return steps, (recorder.step_end, recorder.batch_size, recorder.kv), finished, row
