@@ -63,6 +63,9 @@ class LazyDecode:
     and allocator, and falls back to the scheduler's eager loop."""
 
     def _init_lazy_decode(self) -> None:
+        from kvbench.core.scheduler import Batch  # (the scheduler's module imports this one)
+
+        self._stretch_batch = Batch()  # what `preempt` records of a quiet stretch's preemptions
         self.step_clocks = array("d")  # the engine's clock after each schedule() call (as token_times)
         self._active: set[Sequence] = set()  # running entries that are not steady
         self._runs = 0  # Sequence.run_order's counter
@@ -324,11 +327,10 @@ class LazyDecode:
         free = self.allocator.steady_blocks(touched, computed)
         if free is None:
             return False
-        from kvbench.core.scheduler import Batch  # (the scheduler's module imports this one)
-
         crossing = touched + list(self._striders[step % self._period])
         crossing.sort(key=RUN_ORDER)
-        running, batch, taken, running_status = self.running, Batch(), 0, SeqStatus.RUNNING
+        running, batch, taken, running_status = self.running, self._stretch_batch, 0, SeqStatus.RUNNING
+        batch.preempted.clear()
         for seq in crossing:
             if seq.status is not running_status:
                 continue  # preempted for a crossing ahead of it

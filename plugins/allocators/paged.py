@@ -299,7 +299,8 @@ class PagedAllocator(KVAllocator):
     def grow_steady_all(self, seqs: list[Sequence], num_computed: list[int], striding: int = 0) -> list[int] | None:
         # Taking blocks can only keep admission's pool.fits refusing, and refuses_again reads
         # nothing else: the promise holds.
-        if self.pool.num_free < len(seqs) + striding or self.steady_blocks(seqs, num_computed) is None:
+        free = self.steady_blocks(seqs, num_computed)
+        if free is None or free < len(seqs) + striding:
             return None
         tables, new_last_block = self.block_tables, self._new_last_block
         granted = []  # a loop, not a comprehension (block_pool.take_blocks says why)
