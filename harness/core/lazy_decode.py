@@ -287,14 +287,14 @@ class LazyDecode:
             if granted is None:
                 if not self._preempt_for_crossings(step, touched, computed):
                     return None
-                preempted, running = True, SeqStatus.RUNNING
+                preempted, running_status = True, SeqStatus.RUNNING
                 kept, kept_computed = [], []  # the crossings the preemptions left running
                 for seq, before in zip(touched, computed):
-                    if seq.status is running:
+                    if seq.status is running_status:
                         kept.append(seq)
                         kept_computed.append(before)
                 touched, computed = kept, kept_computed
-                ending = [seq for seq in ending if seq.status is running]
+                ending = [seq for seq in ending if seq.status is running_status]
                 striding = len(self._striders[step % self._period])  # the preempted no longer stride
                 granted = allocator.grow_steady_all(touched, computed, striding)
                 if granted is None:
