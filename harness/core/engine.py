@@ -235,7 +235,7 @@ class Engine:
             clock += dt
             step_clocks.append(clock)
             on_step(clock, dt, steady, allocator, schedule_s)
-            if met_here is not None:  # a step that met steady sequences
+            if met_here is not None:  # a step that met steady sequences, or preempted for blocks
                 if crossed and not ended and not preempted:  # new blocks only: a head's refusal stands
                     met = next_meeting()
                     continue
