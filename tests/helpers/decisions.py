@@ -2,9 +2,9 @@
 
 `Totals` is a simulated executor whose step time depends only on a batch's totals and that logs
 them; `decisions(scheduler, requests, lazy)` runs the requests with it and returns every step's
-totals and preemptions (the scheduler's, by step), the recorder's clock, batch sizes and accounting, each finished
-sequence's tokens, times and preemptions, and the result row (or the refusal's text when a
-request cannot fit). `REQUESTS` draws small mixed workloads for it.
+totals and preemptions (the scheduler's, by step), the recorder's clock, batch sizes and
+accounting, each finished sequence's tokens, times and preemptions, and the result row (or the
+refusal's text when a request cannot fit). `REQUESTS` draws small mixed workloads for it.
 """
 
 from __future__ import annotations
