@@ -419,6 +419,42 @@ def test_ab_bad_ref_and_too_few_repeats_are_user_errors():
     )
 
 
+def test_ab_a_test_path_that_is_not_there_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--against", "HEAD", "--repeats", "2", "no_such_test_path.py"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no_such_test_path.py: no such test file or folder" in err[0]
+
+
+def test_sigterm_while_measuring_removes_refs_worktree_and_exits_143(monkeypatch, capsys):
+    """A CI job's time limit sends SIGTERM: REF's worktree must not stay registered."""
+    import signal
+    import time
+
+    import kvbench.reporting.ab as ab
+
+    seen = {}
+
+    def terminated(sides, bench_overrides, targets, repeats, ref, ref_tree, *rest, **kwargs):
+        seen["tree"] = ref_tree
+        assert ref_tree.is_dir()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts it
+        raise AssertionError("SIGTERM did not end the measurement")
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(ab, "measure", terminated)
+    with pytest.raises(SystemExit) as exit_info:
+        ab.run_ab("HEAD", 2, [], load_policy(None), out=io.StringIO())
+    assert exit_info.value.code == 143
+    assert not seen["tree"].exists()
+    listed = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=ab.source_tree()).stdout
+    assert str(seen["tree"]) not in listed
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert capsys.readouterr().err.splitlines() == ["terminated: nothing was compared"]
+
+
 def test_ab_worktree_that_cannot_be_created_is_a_user_error(tmp_path, monkeypatch, capsys):
     import kvbench.reporting.ab as ab
 

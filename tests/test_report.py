@@ -122,6 +122,18 @@ def test_the_verdict_comes_first_and_names_the_winner_and_its_margin(sweep, tmp_
     assert "<h1>kvbench report: opt-13b on a100-40gb, sharegpt workload (simulate)</h1>" in page
 
 
+def test_the_verdict_says_when_the_baseline_itself_wins_and_gives_no_ratio_of_a_blank_cell(sweep, tmp_path):
+    assert bench_report(sweep, "--out", tmp_path / "a", "--baseline", "paged").returncode == 0
+    verdict = (tmp_path / "a" / "report.html").read_text().split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
+    assert "<b>paged</b> (" in verdict and "the baseline, paged, wins here" in verdict and "1.00×" not in verdict
+    summary = read_csv(sweep / "summary.csv")
+    summary.loc[summary["allocator"] == "paged", "request_throughput"] = None
+    write_csv(tmp_path / "blank.csv", summary)
+    assert bench_report(tmp_path / "blank.csv", "--out", tmp_path / "b", "--baseline", "oracle").returncode == 0
+    verdict = (tmp_path / "b" / "report.html").read_text().split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
+    assert "lower normalized latency than oracle</li>" in verdict and "nan" not in verdict
+
+
 def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted(sweep, tmp_path):
     other = tmp_path / "other"
     budgets = "scheduler.max_num_batched_tokens=16,4096"  # 16 tokens: the point fails as it runs

@@ -269,7 +269,7 @@ def test_a_malformed_table_is_refused_by_both_tools_not_read_shifted(tmp_path, t
     table = tmp_path / "t.csv"
     table.write_text(text if said else text.replace("request_throughput", "kv_token_util"))
     message = refused(lambda: report.main([str(table), "--out", str(tmp_path / "out")]))
-    assert (said or "no allocator column") in message
+    assert (said or "has serving metrics but no allocator") in message
     assert not (tmp_path / "out" / "report.html").exists()
     if said and ("fields" in said or "twice" in said):  # compare reads the table the same way
         assert said in refused(lambda: compare.main([str(table), str(table)]))
@@ -518,3 +518,88 @@ def test_a_zero_latency_of_a_point_that_ran_is_refused_not_a_verdict(tmp_path):
     write_csv(tmp_path / "z.csv", [row("paged", 1.0), row("contiguous", 0.5, normalized_latency_s_per_tok=0.0)])
     said = "normalized_latency_s_per_tok of a point that ran is > 0"
     assert said in refused(lambda: report.main([str(tmp_path / "z.csv"), "--out", str(tmp_path / "o")]))
+
+
+# --- a fourth look: a regression that passed, crashes, and checks that came too late ------------
+
+
+def test_tables_without_a_status_column_are_compared_not_passed_as_failed(tmp_path):
+    """No status column on either side reads as every point ok (as one side's blank cell does)."""
+    base, worse = ([row(a, t, status=None) for a in ("paged", "pow2")] for t in (2.0, 1.0))
+    write_csv(tmp_path / "base.csv", pd.DataFrame(base).drop(columns="status"))
+    write_csv(tmp_path / "worse.csv", pd.DataFrame(worse).drop(columns="status"))
+    same = run_compare(tmp_path / "base.csv", tmp_path / "base.csv")
+    assert same.returncode == 0 and "OK: 2 point(s) match" in same.stdout, same.stdout
+    halved = run_compare(tmp_path / "base.csv", tmp_path / "worse.csv")
+    assert halved.returncode == 1, halved.stdout
+    assert "allocator=paged: request_throughput 2 -> 1" in halved.stdout.split("REGRESSION:")[1]
+
+
+def test_a_served_row_with_a_blank_allocator_is_refused_before_the_report_writes(tmp_path):
+    write_csv(tmp_path / "a.csv", [row("contiguous", 0.5, kv_token_util=0.2), row("", 1.0, kv_token_util=0.9)])
+    said = refused(lambda: report.main([str(tmp_path / "a.csv"), "--out", str(tmp_path / "o")]))
+    assert "row 2 has serving metrics but no allocator" in said
+    assert not (tmp_path / "o").exists()
+    failed = row("", None, kv_token_util=None, status="failed", reason="no allocator chosen")
+    write_csv(tmp_path / "f.csv", [row("contiguous", 0.5, kv_token_util=0.2), failed])
+    assert run_report(tmp_path / "f.csv", "--out", tmp_path / "f").returncode == 0  # a failed point may lack one
+
+
+@pytest.mark.parametrize(
+    "samples, said",
+    [
+        ('{"request_throughput":[-1.0,-2.0]}', "request_throughput's samples of scenario=serve, allocator=paged"),
+        ("{not json", "samples column is not JSON"),
+    ],
+)
+def test_bad_samples_are_refused_before_anything_is_printed(tmp_path, samples, said):
+    serve = dict(scenario="serve", repeats=2)
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,2.1]}')])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **serve, samples=samples)])  # a cell that passes
+    result = in_process(lambda: compare.main([str(tmp_path / "base.csv"), str(tmp_path / "cur.csv")]))
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert said in result.stderr and len(result.stderr.splitlines()) == 1
+    assert "allocator=paged, model=opt-13b, seed=0 in the current (" in result.stderr  # which point, which side
+
+
+def test_a_judged_benchmark_count_given_as_text_is_refused_not_a_regression(tmp_path):
+    import json
+
+    def bench(calls):
+        stats = {"median": 1e-3, "min": 1e-3}
+        entry = {"fullname": "tests/b.py::test_step", "stats": stats, "extra_info": {"calls_per_step": calls}}
+        return json.dumps({"benchmarks": [entry]})
+
+    (tmp_path / "base.json").write_text(bench(519))
+    (tmp_path / "cur.json").write_text("\ufeff" + bench("many"))  # a BOM is read past, as in a CSV
+    said = refused(lambda: compare.main([str(tmp_path / "base.json"), str(tmp_path / "cur.json")]))
+    assert "calls_per_step of benchmark=tests/b.py::test_step in the current" in said and "'many'" in said
+    (tmp_path / "bad.json").write_text(json.dumps({"benchmarks": [{"stats": {}}]}))
+    assert "a benchmark has no fullname" in refused(lambda: compare.main([str(tmp_path / "bad.json")] * 2))
+
+
+def test_samples_too_few_for_the_test_are_said_not_judged(tmp_path):
+    """Mann-Whitney's smallest p with 3 and 3 samples is 1/20 = alpha: it could never flag."""
+    serve = dict(scenario="serve", repeats=3)
+    write_csv(tmp_path / "base.csv", [row("paged", 4.0, **serve, samples='{"request_throughput":[4.0,4.1,4.2]}')])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,2.05,2.1]}')])
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
+    assert "not statistically meaningful (3 vs 3 samples: Mann-Whitney's smallest p is 0.05" in result.stdout
+    assert "run with repeats >= 4 a side" in result.stdout
+    assert (
+        result.returncode == 0 and "measured metric(s) not tested (too few samples)" in result.stdout.splitlines()[-1]
+    )
+    write_csv(tmp_path / "four.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,2.05,2.1,2.0]}')])
+    write_csv(tmp_path / "base4.csv", [row("paged", 4.0, **serve, samples='{"request_throughput":[4.0,4.1,4.2,4.0]}')])
+    assert run_compare(tmp_path / "base4.csv", tmp_path / "four.csv").returncode == 1
+
+
+def test_a_header_name_s_spaces_are_no_part_of_it_and_a_semicolon_table_is_named(tmp_path):
+    (tmp_path / "spaced.csv").write_text(
+        "scenario, allocator ,seed,status,request_throughput\nsimulate,paged,0,ok,2\nsimulate,pow2,0,ok,1\n"
+    )
+    result = run_compare(tmp_path / "spaced.csv", tmp_path / "spaced.csv")
+    assert result.returncode == 0 and "OK: 2 point(s) match" in result.stdout, result.stdout + result.stderr
+    (tmp_path / "semi.csv").write_text("scenario;allocator;seed\nsimulate;paged;0\n")
+    said = refused(lambda: compare.main([str(tmp_path / "semi.csv"), str(tmp_path / "spaced.csv")]))
+    assert "its header is one column, 'scenario;allocator;seed': a result table is comma-separated" in said

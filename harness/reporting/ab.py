@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from kvbench.reporting.compare import benchmark_frame, compare
 from kvbench.reporting.policy import Policy
 from kvbench.reporting.report import load_rows
 from kvbench.reporting.results import identity_text
+from kvbench.reporting.significance import fewest_runs
 from kvbench.scenarios.repeats import aggregate, interleaved_order
 
 HOT_PATHS = ["tests/benchmarks"]
@@ -106,9 +109,9 @@ class Side:
 
 
 def _first_error(result: subprocess.CompletedProcess) -> str:
-    lines = (result.stdout + result.stderr).splitlines()
-    errors = [line for line in lines if "Error" in line or line.startswith("E ")]
-    return (errors or lines or ["no output"])[0].strip()[:200]
+    lines = [line.strip() for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() or line.startswith("E ")]
+    return (errors or lines or [f"exit code {result.returncode}, no output"])[0][:200]
 
 
 def _benchmark_run(side: Side, targets: list[str], index: int) -> None:
@@ -188,7 +191,11 @@ def measure(
                 return None
             print(f"note: {ref} cannot run this tree's benchmarks ({err}); using its own", file=out)
             side.cwd = ref_tree
-            _benchmark_run(side, targets, index)
+            try:
+                _benchmark_run(side, targets, index)
+            except RuntimeError as again:
+                print(f"error: the {name} side failed in run {index + 1}, its own benchmarks too: {again}", file=out)
+                return None
         print(f"  run {len(side.outputs)}/{repeats} {name}: {side.seconds[-1]:.1f} s", file=out)
     frames = {}
     for name, side in sides.items():
@@ -255,15 +262,28 @@ def run_ab(
             f"--repeats {repeats}: the significance test needs at least 2 runs a side "
             f"(5 or more to detect a change on a noisy host)"
         )
+    if repeats < fewest_runs(policy.test):  # exact metrics (work counts) are still judged
+        print(
+            f"note: with {repeats} runs a side, {policy.test.method} at alpha={policy.test.alpha:g} cannot flag a "
+            f"measured metric ({fewest_runs(policy.test)} or more can); exact metrics are judged as ever",
+            file=out,
+        )
     bench_overrides = [w for w in what if "=" in w and not w.startswith("-")]
     targets = [w for w in what if w not in bench_overrides] or HOT_PATHS
+    tree = source_tree()
+    for target in targets:
+        path = target.split("::")[0]
+        if not target.startswith("-") and (path.endswith(".py") or "/" in path) and not (tree / path).exists():
+            raise UserError(
+                f"{target}: no such test file or folder in {tree} (pytest runs there); give pytest paths "
+                f"relative to it, or bench overrides (KEY=VALUE)"
+            )
     extra = {}
     for item in current_env:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"--current-env {item!r}: give KEY=VALUE")
         extra[key] = value
-    tree = source_tree()
     sha = resolve_ref(tree, ref)
     work = Path(tempfile.mkdtemp(prefix="kvbench-ab-"))
     ref_tree = work / "ref"
@@ -275,6 +295,7 @@ def run_ab(
             f"{(added.stderr.strip().splitlines() or ['no message'])[-1]}"
         )
     started = time.perf_counter()
+    previous = _on_terminate(_terminated)
     try:
         # each side is its own pytest session: a parent's pytest-xdist worker variables would make
         # pytest-benchmark believe it runs under xdist and refuse to measure
@@ -320,3 +341,18 @@ def run_ab(
     finally:
         _git(tree, "worktree", "remove", "--force", str(ref_tree))
         shutil.rmtree(work, ignore_errors=True)
+        _on_terminate(previous)
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM (a CI job's time limit) while measuring: leave through run_ab's `finally`, which
+    removes REF's worktree, and exit as a terminated process does (128 + 15)."""
+    print("terminated: nothing was compared", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def _on_terminate(handler):
+    """Set SIGTERM's handler; return the one it replaces (None off the main thread, which cannot)."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)

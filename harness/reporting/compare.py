@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks
+from kvbench.reporting.report import NEGATIVE_SLACK, check_statuses, load_rows, metric_cell_checks
 from kvbench.reporting.results import identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
@@ -38,27 +38,35 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
     """pytest-benchmark's JSON as rows: one per benchmark, times in seconds.
 
     A file the A/B runner merged holds each run's statistics under `runs`; a plain
-    --benchmark-json file is one run, so one sample. Numeric `extra_info` entries (work
-    counts per step) are metrics too."""
+    --benchmark-json file is one run, so one sample. `extra_info` entries (work counts per
+    step) are columns too, so that a judged one given as text is refused as a metric cell is."""
     try:
-        data = json.loads(Path(path).read_text())
-        machine = data.get("machine_info", {})
-        cpu = machine.get("cpu", {}).get("brand_raw", "")
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+            raise ValueError("no list of benchmarks at its top level")
+        machine = data.get("machine_info") if isinstance(data.get("machine_info"), dict) else {}
+        cpu = machine.get("cpu", {}).get("brand_raw", "") if isinstance(machine.get("cpu"), dict) else ""
         env = {"python": machine.get("python_version", ""), "cpu": cpu, "torch": machine.get("torch", "")}
         rows = []
         for bench in data["benchmarks"]:
-            runs = pd.DataFrame(bench.get("runs") or [bench["stats"]])[list(BENCHMARK_STATS.values())]
+            name = bench.get("fullname") if isinstance(bench, dict) else None
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a benchmark has no fullname (a non-empty text): {json.dumps(bench)[:60]}")
+            stats = bench.get("runs") or [bench.get("stats")]
+            if not all(isinstance(run, dict) and set(BENCHMARK_STATS.values()) <= set(run) for run in stats):
+                raise ValueError(f"{name!r} has no stats with {' and '.join(BENCHMARK_STATS.values())}")
+            runs = pd.DataFrame(stats)[list(BENCHMARK_STATS.values())]
             runs = runs.astype(float).set_axis(list(BENCHMARK_STATS), axis=1)
             if not (np.isfinite(runs.to_numpy()) & (runs.to_numpy() >= 0)).all():
-                raise ValueError(f"{bench.get('fullname')!r} has a time that is not a number >= 0")
-            if not isinstance(bench["fullname"], str) or not bench["fullname"]:
-                raise ValueError(f"a benchmark's fullname is {bench['fullname']!r}")
-            counts = {k: v for k, v in (bench.get("extra_info") or {}).items() if type(v) in (int, float)}
+                raise ValueError(f"{name!r} has a time that is not a number >= 0")
+            # a number, or a text or null where one was meant (refused or missed as a metric cell would be)
+            extra = bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {}
+            counts = {k: v for k, v in extra.items() if v is None or type(v) in (int, float, str)}
             meta = {"status": "ok", SAMPLES: runs.to_dict("list"), **env}
-            row = {"benchmark": bench["fullname"], **runs.median(), "runs": len(runs)}
+            row = {"benchmark": name, **runs.median(), "runs": len(runs)}
             taken = sorted((set(row) | set(meta)) & set(counts))
             if taken:
-                raise ValueError(f"{bench['fullname']}'s extra_info names {', '.join(taken)}, a column of its own")
+                raise ValueError(f"{name}'s extra_info names {', '.join(taken)}, a column of its own")
             rows.append({**row, **counts, **meta})
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:  # AttributeError: a list
         raise UserError(f"{path} is not a pytest-benchmark JSON file ({err})") from None
@@ -125,7 +133,8 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy, sources
         if not any(c in frame for c in columns):
             raise UserError(
                 f"the {name} has no identity column, so no point can be matched: looked for "
-                f"{', '.join(policy.identity)} or a swept parameter (a column with a dot, e.g. workload.rate); "
+                f"{', '.join(policy.identity) or 'no column the policy names (identity: [])'} or a swept parameter "
+                f"(a column with a dot, e.g. workload.rate); "
                 f"its columns: {', '.join(map(str, frame.columns[:8]))}{', ...' if len(frame.columns) > 8 else ''}"
             )
     union = list(dict.fromkeys([*baseline.columns, *current.columns]))
@@ -184,6 +193,27 @@ def _numbers(merged: pd.DataFrame, metric: str, side: str, name: str, measured: 
     return numbers
 
 
+def _samples(merged: pd.DataFrame, side: str, name: str, shown, judged) -> pd.Series:
+    """A side's samples column, each row's read (metric -> its runs' values; {} where the point
+    ran once), before anything is printed. A judged metric's sample below zero is bad input, as
+    its cell would be (a missing one, NaN, is a run that measured nothing: compare says so)."""
+    cells = merged.get(f"{SAMPLES}{side}", pd.Series(None, index=merged.index, dtype=object))
+    read = {}
+    for i, cell in cells.items():
+        try:
+            read[i] = samples_of(cell)
+        except UserError as err:
+            raise UserError(f"{_label(merged.loc[i], shown)} in the {name}: {err}") from None
+        for metric, values in read[i].items():
+            below = [v for v in values if v < NEGATIVE_SLACK]
+            if below and metric in judged:
+                raise UserError(
+                    f"{metric}'s samples of {_label(merged.loc[i], shown)} in the {name} include {below[0]:g}: "
+                    f"{metric} is never negative"
+                )
+    return pd.Series(read, index=merged.index, dtype=object)
+
+
 def _check_judged(measured: pd.DataFrame, baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy, names) -> None:
     """Refuse a comparison that would judge nothing: no metric of the policy in both inputs.
     Only where a matched point ran on both sides: a point that failed is judged by its status."""
@@ -239,6 +269,7 @@ def compare(
         for side, name in zip((BASE, CUR), names):
             if f"{metric}{side}" in merged:
                 merged[f"{metric}{side}"] = _numbers(merged, metric, side, name, ran[side], shown)
+    samples = {side: _samples(merged, side, name, shown, judged) for side, name in zip((BASE, CUR), names)}
     both = merged["_merge"] == "both"
     matched = merged[both]
     _check_judged(merged[both & ran[BASE] & ran[CUR]], baseline, current, policy, names)
@@ -273,20 +304,20 @@ def compare(
         print(f"new in current (no baseline): {_label(point, shown)}", file=out)
     header = f"  {'metric':<30} {'baseline':>12} {'current':>12} {'ratio':>8}  status"
     unmeasured = 0  # matched points that failed on both sides
-    for _, point in matched.iterrows():
+    for i, point in matched.iterrows():
         label = _label(point, shown)
         print(f"\n{label}", file=out)
-        base_status, cur_status = (str(point.get(f"status{s}")) for s in (BASE, CUR))
-        if cur_status not in ("ok", "nan") and base_status not in ("ok", "nan"):  # no regression, no measure
+        if not ran[CUR][i] and not ran[BASE][i]:  # no regression, no measure
             print(f"  failed in both ({point.get(f'reason{CUR}', '')}): not compared", file=out)
             unmeasured += 1
             continue
-        if cur_status not in ("ok", "nan") and base_status in ("ok", "nan"):
-            print(f"  status: {cur_status} ({point.get(f'reason{CUR}', '')})  REGRESSED", file=out)
-            problem(f"{label}: point {cur_status}", point)
+        if not ran[CUR][i]:
+            status = point[f"status{CUR}"]
+            print(f"  status: {status} ({point.get(f'reason{CUR}', '')})  REGRESSED", file=out)
+            problem(f"{label}: point {status}", point)
             continue
         print(header, file=out)
-        base_samples, cur_samples = (samples_of(point.get(f"{SAMPLES}{s}")) for s in (BASE, CUR))
+        base_samples, cur_samples = samples[BASE][i], samples[CUR][i]
         scenario = str(point.get("scenario", ""))
         for metric, rule in policy.rules_for(scenario).items():
             bv, cv = (float(point.get(f"{metric}{side}", float("nan"))) for side in (BASE, CUR))
@@ -336,7 +367,7 @@ def compare(
             f"measured metrics: {tally['tested']} tested, {tally.get('REGRESSED', 0)} regressed, "
             f"{tally.get('better', 0)} better, {tally[SMALL]} significant but below min_effect, "
             f"{tally[NO_CHANGE]} {NO_CHANGE}; {tally[NOT_MEANINGFUL]} {NOT_MEANINGFUL} "
-            f"(a side has fewer than two samples)",
+            f"(too few samples on a side for the test)",
             file=out,
         )
     if machine_changes:
@@ -353,6 +384,8 @@ def compare(
             if tally[NO_CHANGE] == tally["tested"]
             else "; no measured metric got significantly worse by its min_effect"
         )
+    if tally[NOT_MEANINGFUL]:
+        measured += f"; {tally[NOT_MEANINGFUL]} measured metric(s) not tested (too few samples)"
     skipped = f" ({unmeasured} failed in both, not compared)" if unmeasured else ""
     print(f"OK: {len(matched) - unmeasured} point(s) match the baseline within tolerance{measured}{skipped}", file=out)
     return 0

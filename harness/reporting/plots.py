@@ -79,15 +79,13 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
         ax=ax, width=0.8, legend=False, rot=0, color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns]
     )
     ax.set_xlabel("")
-    if len(names) <= 3:
-        ax.set_xticks(range(len(names)), names)
-        return
     # A name a line per key, level, in a font small enough for its slot (rotated, long names
     # overlap and squeeze the axes); rotated only where even 5 pt would not fit (12 settings and more).
+    # Up to three names get up to 9 pt: two sweeps' `x/a, hardware=a100-40gb` overlapped at 10.
     stacked = [name.replace(", ", "\n") for name in names]
-    widest = max(len(line) for name in stacked for line in name.split("\n"))
+    widest = max(1, *(len(line) for name in stacked for line in name.split("\n")))
     slot_in = ax.get_position().width * ax.figure.get_figwidth() / len(names)
-    size = min(7.0, 72 * slot_in / (0.62 * widest))  # a character is about 0.62 em wide
+    size = min(9.0 if len(names) <= 3 else 7.0, 72 * slot_in / (0.62 * widest))  # a character: about 0.62 em
     if size >= 5:
         ax.set_xticks(range(len(names)), stacked, fontsize=size)
     else:

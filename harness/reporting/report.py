@@ -118,9 +118,15 @@ def check_results(frame: pd.DataFrame, path) -> None:
             f"({_listed(KEY_METRICS, 3)}: docs/metrics.md); its columns: {_listed(frame.columns)}"
         )
     check_statuses(frame, path)
-    if "kv_token_util" in frame and "allocator" not in frame:
-        raise UserError(f"{path} has serving metrics but no allocator column: each row names the allocator it ran")
     ran = frame["status"].fillna("ok").astype(str).eq("ok") if "status" in frame else True
+    if "kv_token_util" in frame:  # a serving row; a failed point may not have got as far as its allocator
+        allocator = frame.get("allocator", pd.Series(None, index=frame.index, dtype=object))
+        nameless = frame["kv_token_util"].notna() & ran & (allocator.isna() | allocator.astype(str).str.strip().eq(""))
+        if nameless.any():
+            raise UserError(
+                f"{path}: row {nameless.to_numpy().argmax() + 1} has serving metrics but no allocator: each row "
+                f"names the allocator it ran"
+            )
     for column in [c for c in frame.columns if c in KEY_METRICS or c in non_negative_metrics()]:
         cells = frame[column]
         numbers, checks = metric_cell_checks(column, cells, ran)
@@ -404,12 +410,15 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
             f"<b>{html.escape(baseline)}</b>{note}.</p><ul>"
         )
         for row in found.itertuples():
-            margin = f"{html.escape(baseline)} has no successful point here"
-            if row.latency_vs_baseline == row.latency_vs_baseline:
-                margin = (
-                    f"{row.latency_vs_baseline:.2f}× lower normalized latency than {html.escape(baseline)}, "
-                    f"{row.throughput_vs_baseline:.2f}× its request throughput"
-                )
+            name = html.escape(baseline)
+            if row.latency_vs_baseline != row.latency_vs_baseline:
+                margin = f"{name} has no successful point here"
+            elif baseline in row.winner.split(" = "):
+                margin = f"the baseline, {name}, {'wins' if row.winner == baseline else 'shares the win'} here"
+            else:
+                margin = f"{row.latency_vs_baseline:.2f}× lower normalized latency than {name}"
+                if row.throughput_vs_baseline == row.throughput_vs_baseline:  # a blank cell: no ratio to give
+                    margin += f", {row.throughput_vs_baseline:.2f}× its request throughput"
             parts.append(
                 f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
                 f"({getattr(row, METRIC):.4g} s/token); {margin}</li>"

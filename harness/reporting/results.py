@@ -115,7 +115,9 @@ def read_csv(path: Path) -> pd.DataFrame:
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # read once, for both
         rows = csv.reader(io.StringIO(text, newline=""))
-        header = next(rows, [])
+        header = [name.strip() for name in next(rows, [])]  # ` allocator`: a spreadsheet's space is no name
+        if len(header) == 1 and any(mark in header[0] for mark in ";\t|"):
+            raise UserError(f"{path}: its header is one column, {header[0][:40]!r}: a result table is comma-separated")
         twice = [name for name, count in Counter(header).items() if count > 1]
         if twice:
             raise UserError(f"{path}: its header names {', '.join(twice[:3])} twice; a column is named once")
@@ -125,7 +127,7 @@ def read_csv(path: Path) -> pd.DataFrame:
                     f"{path} line {rows.line_num}: {len(row)} fields, but its header has {len(header)} "
                     f"(a row cut short, or a field too many)"
                 )
-        return pd.read_csv(io.StringIO(text), dtype=TEXT_IDENTITY)
+        return pd.read_csv(io.StringIO(text), header=0, names=header or None, dtype=TEXT_IDENTITY)
     except (UnicodeDecodeError, ValueError) as err:  # csv.Error is a ValueError too
         raise UserError(f"{path} is not a readable CSV file ({type(err).__name__})") from None
 

@@ -5,7 +5,8 @@ cries wolf (tight) or sleeps (loose). Here a change is a regression only when a 
 on the repeats says it is real (Mann-Whitney U, or a bootstrap confidence interval of the ratio
 of medians) and the medians (or, with `effect: best`, each side's best sample) differ by at least
 the metric's minimum relevant change. One sample
-on a side cannot support a test: that is said, never judged.
+on a side cannot support a test, nor can so few that the test's smallest p is not below alpha
+(Mann-Whitney with 3 and 3 samples: 1/20 = 0.05): that is said, never judged.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def _bootstrap(worse: np.ndarray, other: np.ndarray, test: SignificanceTest) -> 
     return bool(low > 1), bool(high < 1), f"ratio CI [{low:.3g}, {high:.3g}]"
 
 
+def fewest_runs(test: SignificanceTest) -> int:
+    """The fewest samples a side (both sides alike) from which the test can flag a change at its
+    alpha: Mann-Whitney's smallest one-sided p is 1 / C(2n, n) (4 a side: 0.014 < 0.05)."""
+    if test.method != "mannwhitneyu":
+        return 2
+    return next(n for n in range(2, 1000) if 1 / math.comb(2 * n, n) < test.alpha)
+
+
 def judge(base: list[float], cur: list[float], rule: Rule, test: SignificanceTest) -> Judgement:
     base_arr = np.array([v for v in base if math.isfinite(v)], dtype=float)
     cur_arr = np.array([v for v in cur if math.isfinite(v)], dtype=float)
@@ -90,6 +99,16 @@ def judge(base: list[float], cur: list[float], rule: Rule, test: SignificanceTes
             c,
             change,
             f"{len(base_arr)} vs {len(cur_arr)} samples; run with repeats >= 2 (5 or more for a useful test)",
+        )
+    smallest_p = 1 / math.comb(len(base_arr) + len(cur_arr), len(base_arr))
+    if test.method == "mannwhitneyu" and smallest_p >= test.alpha:
+        return Judgement(
+            NOT_MEANINGFUL,
+            b,
+            c,
+            change,
+            f"{len(base_arr)} vs {len(cur_arr)} samples: Mann-Whitney's smallest p is {smallest_p:.3g}, never below "
+            f"alpha={test.alpha:g}; run with repeats >= {fewest_runs(test)} a side",
         )
     worse, other = (cur_arr, base_arr) if rule.better == "lower" else (-cur_arr, -base_arr)
     if test.method == "bootstrap":
