@@ -28,6 +28,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 import kvbench
 from kvbench import launch, schema, sweep
@@ -201,14 +202,15 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
         )
     shaping = {"workload.rate", "workload.burstiness"} | ({"scenario.rate"} if served else set())
     arrivals = sorted(shaping.intersection(overridden))
-    if arrivals and cfg.workload.kind == "trace":
-        from kvbench.core.workload import trace_has_arrival_times
+    if (arrivals or cfg.workload.get("shuffle") is True) and cfg.workload.kind == "trace":
+        from kvbench.core.workload import refuse_shuffled_arrivals, trace_has_arrival_times
 
-        if trace_has_arrival_times(str(cfg.workload.path)):
+        if arrivals and trace_has_arrival_times(str(cfg.workload.path)):
             raise UserError(
                 f"{arrivals[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
                 f"time (a rate and burstiness shape arrivals only for a trace without them): drop it"
             )
+        refuse_shuffled_arrivals(cfg.workload)
     served_rate = cfg.scenario.get("rate") if scenario == "serve" else None
     if served_rate is not None and "workload.rate" in overridden:
         raise UserError(
@@ -331,10 +333,28 @@ def task_config(config: DictConfig) -> DictConfig:
     return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
 
 
+# files a run reads, given relative to where `bench` was launched
+INPUT_PATHS = ("workload.path", "executor.profile", "scenario.profile")
+
+
+def from_the_launch_folder(cfg: DictConfig) -> None:
+    """A relative input path read where `bench` was launched, not in the run's folder, which
+    hydra.job.chdir=true makes the working directory."""
+    from hydra.utils import to_absolute_path
+
+    if Path.cwd() == Path(HydraConfig.get().runtime.cwd):
+        return
+    for key in INPUT_PATHS:
+        path = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        if isinstance(path, str) and path.strip() and not Path(path).is_absolute():
+            OmegaConf.update(cfg, key, to_absolute_path(path))
+
+
 def check_run_config(cfg: DictConfig) -> None:
     """What a run checks of its config before it runs anything (HydraConfig set)."""
+    from_the_launch_folder(cfg)
     refuse_preset_clash()
-    schema.validate(cfg)
+    schema.settle_whole_numbers(cfg, schema.validate(cfg))
     refuse_unread_overrides(cfg)
 
 
@@ -494,6 +514,41 @@ def mode_is_the_command_lines(args) -> bool:
     return True
 
 
+def refuse_unreadable_rerun(path: str) -> None:
+    """--experimental-rerun FILE: Hydra unpickles a run's .hydra/config.pickle; a file that is not
+    one is refused in one line (a missing one Hydra names itself)."""
+    import pickle
+
+    try:
+        with open(path, "rb") as file:
+            config = pickle.load(file)
+    except FileNotFoundError:
+        return
+    except Exception as err:  # noqa: BLE001 (whatever unpickling raises: the file is not a pickled config)
+        config = err
+    if not isinstance(config, DictConfig):
+        raise UserError(
+            f"--experimental-rerun {path}: not a config Hydra pickled ({type(config).__name__}); give a run's "
+            f".hydra/config.pickle"
+        )
+
+
+def refuse_replacing_a_run(cfg: DictConfig) -> None:
+    """A single run into a folder that holds an earlier run's metrics.csv would replace its
+    results (Hydra writes its .hydra/ there before the run starts): refused while composing."""
+    try:
+        if OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:
+            return
+        run_dir = OmegaConf.select(cfg, "hydra.run.dir")
+    except OmegaConfBaseException:  # a folder named by what only the job knows (${hydra.job.id})
+        return
+    if run_dir and (Path(run_dir) / "metrics.csv").is_file():
+        raise UserError(
+            f"hydra.run.dir={run_dir} holds an earlier run's metrics.csv, which this run would replace: give "
+            f"a new folder (or move that one away)"
+        )
+
+
 @contextlib.contextmanager
 def composing_once(args):
     """Hydra, for the length of one `main`, composing each config it runs once.
@@ -513,6 +568,8 @@ def composing_once(args):
 
     compose = ConfigLoaderImpl.load_sweep_config
     checked: dict[tuple, object] = {}
+    # a run, not a look at its config (--cfg, --help) nor Hydra's rerun of a pickled one in its own folder
+    running = args.cfg is None and not (args.help or args.hydra_help) and args.experimental_rerun is None
     swept_folders: set[str] = set()  # the point folders of this sweep's batches so far
 
     def validate_batch_is_legal(self, batch) -> None:
@@ -545,7 +602,10 @@ def composing_once(args):
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         if run_mode != RunMode.MULTIRUN:
-            return load(self, config_name, overrides, run_mode, *args, **kwargs)
+            cfg = load(self, config_name, overrides, run_mode, *args, **kwargs)
+            if running:
+                refuse_replacing_a_run(cfg)
+            return cfg
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         parsed = OverridesParser.create().parse_overrides(list(overrides))
@@ -841,7 +901,11 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv[1:] = sorted(args, key=lambda arg: arg not in ("-m", "--multirun"))
     flags = get_args_parser()  # Hydra's own, parsed here first so a bad flag is one line too
     flags.error = lambda message: exit_with(UserError(f"bench: {message} (see bench --help)"))
-    parsed = flags.parse_args(sys.argv[1:])
+    parsed = flags.parse_intermixed_args(sys.argv[1:])  # `a=1 --cfg job b=2`: both overrides
+    others = list(sys.argv[1:])
+    for override in reversed(parsed.overrides):  # Hydra's parser takes one run of them, after the flags
+        del others[len(others) - 1 - others[::-1].index(override)]
+    sys.argv[1:] = others + parsed.overrides
     try:
         if (parsed.help or parsed.hydra_help) and parsed.multirun and _sweeps(*parsed.overrides):
             raise UserError(
@@ -851,6 +915,8 @@ def main(argv: list[str] | None = None) -> None:
         refuse_null_groups(parsed.overrides)
         refuse_deleted_keys(parsed.overrides)
         refuse_keys_given_twice(parsed.overrides)  # a sweep's, and a group set through a dict
+        if parsed.experimental_rerun is not None:
+            refuse_unreadable_rerun(parsed.experimental_rerun)
         if parsed.package is not None and parsed.cfg is None:  # Hydra would run the job, the flag unread
             raise UserError("bench: -p/--package selects the part of the config --cfg prints: give --cfg job with it")
     except UserError as err:

@@ -42,7 +42,7 @@ def checked(cfg):
     """`cfg` checked as `bench` checks a point's config; UserError (one line) where it would refuse it."""
     from kvbench import schema
 
-    schema.validate(cfg)
+    schema.settle_whole_numbers(cfg, schema.validate(cfg))
     return cfg
 
 

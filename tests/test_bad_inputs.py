@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import typing
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -669,6 +670,24 @@ RUN_CASES = [
         ["scenario=validate", "scenario.profiling={repeats:3}"],
         "scenario.profiling.repeats is a scenario.profiling key that this config does not set: add it with +",
     ),
+    # ran, handing each arrival time another row's lengths: a trace that never happened
+    (
+        ["workload=trace", "workload.path=FILES/timed.csv", "workload.shuffle=true"],
+        "workload.shuffle=true would give the arrival times of trace",
+    ),
+    # "the file is empty"
+    (["workload=trace", "workload.path=FILES/blank.csv"], "blank.csv: line 1 is blank; the first line is the header"),
+    # Hydra's "Could not delete 'allocator'. No match in the defaults list"
+    (["~allocator"], "~allocator removes a group's choice, but this config chooses no allocator"),
+    # "unrecognized arguments: workload.rate=x": an override after a flag
+    (["workload.num_requests=5", "--cfg", "job", "workload.rate=x"], "workload.rate=x must be a number"),
+    # ran, and the rows named no model
+    (["model.name=''"], "model.name= must not be empty"),
+    (["hardware.name=' '"], "must not be empty: it names the rows"),
+    # an UnpicklingError traceback
+    (["--experimental-rerun", "FILES/junk.pickle"], "junk.pickle: not a config Hydra pickled (UnpicklingError)"),
+    # replaced an earlier run's metrics.csv and requests.jsonl
+    (["hydra.run.dir=FILES/done"], "done holds an earlier run's metrics.csv, which this run would replace"),
 ]
 
 
@@ -687,7 +706,12 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "alias.csv").write_text("input_len,prompt_len,output_len\n10,20,30\n")
     (files / "wide.csv").write_text("input_len,output_len\n10," + "2" * 200_000 + "\n")
     (files / "timed.csv").write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n10,20,0.0\n30,40,0.5\n")
+    (files / "blank.csv").write_text("\ninput_len,output_len\n10,5\n")
+    (files / "junk.pickle").write_text("not a pickle")
+    (files / "done").mkdir(exist_ok=True)
+    (files / "done" / "metrics.csv").write_text("allocator,status\npaged,ok\n")
     assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
+    assert (files / "done" / "metrics.csv").read_text() == "allocator,status\npaged,ok\n"
 
 
 @pytest.mark.parametrize(
@@ -695,13 +719,30 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     [  # each was refused as bad input, and is not
         # an idle pool admits without the watermark (vLLM's scheduler): a request that fits it runs
         ["+allocator=paged", "allocator.watermark=0.95", "scheduler.watermark_when_idle=false"],
+        # whole numbers written as floats: the schema took them, and the run crashed on the float
+        ["+allocator=pow2", "model.max_model_len=2.048e3"],
+        ["+allocator=contiguous", "model.num_layers=4e1"],
+        ["+allocator=paged", "allocator.block_size=1.6e1"],
+        ["scenario=serve", "model=tiny", "+allocator=paged", "scenario.num_requests=2", "model.head_dim=1.6e1"],
     ],
 )
 def test_bench_runs_what_it_once_refused(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = in_process(lambda: cli.main([*args, "workload.num_requests=10", "plots=false", *FAST]))
+    size = [] if "scenario=serve" in args else ["workload.num_requests=10"]
+    result = in_process(lambda: cli.main([*args, *size, "plots=false", *FAST]))
     assert result.returncode == 0, result.stderr
     assert "Successful requests:" in result.stdout
+
+
+def test_a_relative_trace_path_is_read_from_the_launch_folder_under_job_chdir(files, tmp_path, monkeypatch):
+    """hydra.job.chdir=true runs in the run's folder; workload.path=t.csv is the launch folder's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text("input_len,output_len,arrival_s\n10,5,0\n20,5,1\n")
+    args = ["hydra.job.chdir=true", "workload=trace", "workload.path=t.csv", "plots=false", "hydra.run.dir=run"]
+    result = in_process(lambda: cli.main([*args, *FAST[:1]]))
+    assert result.returncode == 0, result.stderr
+    assert "Successful requests:                                   2" in result.stdout
+    assert (tmp_path / "run" / "metrics.csv").is_file() and Path.cwd() == tmp_path
 
 
 # --- bench-compare and bench-report: arguments, baselines, policies ------------------------------

@@ -152,6 +152,20 @@ def test_a_burstgpt_trace_gives_its_timestamps_and_token_counts(tmp_path):
     assert [(r.arrival_s, r.prompt_len, r.output_len) for r in requests] == [(0.0, 472, 18), (40.0, 1087, 230)]
 
 
+def test_a_burstgpt_trace_s_failed_requests_are_skipped_other_zero_lengths_refused(tmp_path):
+    """BurstGPT logs a failed request with 0 response tokens; elsewhere a 0 length is bad input."""
+    path = trace(
+        tmp_path,
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,GPT-4,472,18,490,API log\n7,GPT-4,300,0,300,API log\n45,GPT-4,1087,230,1317,API log\n",
+    )
+    requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
+    assert [(r.arrival_s, r.output_len) for r in requests] == [(0.0, 18), (40.0, 230)]
+    path = trace(tmp_path, "input_len,output_len\n10,5\n300,0\n")
+    with pytest.raises(UserError, match="row 3: lengths must be >= 1"):
+        generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
+
+
 def test_a_trace_that_starts_late_runs_as_one_that_starts_at_0(tmp_path):
     rows = "".join(f"{10 + i},{5 + i % 7},{t}\n" for i, t in enumerate([0.0, 0.4, 0.9, 1.5, 2.0, 2.2]))
     early = trace(tmp_path, "input_len,output_len,arrival_s\n" + rows)

@@ -140,6 +140,16 @@ def trace_has_arrival_times(path: str) -> bool:
     return any(name in header for name in TRACE_COLUMNS["arrival_s"])
 
 
+def refuse_shuffled_arrivals(cfg) -> None:
+    """workload.shuffle on a trace with arrival times would hand each time another row's lengths:
+    a trace that never happened."""
+    if cfg.get("shuffle") is True and trace_has_arrival_times(str(cfg.get("path"))):
+        raise UserError(
+            f"workload.shuffle=true would give the arrival times of trace {cfg.get('path')} other rows' lengths; "
+            f"a trace with arrival times is replayed as it is: drop it"
+        )
+
+
 def _trace_columns(path: str, header) -> dict[str, str]:
     """kvbench's column name -> the file's, for the columns the file has."""
     found = {}
@@ -150,8 +160,10 @@ def _trace_columns(path: str, header) -> dict[str, str]:
             raise UserError(f"trace {path}: the header has {named}, two columns for {ours}: keep one")
         if present:
             found[ours] = present[0]
-    if not header:  # an empty file: no header line at all
+    if header is None:  # an empty file: no header line at all
         raise UserError(f"trace {path}: header must have input_len,output_len[,arrival_s]; the file is empty")
+    if not header:
+        raise UserError(f"trace {path}: line 1 is blank; the first line is the header (input_len,output_len,...)")
     missing = [ours for ours in ("input_len", "output_len") if ours not in found]
     if missing:
         allowed = "; ".join(f"{ours}: {' or '.join(TRACE_COLUMNS[ours])}" for ours in missing)
@@ -200,6 +212,8 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
             ) from None
         if not (i.is_integer() and o.is_integer()):
             raise UserError(f"trace {path} row {line}: lengths must be whole numbers of tokens, got {row}")
+        if o == 0 and columns["output_len"] == "Response tokens":  # BurstGPT logs its failed requests so
+            continue
         if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
             raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
         if "arrival_s" in columns and a is None:
@@ -232,6 +246,7 @@ def trace_requests(
     """
     path = cfg.get("path")
     rows = load_trace(path)
+    refuse_shuffled_arrivals(cfg)
     first = 0.0
     if rows[0][2] is not None:  # load_trace: every row has its arrival time, or none has
         # Times count from the trace's first arrival: one that starts at 1,000 s, or at an epoch

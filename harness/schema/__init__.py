@@ -29,7 +29,7 @@ import re
 import typing
 from importlib import resources
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -285,6 +285,30 @@ def validate(cfg: DictConfig | dict) -> dict:
         checked["root"], model, checked["hardware"], workload, checked["scenario"], checked.get("allocator") or {}
     )
     return checked
+
+
+def settle_whole_numbers(cfg: DictConfig, checked: dict) -> None:
+    """Write back as ints the whole numbers an int field was given as floats
+    (`model.max_model_len=1e3`, `allocator.block_size=16.0`): the schema took them so, and a run
+    reads its config, not the schema's models."""
+
+    def settle(node, value) -> None:
+        pairs = value.items() if isinstance(node, DictConfig) else enumerate(value)
+        for key, wanted in pairs:
+            if isinstance(node, DictConfig) and key not in node:
+                continue
+            given = node[key]
+            if isinstance(wanted, (dict, list)) and isinstance(given, (DictConfig, ListConfig)):
+                if isinstance(wanted, dict) == isinstance(given, DictConfig) and len(wanted) <= len(given):
+                    settle(given, wanted)
+            elif type(wanted) is int and isinstance(given, float):
+                node[key] = wanted
+
+    for group, value in checked.items():
+        node = cfg if group == "root" else cfg.get(group)
+        dumped = value.model_dump() if isinstance(value, BaseModel) else value
+        if isinstance(node, DictConfig) and isinstance(dumped, dict):
+            settle(node, dumped)
 
 
 def refuse_shapes_the_real_model_cannot_run(checked: dict) -> None:

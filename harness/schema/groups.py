@@ -135,7 +135,7 @@ class Sweep(Section):
 
 
 class Model(Section):
-    name: str = Field(description="the model's name in result rows")
+    name: str = Field(pattern=r"\S", description="the model's name in result rows")
     num_layers: Int = Field(ge=1, le=10_000, description="decoder layers")
     hidden_size: Int = Field(ge=1, le=1_000_000, description="residual stream width")
     num_heads: Int = Field(ge=1, le=10_000, description="query heads per layer")
@@ -178,7 +178,7 @@ class Model(Section):
 
 
 class Hardware(Section):
-    name: str = Field(description="the hardware's name in result rows")
+    name: str = Field(pattern=r"\S", description="the hardware's name in result rows")
     # Lower bounds in physical units: a value in GB/s or TFLOP/s where bytes/s or FLOP/s are
     # meant (peak_flops=312) would otherwise simulate steps of days and report them.
     hbm_bytes_per_s: Float = Field(ge=1e9, le=1024 * TB, description="device memory bandwidth in bytes/s, e.g. 1555e9")

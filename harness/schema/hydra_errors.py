@@ -181,6 +181,12 @@ def hydra_line(err: BaseException) -> str | None:
                 inner = str(getattr(cause, "full_key", "") or "")  # KEY={a:{b:1}}: OmegaConf's KEY.a.b
                 return _unknown_key(inner if inner.startswith(f"{key}.") else f"{key}.{missing}", "", chosen, missing)
             return _unknown_key(key, add, chosen, missing)
+        deleted = re.match(r"Could not delete '([^']+)'\. No match in the defaults list", message)
+        if deleted:  # `~allocator` where no +allocator=NAME chose one
+            return (
+                f"~{deleted[1]} removes a group's choice, but this config chooses no {deleted[1]}: drop it "
+                f"(bench --help lists each group's default)"
+            )
         if message.startswith("Ambiguous value for argument"):
             return (
                 f"{_first(message).removeprefix('Ambiguous value for argument ').rstrip()} has several "

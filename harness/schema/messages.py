@@ -103,6 +103,8 @@ def allowed(error: dict) -> str:
         return "is required"
     if error["type"] == "string_type":
         return "must be text (a name)"
+    if error["type"] == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == r"\S":
+        return "must not be empty: it names the rows"
     if error["type"] == "list_type":
         return "must be a list: write [a,b] (or [] for none)"
     return (
