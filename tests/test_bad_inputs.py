@@ -734,6 +734,18 @@ def test_bench_runs_what_it_once_refused(args, tmp_path, monkeypatch):
     assert "Successful requests:" in result.stdout
 
 
+def test_whole_numbers_given_as_floats_are_written_back_as_the_ints_the_schema_took():
+    overrides = ["+allocator=paged", "allocator.block_size=1.6e1", "scheduler.max_num_seqs=6.4e1"]
+    overrides += ["model.max_model_len=2.048e3", "+graph=piecewise", "graph.capture_sizes=[1.0,2.0]", "seed=1e3"]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=overrides)
+    schema.settle_whole_numbers(cfg, schema.validate(cfg))
+    settled = [cfg.allocator.block_size, cfg.scheduler.max_num_seqs, cfg.model.max_model_len, cfg.seed]
+    assert settled == [16, 64, 2048, 1000] and all(type(v) is int for v in settled)
+    assert list(cfg.graph.capture_sizes) == [1, 2] and all(type(v) is int for v in cfg.graph.capture_sizes)
+    assert type(cfg.workload.rate) is float  # a float field keeps its float
+
+
 def test_a_relative_trace_path_is_read_from_the_launch_folder_under_job_chdir(files, tmp_path, monkeypatch):
     """hydra.job.chdir=true runs in the run's folder; workload.path=t.csv is the launch folder's."""
     monkeypatch.chdir(tmp_path)

@@ -298,9 +298,10 @@ def settle_whole_numbers(cfg: DictConfig, checked: dict) -> None:
             if isinstance(node, DictConfig) and key not in node:
                 continue
             given = node[key]
-            if isinstance(wanted, (dict, list)) and isinstance(given, (DictConfig, ListConfig)):
-                if isinstance(wanted, dict) == isinstance(given, DictConfig) and len(wanted) <= len(given):
-                    settle(given, wanted)
+            if isinstance(wanted, dict) and isinstance(given, DictConfig):
+                settle(given, wanted)
+            elif isinstance(wanted, list) and isinstance(given, ListConfig) and len(wanted) == len(given):
+                settle(given, wanted)
             elif type(wanted) is int and isinstance(given, float):
                 node[key] = wanted
 
