@@ -568,8 +568,9 @@ def composing_once(args):
 
     compose = ConfigLoaderImpl.load_sweep_config
     checked: dict[tuple, object] = {}
-    # a run, not a look at its config (--cfg, --help) nor Hydra's rerun of a pickled one in its own folder
-    running = args.cfg is None and not (args.help or args.hydra_help) and args.experimental_rerun is None
+    # a run, not a look at its config (--cfg, --info, --help) nor Hydra's rerun of a pickled one in its own folder
+    looks = (args.cfg, args.info, args.experimental_rerun)
+    running = all(look is None for look in looks) and not (args.help or args.hydra_help or args.shell_completion)
     swept_folders: set[str] = set()  # the point folders of this sweep's batches so far
 
     def validate_batch_is_legal(self, batch) -> None:
@@ -905,7 +906,7 @@ def main(argv: list[str] | None = None) -> None:
     others = list(sys.argv[1:])
     for override in reversed(parsed.overrides):  # Hydra's parser takes one run of them, after the flags
         del others[len(others) - 1 - others[::-1].index(override)]
-    sys.argv[1:] = others + parsed.overrides
+    sys.argv[1:] = parsed.overrides + others  # before the flags: `--info` would take a later one for its value
     try:
         if (parsed.help or parsed.hydra_help) and parsed.multirun and _sweeps(*parsed.overrides):
             raise UserError(

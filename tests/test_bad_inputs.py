@@ -723,6 +723,7 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
         ["+allocator=pow2", "model.max_model_len=2.048e3"],
         ["+allocator=contiguous", "model.num_layers=4e1"],
         ["+allocator=paged", "allocator.block_size=1.6e1"],
+        ["+allocator=pow2", "model.max_model_len='2048'"],  # a number quoted as text
         ["scenario=serve", "model=tiny", "+allocator=paged", "scenario.num_requests=2", "model.head_dim=1.6e1"],
     ],
 )
@@ -744,6 +745,15 @@ def test_whole_numbers_given_as_floats_are_written_back_as_the_ints_the_schema_t
     assert settled == [16, 64, 2048, 1000] and all(type(v) is int for v in settled)
     assert list(cfg.graph.capture_sizes) == [1, 2] and all(type(v) is int for v in cfg.graph.capture_sizes)
     assert type(cfg.workload.rate) is float  # a float field keeps its float
+
+
+def test_an_override_before_info_is_no_value_of_it_and_info_runs_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "metrics.csv").write_text("allocator,status\npaged,ok\n")
+    for args in (["seed=1", "--info"], ["--info", "config", "hydra.run.dir=done"]):
+        result = in_process(lambda: cli.main(args))  # noqa: B023 (called at once)
+        assert result.returncode == 0 and "Config search path" in result.stdout, result.stderr
 
 
 def test_a_relative_trace_path_is_read_from_the_launch_folder_under_job_chdir(files, tmp_path, monkeypatch):

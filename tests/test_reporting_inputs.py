@@ -603,3 +603,29 @@ def test_a_header_name_s_spaces_are_no_part_of_it_and_a_semicolon_table_is_named
     (tmp_path / "semi.csv").write_text("scenario;allocator;seed\nsimulate;paged;0\n")
     said = refused(lambda: compare.main([str(tmp_path / "semi.csv"), str(tmp_path / "spaced.csv")]))
     assert "its header is one column, 'scenario;allocator;seed': a result table is comma-separated" in said
+
+
+def test_tied_samples_are_tested_and_an_infinite_sample_is_a_run_that_measured_nothing(tmp_path):
+    from kvbench.reporting.policy import Rule, load_policy
+    from kvbench.reporting.significance import NOT_MEANINGFUL, judge
+
+    test = load_policy().test  # with ties scipy's p is the normal approximation's: it can fall below alpha
+    assert judge([2.0, 2.0, 3.0], [1.0, 1.0, 1.0], Rule("higher", min_effect=0.1), test).verdict != NOT_MEANINGFUL
+    assert judge([2.0, 2.5, 3.0], [1.0, 1.1, 1.2], Rule("higher", min_effect=0.1), test).verdict == NOT_MEANINGFUL
+    serve = dict(scenario="serve", repeats=2)
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,2.1]}')])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,Infinity]}')])
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
+    assert result.returncode == 1 and "REGRESSED (1 of 2 missing)" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_first_error_of_a_failed_benchmark_run_is_its_cause_not_a_banner():
+    import subprocess
+
+    from kvbench.reporting.ab import _first_error
+
+    output = "\n==== ERRORS ====\n____ ERROR collecting tests/x.py ____\nImportError while importing test module\n"
+    assert _first_error(subprocess.CompletedProcess([], 2, output, "")) == "ImportError while importing test module"
+    missing = "ERROR: file or directory not found: nope.py\n"
+    assert _first_error(subprocess.CompletedProcess([], 4, "", missing)).startswith("ERROR: file or directory")
+    assert _first_error(subprocess.CompletedProcess([], 3, "", "")) == "exit code 3, no output"

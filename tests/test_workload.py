@@ -161,6 +161,9 @@ def test_a_burstgpt_trace_s_failed_requests_are_skipped_other_zero_lengths_refus
     )
     requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
     assert [(r.arrival_s, r.output_len) for r in requests] == [(0.0, 18), (40.0, 230)]
+    path = trace(tmp_path, "Timestamp,Request tokens,Response tokens\n5,472,0\n7,300,0\n")
+    with pytest.raises(UserError, match="all 2 rows are failed requests"):
+        generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
     path = trace(tmp_path, "input_len,output_len\n10,5\n300,0\n")
     with pytest.raises(UserError, match="row 3: lengths must be >= 1"):
         generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)

@@ -198,6 +198,7 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
         reader.fieldnames = [name.strip() for name in reader.fieldnames]
     columns = _trace_columns(path, reader.fieldnames)
     width = len(reader.fieldnames)
+    failed = 0  # BurstGPT's failed requests
     for line, row in enumerate(reader, start=2):
         if None in row or None in row.values():  # DictReader's extra fields, or missing ones
             fields = width + len(row.get(None, ())) - sum(v is None for v in row.values())
@@ -213,6 +214,7 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
         if not (i.is_integer() and o.is_integer()):
             raise UserError(f"trace {path} row {line}: lengths must be whole numbers of tokens, got {row}")
         if o == 0 and columns["output_len"] == "Response tokens":  # BurstGPT logs its failed requests so
+            failed += 1
             continue
         if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
             raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
@@ -222,6 +224,8 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
                 f"time, or drop the column to have requests arrive at workload.rate"
             )
         rows.append((int(i), int(o), a, line))
+    if failed and not rows:
+        raise UserError(f"trace {path}: all {failed} rows are failed requests (0 Response tokens), which runs skip")
     return rows
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -108,9 +109,13 @@ class Side:
         return result
 
 
+# a line that names the error: ImportError ..., ERROR: file or directory not found, pytest's `E ` lines
+ERROR_LINE = re.compile(r"\w*Error\b|^error\b|^E ", re.IGNORECASE)
+
+
 def _first_error(result: subprocess.CompletedProcess) -> str:
     lines = [line.strip() for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower() or line.startswith("E ")]
+    errors = [line for line in lines if not line.startswith(("=", "_")) and ERROR_LINE.search(line)]  # no banners
     return (errors or lines or [f"exit code {result.returncode}, no output"])[0][:200]
 
 
@@ -262,12 +267,6 @@ def run_ab(
             f"--repeats {repeats}: the significance test needs at least 2 runs a side "
             f"(5 or more to detect a change on a noisy host)"
         )
-    if repeats < fewest_runs(policy.test):  # exact metrics (work counts) are still judged
-        print(
-            f"note: with {repeats} runs a side, {policy.test.method} at alpha={policy.test.alpha:g} cannot flag a "
-            f"measured metric ({fewest_runs(policy.test)} or more can); exact metrics are judged as ever",
-            file=out,
-        )
     bench_overrides = [w for w in what if "=" in w and not w.startswith("-")]
     targets = [w for w in what if w not in bench_overrides] or HOT_PATHS
     tree = source_tree()
@@ -285,6 +284,13 @@ def run_ab(
             raise UserError(f"--current-env {item!r}: give KEY=VALUE")
         extra[key] = value
     sha = resolve_ref(tree, ref)
+    if repeats < fewest_runs(policy.test):  # exact metrics (work counts) are still judged
+        print(
+            f"note: with {repeats} runs a side, {policy.test.method} at alpha={policy.test.alpha:g} cannot flag a "
+            f"measured metric whose runs all differ ({fewest_runs(policy.test)} or more can); exact metrics are "
+            f"judged as ever",
+            file=out,
+        )
     work = Path(tempfile.mkdtemp(prefix="kvbench-ab-"))
     ref_tree = work / "ref"
     added = _git(tree, "worktree", "add", "--detach", "--quiet", str(ref_tree), sha)
@@ -339,6 +345,7 @@ def run_ab(
         )
         return code
     finally:
+        _on_terminate(None if previous is None else signal.SIG_IGN)  # a second SIGTERM must not stop the cleanup
         _git(tree, "worktree", "remove", "--force", str(ref_tree))
         shutil.rmtree(work, ignore_errors=True)
         _on_terminate(previous)
@@ -352,7 +359,9 @@ def _terminated(signum, frame) -> None:
 
 
 def _on_terminate(handler):
-    """Set SIGTERM's handler; return the one it replaces (None off the main thread, which cannot)."""
+    """Set SIGTERM's handler; return the one it replaces (None off the main thread, which cannot;
+    the default where the one before was not set from Python)."""
     if handler is None or threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, handler)
+    return signal.SIG_DFL if previous is None else previous

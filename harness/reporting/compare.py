@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.report import NEGATIVE_SLACK, check_statuses, load_rows, metric_cell_checks
+from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks
 from kvbench.reporting.results import identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
@@ -195,8 +195,9 @@ def _numbers(merged: pd.DataFrame, metric: str, side: str, name: str, measured: 
 
 def _samples(merged: pd.DataFrame, side: str, name: str, shown, judged) -> pd.Series:
     """A side's samples column, each row's read (metric -> its runs' values; {} where the point
-    ran once), before anything is printed. A judged metric's sample below zero is bad input, as
-    its cell would be (a missing one, NaN, is a run that measured nothing: compare says so)."""
+    ran once), before anything is printed. A judged metric's samples are checked as its cells
+    are (metric_cell_checks), each run as a point that ran where it measured a value: a NaN or
+    infinite sample is a run that measured nothing, which compare reports as such."""
     cells = merged.get(f"{SAMPLES}{side}", pd.Series(None, index=merged.index, dtype=object))
     read = {}
     for i, cell in cells.items():
@@ -204,13 +205,14 @@ def _samples(merged: pd.DataFrame, side: str, name: str, shown, judged) -> pd.Se
             read[i] = samples_of(cell)
         except UserError as err:
             raise UserError(f"{_label(merged.loc[i], shown)} in the {name}: {err}") from None
-        for metric, values in read[i].items():
-            below = [v for v in values if v < NEGATIVE_SLACK]
-            if below and metric in judged:
-                raise UserError(
-                    f"{metric}'s samples of {_label(merged.loc[i], shown)} in the {name} include {below[0]:g}: "
-                    f"{metric} is never negative"
-                )
+        for metric in sorted(judged.keys() & read[i].keys()):
+            runs = pd.Series(read[i][metric], dtype=float)
+            for bad, why in metric_cell_checks(metric, runs, np.isfinite(runs))[1]:
+                if bad.any():
+                    raise UserError(
+                        f"{metric}'s samples of {_label(merged.loc[i], shown)} in the {name} include "
+                        f"{runs[bad].iloc[0]:g}: {why}"
+                    )
     return pd.Series(read, index=merged.index, dtype=object)
 
 

@@ -6,7 +6,8 @@ on the repeats says it is real (Mann-Whitney U, or a bootstrap confidence interv
 of medians) and the medians (or, with `effect: best`, each side's best sample) differ by at least
 the metric's minimum relevant change. One sample
 on a side cannot support a test, nor can so few that the test's smallest p is not below alpha
-(Mann-Whitney with 3 and 3 samples: 1/20 = 0.05): that is said, never judged.
+(Mann-Whitney's exact test, which scipy runs on small samples without ties, with 3 and 3
+samples: 1/20 = 0.05): that is said, never judged.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def _bootstrap(worse: np.ndarray, other: np.ndarray, test: SignificanceTest) -> 
 
 def fewest_runs(test: SignificanceTest) -> int:
     """The fewest samples a side (both sides alike) from which the test can flag a change at its
-    alpha: Mann-Whitney's smallest one-sided p is 1 / C(2n, n) (4 a side: 0.014 < 0.05)."""
+    alpha: the exact Mann-Whitney test's smallest one-sided p is 1 / C(2n, n) (4 a side: 0.014 <
+    0.05). With ties scipy takes the normal approximation, whose p can be smaller."""
     if test.method != "mannwhitneyu":
         return 2
     return next(n for n in range(2, 1000) if 1 / math.comb(2 * n, n) < test.alpha)
@@ -101,7 +103,8 @@ def judge(base: list[float], cur: list[float], rule: Rule, test: SignificanceTes
             f"{len(base_arr)} vs {len(cur_arr)} samples; run with repeats >= 2 (5 or more for a useful test)",
         )
     smallest_p = 1 / math.comb(len(base_arr) + len(cur_arr), len(base_arr))
-    if test.method == "mannwhitneyu" and smallest_p >= test.alpha:
+    tied = len(np.unique(np.concatenate([base_arr, cur_arr]))) < len(base_arr) + len(cur_arr)
+    if test.method == "mannwhitneyu" and smallest_p >= test.alpha and not tied:  # scipy's exact test, then
         return Judgement(
             NOT_MEANINGFUL,
             b,

@@ -289,7 +289,8 @@ def validate(cfg: DictConfig | dict) -> dict:
 
 def settle_whole_numbers(cfg: DictConfig, checked: dict) -> None:
     """Write back as ints the whole numbers an int field was given as floats
-    (`model.max_model_len=1e3`, `allocator.block_size=16.0`): the schema took them so, and a run
+    (`model.max_model_len=1e3`, `allocator.block_size=16.0`), and as numbers the numbers a number
+    field was given as text (`model.max_model_len='2048'`): the schema took them so, and a run
     reads its config, not the schema's models."""
 
     def settle(node, value) -> None:
@@ -302,8 +303,8 @@ def settle_whole_numbers(cfg: DictConfig, checked: dict) -> None:
                 settle(given, wanted)
             elif isinstance(wanted, list) and isinstance(given, ListConfig) and len(wanted) == len(given):
                 settle(given, wanted)
-            elif type(wanted) is int and isinstance(given, float):
-                node[key] = wanted
+            elif type(wanted) in (int, float) and isinstance(given, (float, str)) and type(given) is not type(wanted):
+                node[key] = wanted  # 1e3 for an int, or a number quoted as text ('2048')
 
     for group, value in checked.items():
         node = cfg if group == "root" else cfg.get(group)
