@@ -125,6 +125,8 @@ READ_ONLY_BY = {
     "measure": ("simulate", "serve", "validate"),
     "report.goodput": ("simulate", "serve", "validate"),  # the recorder's SLOs; report.* else is a sweep's
     "repeats": ("serve", "kernel"),  # a simulated point is exact for its seed: it runs once (scenarios/repeats)
+    # vLLM's scheduler and allocator settings (conf/preset/vllm.yaml): a kernel runs neither
+    "preset": ("simulate", "serve", "profile", "validate"),
 }
 # what the generic line adds for a key: where the setting it meant lives
 UNREAD_HINTS = {
@@ -356,6 +358,9 @@ def check_run_config(cfg: DictConfig) -> None:
     refuse_preset_clash()
     schema.settle_whole_numbers(cfg, schema.validate(cfg))
     refuse_unread_overrides(cfg)
+    from kvbench.scenarios.build import load_specs, refuse_plugins_that_cannot_meet
+
+    refuse_plugins_that_cannot_meet(cfg, load_specs(cfg)[0])
 
 
 def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
@@ -828,7 +833,7 @@ def refuse_bad_points(batch, configs) -> None:
     sliding-window model), would fail only when its turn came, after the points before it had
     run. What cannot be decided from the config alone (an interpolation that resolves only as
     its point launches) is left to the point, which fails with its own error."""
-    from kvbench.scenarios.build import allocator_class, load_specs
+    from kvbench.scenarios.build import allocator_class, load_specs, refuse_plugins_that_cannot_meet
 
     for overrides, config in zip(batch, configs):
         try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
@@ -839,6 +844,7 @@ def refuse_bad_points(batch, configs) -> None:
             schema.validate(data)
             point = OmegaConf.create(data)
             allocator_class(point, load_specs(point)[0])
+            refuse_plugins_that_cannot_meet(point, load_specs(point)[0])
         except UserError as err:
             raise UserError(
                 f"the sweep's point {','.join(overrides) or '(no overrides)'} would fail: {err}; "

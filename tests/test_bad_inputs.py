@@ -545,7 +545,7 @@ RUN_CASES = [
     (["-p", "workload", "workload.num_requests=5"], "-p/--package selects the part of the config --cfg prints"),
     (["--cfg", "job", "-p", "nope"], "-p nope names no part of the config"),
     (  # every step ran eager, and the row said graph=full
-        ["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid", "+graph=full", "workload.num_requests=2"],
+        ["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid", "+backend=triton_paged", "+graph=full"],
         "graph=full captures one attention metadata for every layer; allocator=hybrid gives each layer kind its own",
     ),
     (["=alpaca"], "an override has no key (=VALUE): write KEY=VALUE"),  # was "+=alpaca"
@@ -619,6 +619,11 @@ RUN_CASES = [
         "this sweep would run model=llama-3-8b",
     ),
     (["-m", "+allocator=paged,paged", "hydra.sweep.dir=FILES/sweep-l"], "a value is listed twice"),
+    # the paged point ran, then the contiguous one failed the same way: "every point of the sweep failed"
+    (
+        ["-m", "scenario=serve", "model=tiny", "+graph=full", "+allocator=paged,contiguous", "hydra.sweep.dir=FILES/q"],
+        "would fail: graph=full cannot run backend eager",
+    ),
     (["+preset=vllm", "+allocator=paged"], "+allocator=... after +preset=vllm replaces the settings"),
     # it said "request 0 has 8 prompt + 1648 output tokens ...; shorten it": a redraw's leftover
     (["model.max_model_len=2", "workload.num_requests=4"], "workload=sharegpt: too few of its length pairs fit"),
@@ -918,6 +923,25 @@ def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
         (["workload.rate=-1"], "workload.rate=-1 must be > 0"),
         (["scenario=kernel", "workload.num_requests=5"], "scenario=kernel would ignore it: drop it"),
         (["+allocator=paged", "allocator.block_size=300"], "allocator.block_size=300 must be <= 256"),
+        # each passed --cfg job, and a sweep ran its other points first: refused only as the plugins met
+        (["scenario=serve", "model=tiny", "+graph=full"], "graph=full cannot run backend eager"),
+        (
+            ["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid", "+backend=triton_paged", "+graph=full"],
+            "graph=full captures one attention metadata for every layer; allocator=hybrid",
+        ),
+        (
+            ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "+graph=piecewise"],
+            "a model with linear layers serves with graph=eager",
+        ),
+        (
+            ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "allocator.policy=as_full"],
+            "allocator.policy=as_full sizes linear layers as attention",
+        ),
+        (
+            ["scenario=serve", "model=tiny", "engine.async_scheduling=true", "+preset=vllm"],
+            "engine.async_scheduling=true cannot run with allocator.prefix_caching=true",
+        ),
+        (["+preset=vllm", "scenario=kernel", "model=tiny", "batch=2d64"], "preset is read by scenario=simulate or"),
     ],
 )
 def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, message):

@@ -8,7 +8,9 @@ executor must drive the very scheduler and allocators every other executor does.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -288,6 +290,24 @@ def test_a_malformed_profile_names_the_row(tiny_profile):
         load_profile(tiny_profile)
 
 
+@pytest.mark.parametrize(
+    "column, value, said",
+    [
+        ("time_s_mean", "0", "row 6: time_s_mean='0' must be a finite number > 0"),  # an SVD that did not converge
+        ("num_tokens", "1e300", "row 6: num_tokens='1e300' is no step's"),  # a fit that predicted 0 s steps
+    ],
+)
+def test_a_profile_row_no_step_could_have_is_refused(tiny_profile, column, value, said):
+    rows = read_rows(tiny_profile)
+    for row in rows:
+        row["fit_to"] = "mean"
+        row.setdefault("time_s_mean", row["time_s_median"])
+    rows[4][column] = value
+    write_csv(tiny_profile, rows)
+    with pytest.raises(UserError, match=re.escape(said)):
+        load_profile(tiny_profile)
+
+
 def test_a_file_that_is_not_a_profile_is_refused(tmp_path):
     path = tmp_path / "metrics.csv"
     write_csv(path, [{"scenario": "simulate", "request_throughput": 1.0}])
@@ -317,6 +337,15 @@ def profile(tmp_path, *overrides: str) -> list[dict]:
             *overrides,
         )
     )
+
+
+def test_a_profile_into_a_folder_that_holds_one_is_refused_and_the_first_kept(tmp_path):
+    (first,) = profile(tmp_path)
+    kept = (tmp_path / "profile.csv").read_bytes()
+    with pytest.raises(UserError, match=r"scenario.out_dir=.* holds an earlier run's profile.csv"):
+        profile(tmp_path, "+allocator=contiguous")
+    assert (tmp_path / "profile.csv").read_bytes() == kept
+    assert hashlib.sha256(kept).hexdigest() == first["profile_sha256"]  # the first row still names its file
 
 
 def test_a_grid_longer_than_the_model_is_refused(tmp_path):

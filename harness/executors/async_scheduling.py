@@ -30,7 +30,11 @@ def check_async_supported(requests: list, allocator) -> None:
             "and beams depend on the tokens of the step still running); set workload.n=1 "
             "and workload.beam_width=1, or engine.async_scheduling=false"
         )
-    if getattr(allocator, "prefix_caching", False):
+    refuse_prefix_caching(getattr(allocator, "prefix_caching", False))
+
+
+def refuse_prefix_caching(prefix_caching: bool) -> None:
+    if prefix_caching:
         raise UserError(
             "engine.async_scheduling=true cannot run with allocator.prefix_caching=true: "
             "block hashes need the token values of the step still running"

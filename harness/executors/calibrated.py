@@ -92,16 +92,21 @@ def fit_column(row: dict) -> str:
     return "time_s_mean" if row.get("fit_to") == "mean" else TIME_COLUMN
 
 
+MAX_FEATURE = 1e15  # tokens, sequences, context tokens or attention pairs of one step
+
+
 def _number(path: str, line: int, row: dict, column: str) -> float:
     try:
         value = float(row[column])
     except (TypeError, ValueError):
         raise UserError(f"profile {path} row {line}: {column}={row[column]!r} is not a number") from None
-    if not math.isfinite(value) or value < 0 or (column == TIME_COLUMN and value <= 0):
+    timed = column in (TIME_COLUMN, "time_s_mean")  # a step takes time: the fit divides by it
+    if not math.isfinite(value) or value < 0 or (timed and value <= 0):
         raise UserError(
-            f"profile {path} row {line}: {column}={row[column]!r} must be a finite number "
-            f"{'> 0' if column == TIME_COLUMN else '>= 0'}"
+            f"profile {path} row {line}: {column}={row[column]!r} must be a finite number {'> 0' if timed else '>= 0'}"
         )
+    if column in FEATURES and value > MAX_FEATURE:  # no step of any model on any device holds as many
+        raise UserError(f"profile {path} row {line}: {column}={row[column]!r} is no step's (> {MAX_FEATURE:.0e})")
     return value
 
 

@@ -23,6 +23,25 @@ from kvbench.model.attention_op import current_context, forward_context
 from kvbench.model.linear_state import StateContext, new_states, state_context
 
 
+def refuse_unservable(policy: str, linear_layers: int, async_scheduling: bool, graph: str) -> None:
+    """What the hybrid layout cannot serve (kvbench.scenarios.build checks it before a run, too)."""
+    if policy == "as_full" and linear_layers:
+        raise UserError(
+            "allocator.policy=as_full sizes linear layers as attention (a memory "
+            "baseline for scenario=simulate) and has no state slots to serve them; "
+            "use policy shared or static"
+        )
+    # A step's per-kind metadata and state slots are held from prepare to forward: one step
+    # at a time. Graph modes take per-layer metadata, but not the linear layers' state slots.
+    if async_scheduling:
+        raise UserError("allocator hybrid serves with engine.async_scheduling=false")
+    if graph != "eager" and linear_layers:
+        raise UserError(
+            "a model with linear layers serves with graph=eager: captured graphs "
+            "do not carry the layers' per-step state slots"
+        )
+
+
 class HybridModelExecutor(ModelExecutor):
     def __init__(
         self,
@@ -34,21 +53,8 @@ class HybridModelExecutor(ModelExecutor):
         graph: tuple[type, dict] | None = None,
         async_scheduling: bool = False,
     ):
-        if allocator.policy == "as_full" and model.spec.num_layers_of("linear"):
-            raise UserError(
-                "allocator.policy=as_full sizes linear layers as attention (a memory "
-                "baseline for scenario=simulate) and has no state slots to serve them; "
-                "use policy shared or static"
-            )
-        # A step's per-kind metadata and state slots are held from prepare to forward: one step
-        # at a time. Graph modes take per-layer metadata, but not the linear layers' state slots.
-        if async_scheduling:
-            raise UserError("allocator hybrid serves with engine.async_scheduling=false")
-        if graph is not None and graph[0].name != "eager" and model.spec.num_layers_of("linear"):
-            raise UserError(
-                "a model with linear layers serves with graph=eager: captured graphs "
-                "do not carry the layers' per-step state slots"
-            )
+        graph_name = graph[0].name if graph is not None else "eager"
+        refuse_unservable(allocator.policy, model.spec.num_layers_of("linear"), async_scheduling, graph_name)
         super().__init__(model, allocator, backend, sampling, swap_slots, graph, async_scheduling)
         spec, pages = model.spec, allocator.num_pages
         self.kinds = [k for k in spec.layer_kinds if k != "linear"]  # attention layers, cache order

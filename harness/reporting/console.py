@@ -152,10 +152,10 @@ def validation_table(rows, points: bool = False) -> str:
 
 def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | None = None) -> str:
     """Every point of a sweep, one line each, systems in the paper's order; with `slo`, each
-    system's capacity at that latency target below it."""
+    system's capacity at that latency target below it, where points measured normalized latency."""
     import pandas as pd  # a single run's summary needs neither pandas nor the capacity code
 
-    from kvbench.reporting.winners import capacity
+    from kvbench.reporting.winners import METRIC, capacity
 
     if "metric" in frame and "scenario" in frame and (frame["scenario"] == "validate").all():  # a line a metric
         return validation_table(ok_rows(frame), points=True)
@@ -170,7 +170,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
     body = table.to_string(index=False, justify="right")
     rule = "=" * max(WIDTH, len(body.splitlines()[0]))
     lines = [f" kvbench sweep: {len(frame)} point(s) ".center(len(rule), "="), body, rule]
-    if slo is not None:
+    if slo is not None and METRIC in frame and frame[METRIC].notna().any():  # no kernel's or profile's
         found, unplaced = capacity(frame, slo, baseline)
         lines.append(f" capacity at {slo:g} s/token (req/s) ".center(len(rule), "-"))
         for row in found.itertuples():

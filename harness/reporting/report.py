@@ -375,6 +375,8 @@ img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{mar
 
 
 def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str]:
+    if METRIC not in frame or frame[METRIC].isna().all():  # a kernel's or profile's sweep: no latency target
+        return []
     found, unplaced = capacity(frame, slo, baseline)
     target = f"capacity at {slo:g} s/token (report.slo_s_per_token)"
     if found.empty and len(unplaced) == 1:

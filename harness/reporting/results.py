@@ -151,7 +151,7 @@ def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
 def varying_keys(frame: pd.DataFrame) -> list[str]:
     """The columns that tell points apart: the sweep, identity, and every swept `group.key`
     whose `key` is not already an identity column (workload.rate -> rate)."""
-    named = ["sweep"] + IDENTITY + ["block_size", "rate"]
+    named = ["sweep"] + IDENTITY + ["block_size", "rate", "batch_spec"]  # batch_spec: a kernel's batch
     swept = sorted(c for c in frame if "." in c and c.rsplit(".", 1)[-1] not in named)
     return [k for k in named + swept if k in frame and frame[k].nunique(dropna=False) > 1]
 

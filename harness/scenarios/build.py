@@ -116,6 +116,43 @@ def graph_mode(cfg: DictConfig) -> tuple[type, dict]:
     return default_registry().get("graph", options.pop("name")), options
 
 
+def full_graph_over_layer_kinds(allocator: str) -> UserError:
+    """graph=full beside an allocator that lays out each layer kind apart: every step would run
+    eager (FullGraph's PER_LAYER), recorded as graph=full."""
+    return UserError(
+        f"graph=full captures one attention metadata for every layer; allocator={allocator} gives each "
+        f"layer kind its own, so no step could replay: choose +graph=piecewise or +graph=eager"
+    )
+
+
+def refuse_plugins_that_cannot_meet(cfg: DictConfig, model: ModelSpec) -> None:
+    """What a real run (serve, profile, validate) would refuse only as its plugins meet, decided
+    from the config before anything runs: a graph mode that cannot run the backend, graph=full
+    over a layout per layer kind, what the hybrid layout cannot serve, and async scheduling
+    beside prefix caching."""
+    if cfg.scenario.name not in ("serve", "profile", "validate"):
+        return
+    allocator_cls, options = allocator_class(cfg, model)
+    graph_cls, _ = graph_mode(cfg)
+    if graph_cls.name != "eager":  # the mode's own rule, on the device the run would take (torch: a real run's)
+        backend_cls = default_registry().get("backend", plugin_cfg(cfg, "backend")["name"])
+        device = OmegaConf.select(cfg, "scenario.device") or OmegaConf.select(cfg, "scenario.serve.device") or "auto"
+        reason = graph_cls.unsupported_reason(backend_cls, resolve_device(str(device)))
+        if reason:
+            raise UserError(f"graph={graph_cls.name} cannot run backend {backend_cls.name}: {reason}")
+    if allocator_cls.per_layer_kind_layout and graph_cls.name == "full":
+        raise full_graph_over_layer_kinds(allocator_cls.name)
+    if allocator_cls.per_layer_kind_layout:
+        from kvbench.executors.hybrid_executor import refuse_unservable
+
+        linear, async_scheduling = model.num_layers_of("linear"), bool(cfg.engine.get("async_scheduling"))
+        refuse_unservable(options.get("policy", "shared"), linear, async_scheduling, graph_cls.name)
+    if cfg.engine.get("async_scheduling") and options.get("prefix_caching"):
+        from kvbench.executors.async_scheduling import refuse_prefix_caching
+
+        refuse_prefix_caching(True)
+
+
 def kv_slots(cfg: DictConfig, model: ModelSpec, hardware: Hardware) -> int:
     kv_bytes = kv_capacity_bytes(model, hardware, cfg.engine.get("kv_cache_bytes"))
     if kv_bytes <= 0:

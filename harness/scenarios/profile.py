@@ -42,6 +42,20 @@ def out_dir(scenario: DictConfig) -> Path:
     return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
 
 
+def refuse_replacing(scenario: DictConfig, names: tuple[str, ...]) -> None:
+    """A given scenario.out_dir that holds an earlier run's `names`: this run would replace them,
+    and the earlier run's row would name (by sha256) a profile that is gone."""
+    if not scenario.get("out_dir"):
+        return  # the run's own folder
+    folder = Path(str(scenario.out_dir))
+    held = [name for name in names if (folder / name).exists()]
+    if held:
+        raise UserError(
+            f"scenario.out_dir={folder} holds an earlier run's {held[0]}, which this run would replace: give a "
+            f"new folder (or scenario.out_dir=null, the run's own)"
+        )
+
+
 def lengths(scenario: DictConfig, key: str, max_model_len: int) -> list[int]:
     """A grid list of token counts, `max` resolved; one outside 1..max_model_len is an error."""
     values = []
@@ -223,6 +237,7 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
 def run(cfg: DictConfig, between=None) -> list[dict]:
     scenario = cfg.scenario
     _, _, heldout_frac = validate(scenario)
+    refuse_replacing(scenario, ("profile.csv", "profile_fit.json"))
     started, cpu_started = time.perf_counter(), time.process_time()
     rows, skipped = profile_rows(cfg, bool(cfg.progress), between)
     profile_s, profile_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started

@@ -37,6 +37,7 @@ from kvbench.scenarios.build import (
     backend_class,
     build_allocator,
     build_engine,
+    full_graph_over_layer_kinds,
     graph_mode,
     load_specs,
     resolve_device,
@@ -167,10 +168,7 @@ class RealModel:
         executor_cls = HybridModelExecutor if allocator.per_layer_kind_layout else ModelExecutor
         mode = self.graph[0]
         if allocator.per_layer_kind_layout and getattr(mode, "name", "") == "full":
-            raise UserError(  # every step would run eager (FullGraphs' PER_LAYER), recorded as graph=full
-                f"graph=full captures one attention metadata for every layer; allocator={allocator.name} gives each "
-                f"layer kind its own, so no step could replay: choose +graph=piecewise or +graph=eager"
-            )
+            raise full_graph_over_layer_kinds(allocator.name)
         return executor_cls(
             self.model,
             allocator,

@@ -24,7 +24,7 @@ from kvbench.executors.calibrated import load_profile
 from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios import repeats
 from kvbench.scenarios.build import load_specs, plugin_cfg, resolve_device
-from kvbench.scenarios.profile import out_dir, step_timer
+from kvbench.scenarios.profile import out_dir, refuse_replacing, step_timer
 from kvbench.scenarios.profile import run as run_profile
 from kvbench.scenarios.serve import serve
 from kvbench.scenarios.simulate import make_executor, simulate
@@ -285,6 +285,7 @@ def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     runs, load = check(scenario)
     check_serve_clock(cfg)
+    refuse_replacing(scenario, ("validation.csv", "profile.csv"))
     folder = out_dir(scenario)
     model, hardware = load_specs(cfg)
     changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
