@@ -550,3 +550,22 @@ def test_ctrl_c_during_a_comparison_is_one_line_and_exit_130(tmp_path, monkeypat
         main([str(tmp_path / "summary.csv"), str(tmp_path / "summary.csv")])
     assert exit_info.value.code == 130
     assert capsys.readouterr().err.splitlines() == ["interrupted: nothing was compared"]
+
+
+def test_repeats_keep_the_kv_shares_of_one_repeat_so_they_add_up():
+    """Five medians taken apart need not add up to 1; the median repeat's five do."""
+    from kvbench.scenarios.repeats import KV_SHARES, aggregate
+
+    shares = [(0.5, 0.2, 0.1, 0.05, 0.15), (0.7, 0.1, 0.0, 0.05, 0.15), (0.6, 0.3, 0.05, 0.0, 0.05)]
+    runs = [[{"allocator": "paged", "request_throughput": t, **dict(zip(KV_SHARES, s))}] for t, s in enumerate(shares)]
+    runs[0][0] |= {"kv_token_util_full": 0.4, "kv_reserved_frac_full": 0.6}  # a layer kind's view, likewise
+    runs[1][0] |= {"kv_token_util_full": 0.9, "kv_reserved_frac_full": 0.1}
+    runs[2][0] |= {"kv_token_util_full": 0.5, "kv_reserved_frac_full": 0.5}
+    (row,) = aggregate(runs)
+    assert [row[c] for c in KV_SHARES] == list(shares[2])  # kv_token_util 0.6 is the median repeat's
+    assert sum(row[c] for c in KV_SHARES) == pytest.approx(1.0, abs=1e-12)
+    assert (row["kv_token_util_full"], row["kv_reserved_frac_full"]) == (0.5, 0.5)
+    assert row["request_throughput"] == 1  # every other column: its own median
+    (even,) = aggregate(runs[:2])  # the middle two's mean
+    assert [even[c] for c in KV_SHARES] == pytest.approx([0.6, 0.15, 0.05, 0.05, 0.15])
+    assert json.loads(row["samples"])["kv_reserved_frac"] == [0.2, 0.1, 0.3]  # the samples stay every repeat's

@@ -53,11 +53,31 @@ def aggregate(repeats: list[list[dict]]) -> list[dict]:
             finite = [float(x) for x in pooled if math.isfinite(x)]
             row[key] = statistics.median(finite) if finite else math.nan
             samples[key] = [float(x) for x in pooled]
+        _shares_of_the_median_repeat(row, rows)
         row.update(
             repeats=len(next(iter(samples.values()), rows)), **{SAMPLES: json.dumps(samples, separators=(",", ":"))}
         )
         merged.append(row)
     return merged
+
+
+# a pool's accounting categories: each repeat's add up to 1, and so must the row's
+KV_SHARES = ("kv_token_util", "kv_reserved_frac", "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac")
+
+
+def _shares_of_the_median_repeat(row: dict, rows: tuple[dict, ...]) -> None:
+    """The KV shares of one pool (the whole, and each layer kind's view, `kv_token_util_full`)
+    taken together from the median repeat by kv_token_util (the mean of the middle two for an
+    even count), not each column's own median: those need not add up to 1."""
+    for lead in [c for c in row if c == KV_SHARES[0] or c.startswith(KV_SHARES[0] + "_")]:
+        suffix = lead.removeprefix(KV_SHARES[0])
+        columns = [c + suffix for c in KV_SHARES if c + suffix in row]
+        if not all(_is_number(r.get(c)) and math.isfinite(r[c]) for r in rows for c in columns):
+            continue
+        order = sorted(range(len(rows)), key=lambda i: rows[i][lead])
+        middle = order[(len(rows) - 1) // 2 : len(rows) // 2 + 1]
+        for column in columns:
+            row[column] = sum(rows[i][column] for i in middle) / len(middle)
 
 
 def run_repeated(scenario: str, repeats, run_once: Callable[[], list[dict]]) -> list[dict]:
