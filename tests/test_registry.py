@@ -169,6 +169,31 @@ def test_a_plugin_s_int_option_refuses_text_and_booleans_which_the_run_would_pas
         check_plugin_options("allocator", Spare, {"spare_blocks": value})
 
 
+def test_a_plugin_s_int_option_takes_a_whole_float_as_kvbench_s_own_do_and_names_its_own_keys():
+    from hydra.errors import ConfigCompositionException
+
+    from kvbench.schema import check_plugin_options, settle_whole_numbers, validate
+    from kvbench.schema.hydra_errors import hydra_line
+
+    assert check_plugin_options("allocator", Spare, {"spare_blocks": 2.0}) == {"spare_blocks": 2}
+    registry = default_registry()
+    module = plugin_module(Spare)
+    registry.register(module)
+    try:
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            chosen = ["+allocator=oracle", "allocator.name=spare"]
+            cfg = compose("bench", overrides=[*chosen, "+allocator.spare_blocks=2e0"])
+            settle_whole_numbers(cfg, validate(cfg))
+            assert cfg.allocator.spare_blocks == 2 and type(cfg.allocator.spare_blocks) is int
+            with pytest.raises(ConfigCompositionException) as composing:
+                compose("bench", overrides=[*chosen, "allocator.spare_block=3"])
+    finally:
+        registry.unregister(module)
+    line = hydra_line(composing.value)
+    assert line.startswith("allocator.spare_block is not a key of allocator=spare's config (its keys: name, block_size")
+    assert "is added with +allocator.spare_block=VALUE" in line
+
+
 class Inflated(OracleAllocator):
     """Builds its pool ten times the size it is given: its rows reported memory the point never had."""
 

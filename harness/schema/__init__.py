@@ -174,10 +174,15 @@ def _hints(cls: type) -> dict:
     return hints
 
 
-def check_plugin_options(kind: str, cls: type, options: dict) -> None:
-    """A plugin kvbench has no schema for: its options must be its constructor's, of its types."""
+def check_plugin_options(kind: str, cls: type, options: dict) -> dict:
+    """A plugin kvbench has no schema for: its options must be its constructor's, of its types.
+    Returns the options as the run should read them: a whole number given as a float for an int
+    option as that int (`2e0` is 2, as for every int field of kvbench's own)."""
     accepted, hints = accepted_options(cls), _hints(cls)
+    options = dict(options)
     for key, value in options.items():
+        if hints.get(key) is int and type(value) is float and value.is_integer() and abs(value) <= 2**63:
+            options[key] = value = int(value)
         if key not in accepted:
             raise UserError(
                 f"{kind} {cls.name} has no option {key!r}{closest(key, accepted)} "
@@ -195,6 +200,7 @@ def check_plugin_options(kind: str, cls: type, options: dict) -> None:
                 raise UserError(rule(f"{kind}.{key}={given}", allowed(err.errors(include_url=False)[0]))) from None
             except Exception:  # an annotation pydantic cannot check (a protocol, a forward ref)
                 pass
+    return options
 
 
 def _plugin(kind: str, node) -> dict:
@@ -210,8 +216,7 @@ def _plugin(kind: str, node) -> dict:
         cls = default_registry().get(kind, node["name"])
     except UserError as err:
         raise UserError(f"{kind}.name={node['name']}: {err}") from None
-    check_plugin_options(kind, cls, options)
-    return node
+    return {**node, **check_plugin_options(kind, cls, options)}
 
 
 def _missing_choice(cfg: DictConfig, err: OmegaConfBaseException) -> str | None:
