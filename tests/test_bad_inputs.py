@@ -568,6 +568,11 @@ RUN_CASES = [
         ["scenario=serve", "model=tiny", "scenario.num_requests=2", "scenario.kv_cache_tokens=8"],
         "369-token request; raise scenario.kv_cache_tokens (now 8, which rounds down to 0 whole 16-token blocks)",
     ),
+    # after the whole profile: "... give more memory (hardware.*, engine.kv_cache_bytes)", which validate refuses
+    (
+        ["scenario=validate", "model=tiny", "workload.num_requests=8", "scenario.kv_cache_tokens=100"],
+        "is smaller than one request: paged needs 480 slots for a 479-token request; raise scenario.kv_cache_tokens",
+    ),
     (["~workload"], "workload is required"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
     (

@@ -281,6 +281,21 @@ def check_serve_clock(cfg: DictConfig) -> None:
         )
 
 
+def refuse_a_pool_too_small(cfg: DictConfig, model, hardware) -> None:
+    """Before the profile is taken: a pool of scenario.kv_cache_tokens that can never admit the
+    workload's longest request (as the engine checks each run), with the setting that sizes it."""
+    from kvbench.core import workload
+    from kvbench.scenarios.build import build_engine, kv_slots
+
+    tokens = int(cfg.scenario.kv_cache_tokens)
+    sized = OmegaConf.merge(cfg, {"engine": {"kv_cache_bytes": tokens * model.kv_bytes_per_token}})
+    spec = OmegaConf.to_container(sized.workload, resolve=True)
+    requests = workload.generate(spec, int(cfg.seed), model.max_model_len, vocab_size=model.vocab_size)
+    engine = build_engine(sized, model, kv_slots(sized, model, hardware), lambda allocator: None)
+    engine.more_memory = f"raise scenario.kv_cache_tokens (now {tokens})"
+    engine.check_fits(requests)
+
+
 def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     runs, load = check(scenario)
@@ -288,6 +303,7 @@ def run(cfg: DictConfig) -> list[dict]:
     refuse_replacing(scenario, ("validation.csv", "profile.csv"))
     folder = out_dir(scenario)
     model, hardware = load_specs(cfg)
+    refuse_a_pool_too_small(cfg, model, hardware)
     changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
     profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
     host = ModelProbe(profile_cfg, model.max_model_len)
