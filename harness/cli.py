@@ -835,6 +835,7 @@ def refuse_bad_points(batch, configs) -> None:
     its point launches) is left to the point, which fails with its own error."""
     from kvbench.scenarios.build import allocator_class, load_specs, refuse_plugins_that_cannot_meet
 
+    traces_read: set[str] = set()  # each trace file's rows are checked once, whatever points share it
     for overrides, config in zip(batch, configs):
         try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
             data = OmegaConf.to_container(task_config(config), resolve=True)
@@ -845,6 +846,12 @@ def refuse_bad_points(batch, configs) -> None:
             point = OmegaConf.create(data)
             allocator_class(point, load_specs(point)[0])
             refuse_plugins_that_cannot_meet(point, load_specs(point)[0])
+            trace = point.workload.get("path") if point.workload.get("kind") == "trace" else None
+            if trace and str(trace) not in traces_read:  # a malformed row fails its point only as it runs
+                from kvbench.core.workload import load_trace
+
+                load_trace(str(trace))
+                traces_read.add(str(trace))
         except UserError as err:
             raise UserError(
                 f"the sweep's point {','.join(overrides) or '(no overrides)'} would fail: {err}; "

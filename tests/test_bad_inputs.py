@@ -573,6 +573,11 @@ RUN_CASES = [
         ["scenario=validate", "model=tiny", "workload.num_requests=8", "scenario.kv_cache_tokens=100"],
         "is smaller than one request: paged needs 480 slots for a 479-token request; raise scenario.kv_cache_tokens",
     ),
+    # the good trace's point ran first; the malformed one failed only as its turn came
+    (
+        ["-m", "workload=trace", "workload.path=FILES/three.csv,FILES/words.csv", "hydra.sweep.dir=FILES/q2"],
+        "would fail: trace ",
+    ),
     (["~workload"], "workload is required"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
     (
