@@ -516,3 +516,20 @@ def test_a_tall_figure_keeps_its_panels_below_its_title():
     reach = max(ax.get_tightbbox(renderer).y1 for ax in fig.axes if ax.get_visible())
     assert len([ax for ax in fig.axes if ax.get_visible()]) == 18
     assert reach < title.get_window_extent(renderer).y0
+
+
+def test_a_kernel_sweep_names_its_points_by_batch_and_gives_no_latency_capacity(tmp_path):
+    from kvbench.reporting.console import sweep_table
+
+    rows = [
+        {"scenario": "kernel", "allocator": a, "batch_spec": b, "status": "ok", "latency_us_p50": 100.0 + i}
+        for i, (a, b) in enumerate((a, b) for b in ("2d64", "4d128") for a in ("paged", "contiguous"))
+    ]
+    table = sweep_table(pd.DataFrame(rows), 0.5, None)
+    assert "contiguous, batch_spec=2d64" in table and "paged, batch_spec=4d128" in table
+    assert "capacity" not in table
+    write_csv(tmp_path / "k.csv", rows)
+    report.main([str(tmp_path / "k.csv"), "--out", str(tmp_path / "out")])  # no figure: its columns are not there
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "capacity" not in page.split("<h2>Verdict</h2>")[1].split("<h2>Results")[0].lower()
+    assert "paged, batch_spec=2d64" in page and not (tmp_path / "out" / "latency_vs_context.png").exists()

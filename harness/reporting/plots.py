@@ -42,6 +42,9 @@ PANELS = [
 ]
 
 
+# what the kernel scenario's figure draws (kernel_plots.latency_vs_context)
+KERNEL_COLUMNS = ("latency_us_p50", "achieved_gbps", "num_seqs", "context_len")
+
 AUTO = object()  # a plot's curves not given: found from its frame (results.rate_curves)
 
 
@@ -181,7 +184,7 @@ def draw_all(rows, out: Path) -> list[Path]:
                 written.append(save_figure(throughput_latency(serving, curves), out / "throughput_latency.png"))
             if curves is not None:
                 written.append(save_figure(latency_vs_rate(serving, curves), out / "latency_vs_rate.png"))
-    if "latency_us_p50" in frame:
+    if all(c in frame for c in KERNEL_COLUMNS):  # a figure the rows support: a hand-cut table may lack them
         kernel = frame[frame["latency_us_p50"].notna()]
         if len(kernel):
             from kvbench.reporting.kernel_plots import latency_vs_context
