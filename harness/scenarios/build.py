@@ -135,11 +135,11 @@ def refuse_plugins_that_cannot_meet(cfg: DictConfig, model: ModelSpec) -> None:
     allocator_cls, options = allocator_class(cfg, model)
     graph_cls, _ = graph_mode(cfg)
     if graph_cls.name != "eager":  # the mode's own rule, on the device the run would take (torch: a real run's)
+        from kvbench.plugins.graphs.base import refuse_unsupported
+
         backend_cls = default_registry().get("backend", plugin_cfg(cfg, "backend")["name"])
         device = OmegaConf.select(cfg, "scenario.device") or OmegaConf.select(cfg, "scenario.serve.device") or "auto"
-        reason = graph_cls.unsupported_reason(backend_cls, resolve_device(str(device)))
-        if reason:
-            raise UserError(f"graph={graph_cls.name} cannot run backend {backend_cls.name}: {reason}")
+        refuse_unsupported(graph_cls, backend_cls, resolve_device(str(device)))
     if allocator_cls.per_layer_kind_layout and graph_cls.name == "full":
         raise full_graph_over_layer_kinds(allocator_cls.name)
     if allocator_cls.per_layer_kind_layout:

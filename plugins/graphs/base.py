@@ -141,7 +141,13 @@ def build(
 ) -> GraphMode:
     """Graph mode `cls` with `options` around `forward`; a mode that cannot run the attention
     backend is a UserError naming the reason."""
+    refuse_unsupported(cls, backend_cls, device)
+    return cls(forward, device, max_seq_len, **options)
+
+
+def refuse_unsupported(cls: type, backend_cls: type, device) -> None:
+    """Graph mode `cls` cannot run `backend_cls` on `device`: a UserError naming the reason (also
+    checked from the config before a run: kvbench.scenarios.build)."""
     reason = cls.unsupported_reason(backend_cls, torch.device(device))
     if reason:
         raise UserError(f"graph={cls.name} cannot run backend {backend_cls.name}: {reason}")
-    return cls(forward, device, max_seq_len, **options)
