@@ -28,7 +28,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 import kvbench
 from kvbench import launch, schema, sweep
@@ -453,7 +453,7 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
     for row in rows:
         # an identity column the row has is the value the run read (seed=1e3 ran, and is, seed 1000)
         row.update({key: value for key, value in overridden.items() if key not in IDENTITY or key not in row})
-        row.setdefault("device", "cpu")
+        row.setdefault("device", "simulated" if cfg.scenario.name == "simulate" else "cpu")  # a failed point's
         row.update(status=status, reason=reason, **env)
     drawing = not multirun and cfg.plots is True
     helper = launch.current() if drawing else None
@@ -837,11 +837,14 @@ def refuse_bad_points(batch, configs) -> None:
 
     traces_read: set[str] = set()  # each trace file's rows are checked once, whatever points share it
     for overrides, config in zip(batch, configs):
-        try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
-            data = OmegaConf.to_container(task_config(config), resolve=True)
-        except Exception:  # noqa: BLE001 (it resolves only as its point launches, or fails there)
-            continue
         try:
+            try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
+                data = OmegaConf.to_container(task_config(config), resolve=True)
+            except InterpolationKeyError:  # ${nosuch.key}, fig14_15.sharing=foo: no launch resolves it
+                schema.validate(task_config(config))  # which says so in kvbench's words
+                continue
+            except Exception:  # noqa: BLE001 (it resolves only as its point launches, or fails there)
+                continue
             schema.validate(data)
             point = OmegaConf.create(data)
             allocator_class(point, load_specs(point)[0])

@@ -31,7 +31,8 @@ SERVE = ["scenario=serve", "model=tiny", "workload=fixed", "scenario.num_request
 
 
 def trial(ref: str, repeats: int, serve: bool, slowdown: float) -> dict:
-    command = ["bench-compare", "--against", ref, "--repeats", str(repeats)]
+    # this interpreter's, not whichever bench-compare is first on PATH (an unactivated venv has none)
+    command = [sys.executable, "-m", "kvbench.reporting.compare", "--against", ref, "--repeats", str(repeats)]
     if slowdown:
         command += ["--current-env", f"KVBENCH_TEST_SLOWDOWN={slowdown}"]
         if serve:
@@ -73,6 +74,8 @@ def main() -> None:
         parser.error(f"--trials {args.trials}: give at least 1")
     if args.repeats < 2:
         parser.error(f"--repeats {args.repeats}: the significance test needs at least 2 runs a side")
+    if not 0 <= args.slowdown < 100:  # nan fails both
+        parser.error(f"--slowdown {args.slowdown}: give a fraction >= 0 (0.25: 1.25 times slower), below 100")
     if args.out:
         writable_file(args.out, "--out")
     rows = []

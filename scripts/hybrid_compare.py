@@ -106,7 +106,17 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def lengths(input_len: int) -> str:
+    """The prompt lengths workload(): uniform within half the mean either side, `8k-24k`."""
+    low, high = input_len - input_len // 2, input_len + input_len // 2
+
+    def short(n: int) -> str:
+        return f"{n / 1024:g}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+    return f"{short(low)}-{short(high)}"
+
+
+def plot(rows: list[dict], path: Path, input_len: int) -> None:
     metrics = [
         ("max_batch_size", "max concurrent requests"),
         ("output_throughput", "output tokens / s"),
@@ -120,10 +130,12 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.bar([x + (i - 1) * width for x in range(len(models))], values, width, label=POLICIES[policy])
         ax.set_xticks(range(len(models)), models, fontsize=8)
         ax.set_title(title)
-    axes[0].legend(fontsize=8)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(POLICIES), fontsize=8)
     fig.suptitle(
-        "hybrid models, long-context prompts (uniform 8k-24k), all requests at t=0, H200 (qwen3-next-like: 2 x H200)"
+        f"hybrid models, prompts of uniform {lengths(input_len)} tokens, all requests at t=0, H200 "
+        f"(qwen3-next-like: 2 x H200)"
     )
+    fig.subplots_adjust(bottom=0.2)  # the legend below the panels, not over the first one's bars
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -142,7 +154,7 @@ def main() -> None:
     write_csv(args.out / "hybrid_compare.csv", [{k: r[k] for k in COLUMNS} | r for r in rows])
     table = markdown(rows)
     write_atomic(args.out / "hybrid_compare.md", table)
-    plot(rows, args.out / "hybrid_compare.png")
+    plot(rows, args.out / "hybrid_compare.png", args.input_len)
     print(table)
     print(f"wrote {args.out}/hybrid_compare.csv, .md, .png")
 

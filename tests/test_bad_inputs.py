@@ -578,6 +578,15 @@ RUN_CASES = [
         ["-m", "workload=trace", "workload.path=FILES/three.csv,FILES/words.csv", "hydra.sweep.dir=FILES/q2"],
         "would fail: trace ",
     ),
+    # each ran every point (fig12: 64), then found nothing to compare
+    (["+experiment=fig12", "workload.rate=1", "hydra.sweep.dir=FILES/q3"], "workload.rate=1 fixes it to one"),
+    (["+experiment=fig13", "workload.rate=5", "hydra.sweep.dir=FILES/q4"], "workload.rate=5 fixes it to one"),
+    # the parallel point ran, then foo's failed: no launch resolves an interpolation to a missing key
+    (
+        ["-m", "+experiment=fig14_15", "fig14_15.sharing=parallel,foo", "hydra.sweep.dir=FILES/q5"],
+        "would fail: workload.n reads fig14_15.knobs.foo.n, but fig14_15.knobs has no 'foo'",
+    ),
+    (["-m", "workload.rate=1,2", "workload.duration_s=${nosuch.key}", "hydra.sweep.dir=FILES/q6"], "'nosuch.key' not"),
     (["~workload"], "workload is required"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
     (

@@ -155,6 +155,7 @@ def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted
     verdict = page.split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
     reason = rows.loc[rows["status"] == "failed", "reason"].iloc[0]
     assert "exceeds scheduler.max_num_batched_tokens=16" in reason
+    assert set(rows["device"]) == {"simulated"}  # the failed point's too: it was not run on this cpu
     assert f"<li><b>other, pow2, max_num_batched_tokens=16</b>: {html.escape(reason)}</li>" in verdict
     results = page.split("<h2>Results</h2>")[1].split("<h2>Plots</h2>")[0]
     assert results.count("<tr>") == 5  # the header and four points

@@ -26,6 +26,8 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
         ("bench_simulator.py", ["--requests", "0"], "workload.num_requests=0 must be >= 1"),
         ("gpu_figures.py", ["{tmp}/missing", "{tmp}/out"], "is not a folder"),
         ("vllm_conformance.py", ["--json", "{file}/r.json"], "--json {file}/r.json: give a file name"),
+        ("gate_trials.py", ["--slowdown", "nan"], "--slowdown nan: give a fraction >= 0"),  # an A/B started
+        ("gate_trials.py", ["--slowdown", "-2"], "--slowdown -2.0: give a fraction >= 0"),
     ],
 )
 def test_a_script_refuses_what_it_cannot_do_before_it_computes(tmp_path, script, args, said):
@@ -78,3 +80,12 @@ def test_bench_steps_instruction_count_of_a_simulated_loop_is_exact_and_per_step
     first, again, longer = (float(c.stdout) for c in counts)
     assert first == again
     assert 300 < first < 5000 and 300 < longer < 5000  # a total would be 10^5 or more, twice that at 60
+
+
+def test_hybrid_compare_s_figure_names_the_prompt_lengths_it_ran():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from hybrid_compare import lengths
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    assert lengths(16384) == "8k-24k" and lengths(2048) == "1k-3k" and lengths(2000) == "1000-3000"

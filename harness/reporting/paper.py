@@ -513,8 +513,9 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
 
 # The axes an experiment's comparison needs several values of (fig12's capacity curve, fig18's
 # best block, fig19's crossover); the others (a system, a workload) may be narrowed
-NEEDED_AXES = {
-    "fig12": ("fig12.point",),
+NEEDED_AXES = {  # workload.rate: fig12's and fig13's rates are their tables' (fig12.rates, fig13.rates)
+    "fig12": ("fig12.point", "workload.rate"),
+    "fig13": ("workload.rate",),
     "fig18": ("allocator.block_size",),
     "fig19": ("engine.preemption", "allocator.block_size"),
 }
