@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,15 +25,18 @@ def writable_folder(path: Path | str, option: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"{option} {path} cannot be made a folder ({err.strerror}): give another") from None
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{option} {path} is not writable: give another folder")
+    try:  # a file made and removed: os.access passes where writing fails (root, or /proc)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise UserError(f"{option} {path} is not writable ({err.strerror}): give another folder") from None
     return folder
 
 
 def writable_file(path: Path | str, option: str) -> Path:
     """`path` as a file the script may write (its folder made if missing; not a folder itself)."""
     file = path_given(path, option, "a file name")
-    if file.is_dir():
+    if file.is_dir() or str(path).endswith(("/", os.sep)):  # `out/sub/` means a folder, whether or not it is one
         raise UserError(f"{option} {path} is a folder: give a file name")
     writable_folder(file.parent if str(file.parent) else ".", f"{option}'s folder")
     return file

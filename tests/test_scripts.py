@@ -21,6 +21,8 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
     "script, args, said",
     [
         ("preemption_sweep.py", ["--out", "{file}/p.csv"], "--out's folder"),
+        ("preemption_sweep.py", ["--out", "{tmp}/sub/"], "--out {tmp}/sub/ is a folder: give a file name"),
+        ("preemption_sweep.py", ["--out", "/proc/p.csv"], "--out's folder /proc is not writable"),  # after the sweep
         ("hybrid_compare.py", ["--out", "{file}/sub", "--requests", "4"], "--out {file}/sub cannot be made a folder"),
         ("bench_simulator.py", ["--allocators", "nope"], "unknown allocator 'nope'"),
         ("bench_simulator.py", ["--requests", "0"], "workload.num_requests=0 must be >= 1"),
