@@ -207,12 +207,13 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
     if (arrivals or cfg.workload.get("shuffle") is True) and cfg.workload.kind == "trace":
         from kvbench.core.workload import refuse_shuffled_arrivals, trace_has_arrival_times
 
-        if arrivals and trace_has_arrival_times(str(cfg.workload.path)):
+        timed = trace_has_arrival_times(str(cfg.workload.path))
+        if arrivals and timed:
             raise UserError(
                 f"{arrivals[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
                 f"time (a rate and burstiness shape arrivals only for a trace without them): drop it"
             )
-        refuse_shuffled_arrivals(cfg.workload)
+        refuse_shuffled_arrivals(cfg.workload, timed)
     served_rate = cfg.scenario.get("rate") if scenario == "serve" else None
     if served_rate is not None and "workload.rate" in overridden:
         raise UserError(
@@ -847,8 +848,9 @@ def refuse_bad_points(batch, configs) -> None:
                 continue
             schema.validate(data)
             point = OmegaConf.create(data)
-            allocator_class(point, load_specs(point)[0])
-            refuse_plugins_that_cannot_meet(point, load_specs(point)[0])
+            model = load_specs(point)[0]
+            allocator_class(point, model)
+            refuse_plugins_that_cannot_meet(point, model)
             trace = point.workload.get("path") if point.workload.get("kind") == "trace" else None
             if trace and str(trace) not in traces_read:  # a malformed row fails its point only as it runs
                 from kvbench.core.workload import load_trace

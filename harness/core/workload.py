@@ -140,10 +140,10 @@ def trace_has_arrival_times(path: str) -> bool:
     return any(name in header for name in TRACE_COLUMNS["arrival_s"])
 
 
-def refuse_shuffled_arrivals(cfg) -> None:
-    """workload.shuffle on a trace with arrival times would hand each time another row's lengths:
-    a trace that never happened."""
-    if cfg.get("shuffle") is True and trace_has_arrival_times(str(cfg.get("path"))):
+def refuse_shuffled_arrivals(cfg, timed: bool) -> None:
+    """workload.shuffle on a trace with arrival times (`timed`) would hand each time another
+    row's lengths: a trace that never happened."""
+    if cfg.get("shuffle") is True and timed:
         raise UserError(
             f"workload.shuffle=true would give the arrival times of trace {cfg.get('path')} other rows' lengths; "
             f"a trace with arrival times is replayed as it is: drop it"
@@ -250,7 +250,7 @@ def trace_requests(
     """
     path = cfg.get("path")
     rows = load_trace(path)
-    refuse_shuffled_arrivals(cfg)
+    refuse_shuffled_arrivals(cfg, rows[0][2] is not None)  # load_trace: every row has its time, or none
     first = 0.0
     if rows[0][2] is not None:  # load_trace: every row has its arrival time, or none has
         # Times count from the trace's first arrival: one that starts at 1,000 s, or at an epoch
