@@ -141,12 +141,11 @@ def test_a_vidur_trace_s_arrived_at_gives_the_arrivals(tmp_path):
     assert [(r.arrival_s, r.prompt_len) for r in requests] == [(0.0, 10), (1.5, 20)]
 
 
+BURSTGPT = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"  # its files' header
+
+
 def test_a_burstgpt_trace_gives_its_timestamps_and_token_counts(tmp_path):
-    path = trace(
-        tmp_path,
-        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-        "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,230,1317,API log\n",
-    )
+    path = trace(tmp_path, BURSTGPT + "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,230,1317,API log\n")
     requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
     # times count from the trace's first arrival
     assert [(r.arrival_s, r.prompt_len, r.output_len) for r in requests] == [(0.0, 472, 18), (40.0, 1087, 230)]
@@ -154,11 +153,8 @@ def test_a_burstgpt_trace_gives_its_timestamps_and_token_counts(tmp_path):
 
 def test_a_burstgpt_trace_s_failed_requests_are_skipped_other_zero_lengths_refused(tmp_path):
     """BurstGPT logs a failed request with 0 response tokens; elsewhere a 0 length is bad input."""
-    path = trace(
-        tmp_path,
-        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-        "5,GPT-4,472,18,490,API log\n7,GPT-4,300,0,300,API log\n45,GPT-4,1087,230,1317,API log\n",
-    )
+    rows = ["5,GPT-4,472,18,490,API log", "7,GPT-4,300,0,300,API log", "45,GPT-4,1087,230,1317,API log"]
+    path = trace(tmp_path, BURSTGPT + "\n".join(rows) + "\n")
     requests = generate({"kind": "trace", "path": path, "rate": 99.0}, seed=0, max_model_len=2048)
     assert [(r.arrival_s, r.output_len) for r in requests] == [(0.0, 18), (40.0, 230)]
     path = trace(tmp_path, "Timestamp,Request tokens,Response tokens\n5,472,0\n7,300,0\n")
