@@ -522,14 +522,18 @@ def mode_is_the_command_lines(args) -> bool:
 
 def refuse_unreadable_rerun(path: str) -> None:
     """--experimental-rerun FILE: Hydra unpickles a run's .hydra/config.pickle; a file that is not
-    one is refused in one line (a missing one Hydra names itself)."""
+    one, or none at all, is refused in one line."""
     import pickle
 
+    if not Path(path).is_file():  # Hydra's own line spoke of overrides
+        raise UserError(
+            f"--experimental-rerun {path}: {'is a directory' if Path(path).is_dir() else 'no such file'}; give a "
+            f"run's .hydra/config.pickle (written with +hydra.callbacks.save_job_info._target_="
+            f"hydra.experimental.callbacks.PickleJobInfoCallback)"
+        )
     try:
         with open(path, "rb") as file:
             config = pickle.load(file)
-    except FileNotFoundError:
-        return
     except Exception as err:  # noqa: BLE001 (whatever unpickling raises: the file is not a pickled config)
         config = err
     if not isinstance(config, DictConfig):

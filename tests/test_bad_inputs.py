@@ -710,8 +710,15 @@ RUN_CASES = [
     (["hardware.name=' '"], "must not be empty: it names the rows"),
     # an UnpicklingError traceback
     (["--experimental-rerun", "FILES/junk.pickle"], "junk.pickle: not a config Hydra pickled (UnpicklingError)"),
+    # "cannot use the overrides: File ... does not exist!"
+    (["--experimental-rerun", "FILES/none.pickle"], "none.pickle: no such file; give a run's .hydra/config.pickle"),
     # replaced an earlier run's metrics.csv and requests.jsonl
     (["hydra.run.dir=FILES/done"], "done holds an earlier run's metrics.csv, which this run would replace"),
+    # replaced an earlier validation's table, and the profile its rows name by sha256
+    (
+        ["scenario=validate", "model=tiny", "scenario.out_dir=FILES/validated"],
+        "validated holds an earlier run's validation.csv, which this run would replace",
+    ),
 ]
 
 
@@ -734,8 +741,25 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "junk.pickle").write_text("not a pickle")
     (files / "done").mkdir(exist_ok=True)
     (files / "done" / "metrics.csv").write_text("allocator,status\npaged,ok\n")
+    (files / "validated").mkdir(exist_ok=True)
+    (files / "validated" / "validation.csv").write_text("rate,status\n1,ok\n")
     assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
     assert (files / "done" / "metrics.csv").read_text() == "allocator,status\npaged,ok\n"
+    assert (files / "validated" / "validation.csv").read_text() == "rate,status\n1,ok\n"
+
+
+def test_a_rerun_of_a_pickled_run_replaces_its_own_results(tmp_path, monkeypatch):
+    """Hydra's --experimental-rerun runs a run's pickled config again in that run's folder: the
+    one single run that may replace a metrics.csv there."""
+    monkeypatch.chdir(tmp_path)
+    pickled = "+hydra.callbacks.save_job_info._target_=hydra.experimental.callbacks.PickleJobInfoCallback"
+    run = ["workload.num_requests=5", "plots=false", "progress=false", f"hydra.run.dir={tmp_path / 'run'}", pickled]
+    assert in_process(lambda: cli.main(run)).returncode == 0
+    metrics = tmp_path / "run" / "metrics.csv"
+    metrics.write_text("allocator,status\nstale,ok\n")
+    rerun = in_process(lambda: cli.main(["--experimental-rerun", str(tmp_path / "run" / ".hydra" / "config.pickle")]))
+    assert rerun.returncode == 0, rerun.stderr
+    assert "stale" not in metrics.read_text() and "Successful requests:" in rerun.stdout
 
 
 @pytest.mark.parametrize(

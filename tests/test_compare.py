@@ -455,6 +455,38 @@ def test_sigterm_while_measuring_removes_refs_worktree_and_exits_143(monkeypatch
     assert capsys.readouterr().err.splitlines() == ["terminated: nothing was compared"]
 
 
+def test_a_second_sigterm_during_the_cleanup_does_not_stop_it(monkeypatch, capsys):
+    """CI's runner may send SIGTERM again while REF's worktree is being removed: it is ignored
+    until the worktree is gone, then the handler from before is back."""
+    import signal
+
+    import kvbench.reporting.ab as ab
+
+    seen, git = {}, ab._git
+
+    def measured(sides, bench_overrides, targets, repeats, ref, ref_tree, *rest, **kwargs):
+        seen["tree"] = ref_tree
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def removing(tree, *args):
+        if args[:2] == ("worktree", "remove"):
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered now, at the next bytecode: ignored
+            seen["removed"] = True
+        return git(tree, *args)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(ab, "measure", measured)
+    monkeypatch.setattr(ab, "_git", removing)
+    with pytest.raises(SystemExit) as exit_info:
+        ab.run_ab("HEAD", 2, [], load_policy(None), out=io.StringIO())
+    assert exit_info.value.code == 143 and seen["removed"]
+    assert not seen["tree"].exists()
+    listed = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=ab.source_tree()).stdout
+    assert str(seen["tree"]) not in listed
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert capsys.readouterr().err.splitlines() == ["terminated: nothing was compared"]
+
+
 def test_ab_worktree_that_cannot_be_created_is_a_user_error(tmp_path, monkeypatch, capsys):
     import kvbench.reporting.ab as ab
 
