@@ -158,3 +158,33 @@ def test_evicting_one_of_two_blocks_with_the_same_content_keeps_it_findable():
     assert pool.block_tables[other.seq_id][1] == last_of_first
     pool.free(other)
     assert admitted(pool, list(range(8)) + [9]).num_cached == 8
+
+
+@pytest.mark.parametrize(
+    "system",
+    [
+        ["+allocator=paged"],
+        ["+allocator=hybrid", "model=gpt-oss-like", "hardware=h100-sxm", "engine.kv_cache_bytes=4e8"],
+    ],
+    ids=["paged", "hybrid"],
+)
+def test_a_preempted_request_finding_its_own_blocks_again_is_no_prefix_hit(system, tmp_path):
+    """The hit rate is over each request's first admission (vLLM counts a preempted request's
+    lookups apart): re-admitted victims finding their own prompt and output cached lifted it
+    above the radix tree's bound on the workload's prompts."""
+    import pandas as pd
+
+    from kvbench import cli
+
+    from helpers.cli import in_process
+
+    pressed = [] if len(system) > 1 else ["engine.kv_cache_bytes=2.5e9"]
+    args = [*system, *pressed, "allocator.prefix_caching=true", "workload.prefix_len=200", "workload.num_prefixes=4"]
+    run = [*args, "workload.num_requests=300", "plots=false", "progress=false", f"hydra.run.dir={tmp_path}"]
+    assert in_process(lambda: cli.main(run)).returncode == 0
+    row = pd.read_csv(tmp_path / "metrics.csv").iloc[0]
+    requests = pd.read_json(tmp_path / "requests.jsonl", lines=True)
+    assert row["preemptions"] > 20
+    assert row["prefix_hit_rate"] == pytest.approx(requests["cached_tokens"].sum() / requests["input_len"].sum())
+    assert 0.2 < row["prefix_hit_rate"] <= row["prefix_hit_rate_radix"]
+    assert (requests["cached_tokens"] < requests["input_len"]).all()  # never the last prompt token

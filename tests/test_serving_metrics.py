@@ -95,6 +95,20 @@ def test_a_run_prints_its_console_table(run):
     assert f"{row['median_ttft_ms']:.2f}" in stdout and f"{100 * row['kv_token_util']:.1f}%" in stdout
 
 
+def test_the_console_s_kv_shares_add_up_to_the_pool():
+    """Five shares of one pool: a line left out (pow2's rounding, a quarter of its pool) would
+    leave the console's percentages a quarter short of 100."""
+    import re
+
+    from kvbench.reporting.console import run_table
+
+    shares = {"kv_token_util": 0.278, "kv_reserved_frac": 0.196, "kv_internal_frag_frac": 0.167}
+    shares |= {"kv_rounding_frac": 0.268, "kv_external_frag_frac": 0.091}
+    table = run_table({"scenario": "simulate", "allocator": "pow2", **shares})
+    section = table.split("KV cache")[1].split("Mean batch size")[0]
+    assert sum(float(p) for p in re.findall(r"([\d.]+)%", section)) == pytest.approx(100.0)
+
+
 def test_a_run_s_title_names_what_it_measured():
     from kvbench.reporting.console import run_table
 

@@ -343,7 +343,9 @@ class Scheduler(LazyDecode):
             n = min(n, seq.num_tokens - seq.num_computed)  # a prefix-cache hit may cover some
             if not allocator.grow(seq, n):
                 allocator.free(seq)
-                seq.num_computed = seq.num_cached = 0
+                seq.num_computed = 0
+                if not seq.num_preemptions:  # a first admission undone; a victim keeps its first's hit
+                    seq.num_cached = 0
                 break
             waiting.popleft()
             seq.status = SeqStatus.RUNNING
@@ -387,7 +389,7 @@ class Scheduler(LazyDecode):
                 return tokens
         for member in admitted:
             allocator.free(member)
-            member.num_computed = member.num_cached = 0
+            member.num_computed = 0  # num_cached: its first admission's, kept
         return 0
 
     @staticmethod

@@ -57,7 +57,7 @@ class Sequence:
     num_computed: int = 0
     status: SeqStatus = SeqStatus.WAITING
     token_ids: list = field(default_factory=list)  # prompt + generated ids (serve only)
-    num_cached: int = 0  # tokens whose KV a prefix-cache hit supplied at admission
+    num_cached: int = 0  # prompt tokens whose KV a prefix-cache hit supplied at its first admission
     first_token_s: float | None = None
     # when each generated token came (a group's root): float64s in a C array, which numpy reads
     # without a copy when the request's inter-token latencies are taken

@@ -53,6 +53,7 @@ RUN_LINES = [
             ("Token states", "kv_token_util", "{:.1%}"),
             ("Reserved", "kv_reserved_frac", "{:.1%}"),
             ("Internal fragmentation", "kv_internal_frag_frac", "{:.1%}"),
+            ("Rounding to blocks or chunks", "kv_rounding_frac", "{:.1%}"),
             ("External fragmentation & free", "kv_external_frag_frac", "{:.1%}"),
             ("Mean batch size (sequences)", "mean_batch_size", "{:.2f}"),
             ("Preemptions", "preemptions", "{:.0f}"),

@@ -164,9 +164,11 @@ class HybridAllocator(KVAllocator):
     def _adopt(self, seq: Sequence, hit: int, hashes: dict) -> None:
         for m in self.attention:
             m.adopt(seq.seq_id, hashes[m], hit)
-        seq.num_computed = seq.num_cached = hit
-        self.prefix_hit_tokens += hit
-        self.prefix_query_tokens += seq.num_tokens
+        seq.num_computed = hit
+        if not seq.num_preemptions:  # a preempted request's lookup counts apart (docs/metrics.md)
+            seq.num_cached = hit
+            self.prefix_hit_tokens += hit
+            self.prefix_query_tokens += seq.num_tokens
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         sid, before = seq.seq_id, seq.num_computed

@@ -168,9 +168,11 @@ class PagedAllocator(KVAllocator):
         self.num_named_blocks += len(hits)
         self._hashes[seq.seq_id] = hashes
         self._seq_reserved[seq.seq_id] = 0
-        seq.num_computed = seq.num_cached = len(hits) * self.block_size
-        self.prefix_hit_tokens += seq.num_cached
-        self.prefix_query_tokens += seq.num_tokens
+        seq.num_computed = len(hits) * self.block_size
+        if not seq.num_preemptions:  # a preempted request's lookup counts apart (docs/metrics.md)
+            seq.num_cached = seq.num_computed
+            self.prefix_hit_tokens += seq.num_cached
+            self.prefix_query_tokens += seq.num_tokens
         self._update_reserved(seq, seq.num_computed)
         return True
 
