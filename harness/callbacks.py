@@ -81,16 +81,38 @@ class SweepSummary(Callback):
         failed = done["failed"]
         for point, reason in failed:
             log.warning("point %s failed: %s", point, reason)
+        if failed and len(failed) == done["rows"]:
+            exit_with(UserError(f"every point of the sweep failed; the first, {failed[0][0]}: {failed[0][1]}"))
+        compared, refused = paper_comparison(config, sweep_dir, plots)  # from the points that ran
         if failed:
-            first = f"{failed[0][0]}: {failed[0][1]}"
-            if len(failed) == done["rows"]:
-                exit_with(UserError(f"every point of the sweep failed; the first, {first}"))
+            if refused is not None:
+                log.warning("no paper comparison: %s", refused)
             exit_with(
                 UserError(
                     f"{len(failed)} of {done['rows']} points of the sweep failed (their rows are in "
-                    f"summary.csv); the first, {first}"
+                    f"summary.csv{compared}); the first, {failed[0][0]}: {failed[0][1]}"
                 )
             )
+        if refused is not None:
+            exit_with(refused)
+
+
+def paper_comparison(config: DictConfig, sweep_dir: Path, plots: bool) -> tuple[str, UserError | None]:
+    """An experiment's comparison with the paper (report.paper), once the summary is written: a
+    sweep with failed points still compares the points that ran (naming the failed ones in
+    paper_comparison.md). Returns what the failed points' message adds, and the comparison's
+    refusal, if any."""
+    from kvbench.reporting.paper import report_settings, write_comparison
+
+    if report_settings(config.get("report"))["paper"] is None:
+        return "", None
+    try:
+        written = write_comparison(sweep_dir, config.get("report"), plots)
+    except UserError as err:
+        return "; no paper comparison", err
+    for path in written:
+        log.info("wrote %s", path)
+    return f"; {written[1].name} compares the others with the paper", None
 
 
 def check_joblib(launcher) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
@@ -411,3 +412,24 @@ def test_a_fig12_curve_its_rates_cannot_place_leaves_the_others_compared_then_is
     assert "vLLM / Orca (Oracle)" in compared and "vLLM / Orca (Max)" in compared
     capacity = (tmp_path / "capacity.csv").read_text().splitlines()
     assert len(capacity) == 1 + 3 + 1  # ShareGPT's three systems, Alpaca's contiguous: its oracle is left out
+
+
+def test_a_sweep_with_a_failed_point_still_compares_the_points_that_ran(tmp_path):
+    """The failed points' exit (2) came before the comparison, which was never written."""
+    from kvbench import cli
+
+    from helpers.cli import in_process
+
+    sweep = tmp_path / "sweep"
+    args = ["+experiment=fig14_15", "workload=alpaca", "fig14_15.sharing=parallel", "fig14_15.width=2,300"]
+    result = in_process(
+        lambda: cli.main([*args, "fig14_15.duration_s.alpaca=5", "progress=false", f"hydra.sweep.dir={sweep}"])
+    )
+    assert result.returncode == 2
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "1 of 2 points of the sweep failed" in error and "paper_comparison.md compares the others" in error
+    compared = pd.read_csv(sweep / "paper_comparison.csv")
+    assert compared["quantity"].tolist() == ["% KV blocks saved, parallel sampling n=2"]
+    listed = (sweep / "paper_comparison.md").read_text().split("failed and are not compared")[1]
+    assert "fig14_15.width=300" in listed and "can never run with scheduler.max_num_seqs=256" in listed
+    assert "fig14_15.width=2," not in listed

@@ -430,7 +430,8 @@ def report_settings(report) -> dict:
     return {"paper": paper, "slo": float(slo), "baseline": baseline}
 
 
-def markdown(rows: list[dict], title: str) -> str:
+def markdown(rows: list[dict], title: str, failed: list[dict] = ()) -> str:
+    """The comparison as a table; points that failed (not compared) listed under it."""
     lines = [
         f"# {title}",
         "",
@@ -442,6 +443,11 @@ def markdown(rows: list[dict], title: str) -> str:
             f"| {r['figure']} | {r['workload']} | {r['system']} | {r['quantity']} | {r['paper']} "
             f"| {r['kvbench']:.4g} | {r['delta']:+.3g} | {r['delta_pct']:+.1f} |"
         )
+    if failed:
+        lines += ["", f"{len(failed)} point(s) failed and are not compared (summary.csv has their rows):", ""]
+        lines += [
+            f"- {r.get('point', '?')}: {(str(r.get('reason') or '') or 'no reason').splitlines()[0]}" for r in failed
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -489,7 +495,8 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
         )
     written = [sweep_dir / "paper_comparison.csv", sweep_dir / "paper_comparison.md"]
     write_csv(written[0], compared)
-    write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's"))
+    failed = [r for r in rows if r.get("status", "ok") != "ok"]
+    write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's", failed))
     if name == "fig12":
         baseline = settings["baseline"]  # a workload whose baseline is unplaced has no ratios
         placed = {key: c for key, c in found.items() if (key[0], baseline) not in unplaced}
@@ -592,7 +599,8 @@ def refuse_fixed_axes(config, paper: str | None) -> None:
 
 
 class PaperComparison(Callback):
-    """Checks `report.*` before a sweep runs; after an experiment's sweep, compares it with the paper."""
+    """Checks `report.*` before a sweep runs. The comparison itself is written at the sweep's
+    end, after its summary (kvbench.callbacks.paper_comparison)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         paper = self._settings(config)["paper"]
@@ -602,17 +610,6 @@ class PaperComparison(Callback):
             if paper == "fig12":
                 fig12_setup(config)
             refuse_fixed_axes(config, paper)
-        except UserError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        if self._settings(config)["paper"] is None:
-            return
-        try:
-            plots = config.get("plots", True) is not False
-            for path in write_comparison(Path(config.hydra.sweep.dir), config.get("report"), plots):
-                log.info("wrote %s", path)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)

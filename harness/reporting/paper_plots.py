@@ -101,8 +101,9 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
 def sharing_savings(points: dict, out: Path) -> Path:
     """One panel per sharing mode: % of blocks saved against the width, per workload, over the
     paper's range for that workload (shaded)."""
-    fig, axes = subplots(1, len(SHARING), figsize=(10, 4), squeeze=False)
-    for ax, (mode, (name, knob)) in zip(axes[0], SHARING.items()):
+    modes = {mode: names for mode, names in SHARING.items() if any(m == mode for _, m, _ in points)}  # that ran
+    fig, axes = subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
+    for ax, (mode, (name, knob)) in zip(axes[0], modes.items()):
         for workload in dict.fromkeys(w for w, m in FIG14_15 if m == mode):
             mine = {width: rows for (w, m, width), rows in points.items() if (w, m) == (workload, mode)}
             if not mine:
