@@ -106,6 +106,12 @@ def ok_row(**values) -> dict:
             "workload.n is set on the command line",
         ),
         (fig18, [ok_row(block_size="16"), ok_row(block_size="16", seed="1")], "fig18: sharegpt ran at one block size"),
+        # compared Orca's block sizes with vLLM's, labelled vLLM
+        (
+            fig18,
+            [ok_row(allocator="contiguous", block_size=b) for b in "8 16".split()],
+            "this sweep ran allocator contig",
+        ),
         (
             fig14_15,
             [ok_row(**{"fig14_15.sharing": "parallel", "fig14_15.width": "1", "kv_blocks_saved_frac": "0"})],
@@ -339,6 +345,16 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
         (["+experiment=fig19", "engine.preemption=swap"], "+experiment=fig19 sweeps engine.preemption over"),
         (["+experiment=fig18", "allocator.block_size=16"], "allocator.block_size=16 fixes it to one"),
         (["+experiment=fig12", "fig12.point=r1"], "+experiment=fig12 sweeps fig12.point over"),
+        # ran 96 points, each rate under every fig12.point, then found no knee
+        (
+            ["+experiment=fig12", "workload.rate=0.5,1,2"],
+            "+experiment=fig12 takes each workload's rates from fig12.rates",
+        ),
+        # "sweeps workload.rate over several values", which fig13 does not
+        (["+experiment=fig13", "workload.rate=2"], "give fig13.rates.sharegpt=2 (a trace's: +fig13.rates.trace="),
+        # ran every point, then refused the rate and the workload
+        (["+experiment=fig2", "workload.rate=2,4"], "this sweep would run rate=2: drop that override"),
+        (["+experiment=fig2", "workload=sharegpt,alpaca"], "this sweep would run workload=alpaca: drop that override"),
     ],
 )
 def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_before_the_sweep(tmp_path, args, said):
@@ -433,3 +449,32 @@ def test_a_sweep_with_a_failed_point_still_compares_the_points_that_ran(tmp_path
     listed = (sweep / "paper_comparison.md").read_text().split("failed and are not compared")[1]
     assert "fig14_15.width=300" in listed and "can never run with scheduler.max_num_seqs=256" in listed
     assert "fig14_15.width=2," not in listed
+
+
+def test_fig18_names_block_sizes_that_tie_and_compares_the_one_nearest_the_paper_s():
+    """A load no block size strains ties them all: the first folder's (128, in text order) was
+    reported as the best, 700 % off the paper."""
+    tied = [ok_row(allocator="paged", block_size=b) for b in ("128", "16", "8")]
+    (row,) = fig18(tied, {})
+    assert row["quantity"] == "block size of lowest normalized latency (tied: 8, 16, 128)"
+    assert row["kvbench"] == 16 and row["delta"] == 0
+    slower = [ok_row(allocator="paged", block_size="8", normalized_latency_s_per_tok="0.3"), *tied[:2]]
+    (row,) = fig18(slower, {})
+    assert row["quantity"] == "block size of lowest normalized latency (tied: 16, 128)" and row["kvbench"] == 16
+    (row,) = fig18([ok_row(block_size="32", normalized_latency_s_per_tok="0.05"), *tied], {})
+    assert row["quantity"] == "block size of lowest normalized latency" and row["kvbench"] == 32
+
+
+def test_fig13_compares_a_point_only_with_its_own_workload_s_number():
+    """Matched by rate alone, ShareGPT at 30 req/s was scored against Alpaca's batch, and two
+    workloads at one rate were averaged into one row."""
+    at = {"allocator": "paged", "model": "opt-13b", "hardware": "a100-40gb"}
+    wrong = [ok_row(**at, workload="sharegpt", rate="30.0", mean_batch_size="34")]
+    assert FIGURES["fig13"](wrong, {}) == []
+    both = [ok_row(**at, workload=w, rate="2.0", mean_batch_size=b) for w, b in (("sharegpt", "30"), ("trace", "20"))]
+    both.append(ok_row(**at, workload="alpaca", rate="2.0", mean_batch_size="90"))
+    compared = FIGURES["fig13"](both, {})
+    assert [(r["workload"], r["kvbench"], r["runs"]) for r in compared] == [
+        ("sharegpt", 30, 1),
+        ("sharegpt (trace)", 20, 1),
+    ]

@@ -110,6 +110,14 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     }
 
 
+def _as_rate(text: str):
+    """A swept rate's text as a number; one that is none is the schema's to refuse."""
+    try:
+        return float(text)
+    except ValueError:
+        return 4.0
+
+
 def fig2_setup(config, figure: str = "fig2") -> None:
     """Before an experiment's sweep runs: what of fig2's setup (fig13's model and GPU) the
     sweep's config already fixes for every point (a swept key is checked on the rows, at the end)."""
@@ -125,9 +133,14 @@ def fig2_setup(config, figure: str = "fig2") -> None:
         given = {key: given[key] for key in ("model", "hardware")}
     off = []
     for key, value in given.items():
+        allowed = wanted[key] if isinstance(wanted[key], tuple) else (wanted[key],)
+        swept = swept_values(config, "workload" if key == "workload" else f"workload.{key}") if key in wanted else None
+        if key in ("workload", "rate") and swept is not None and len(swept) > 1:  # a sweep's values, each checked
+            off += [f"{key}={v}" for v in swept if (_as_rate(v) if key == "rate" else v) not in allowed]
+            continue
         if value is None or key in sweep or f"workload.{key}" in sweep:
             continue
-        if value not in (wanted[key] if isinstance(wanted[key], tuple) else (wanted[key],)):
+        if value not in allowed:
             off.append(f"{key}={value}")
     if off:
         setup = " with ShareGPT's lengths at 4 req/s" if figure == "fig2" else ""
@@ -191,21 +204,17 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
     _same_setup(rows, "fig13")
     out = []
     for (workload, rate), papers in FIG13.items():
-        # matched by rate, so that a trace of the paper's dataset compares as well
-        at_rate = [r for r in _ok(rows) if number(r, "rate") == rate]
-        if not at_rate:
-            continue
-        for allocator in PAPER_ORDER:
-            value, runs = mean_over_seeds(at_rate, "mean_batch_size", allocator=allocator)
-            if not runs:
-                continue  # a system the sweep did not run at this rate is left out
-            ours = _workloads(at_rate)
+        # the paper's workload at its rate; a trace (of the paper's dataset, its user says) at that rate too
+        at_rate = [r for r in _ok(rows) if number(r, "rate") == rate and r.get("workload") in (workload, "trace")]
+        for ours in sorted({r.get("workload") for r in at_rate}):  # never a mean over two workloads' points
             label = workload if ours == workload else f"{workload} ({ours})"
-            out.append(
-                comparison_row(
-                    "fig13", label, SYSTEMS[allocator], f"mean batch at {rate:g} req/s", papers[allocator], value, runs
-                )
-            )
+            for allocator in PAPER_ORDER:
+                value, runs = mean_over_seeds(at_rate, "mean_batch_size", allocator=allocator, workload=ours)
+                if runs:  # a system the sweep did not run at this rate is left out
+                    quantity = f"mean batch at {rate:g} req/s"
+                    out.append(
+                        comparison_row("fig13", label, SYSTEMS[allocator], quantity, papers[allocator], value, runs)
+                    )
     return out
 
 
@@ -229,13 +238,13 @@ def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> di
         elif latency[0] > slo:
             reason = (
                 f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
-                f"rate ({latency[0]:.3g} s/token): add lower workload.rate values"
+                f"rate ({latency[0]:.3g} s/token): add lower rates (workload.rate; fig12.rates under +experiment=fig12)"
             )
         elif above is None:
             reason = (
                 f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "
                 f"{latency[-1]:.3g} s/token): the sweep is too short to find its knee; "
-                f"add higher workload.rate values"
+                f"add higher rates (workload.rate; fig12.rates under +experiment=fig12)"
             )
         if reason is not None:
             if unplaced is None:
@@ -332,6 +341,12 @@ def fig14_15(rows: list[dict], cfg) -> list[dict]:
 
 
 def fig18(rows: list[dict], cfg) -> list[dict]:
+    """The block size of lowest latency, per workload. Where several tie (a load no block size
+    strains), the quantity names them all and the one compared is the nearest to the paper's 16:
+    the paper's choice is then one of the best, and the delta says so."""
+    others = sorted({r.get("allocator") for r in _ok(rows)} - {"paged", None, ""})
+    if others:
+        raise UserError(f"fig18 is vLLM's block size (allocator paged); this sweep ran allocator {', '.join(others)}")
     out = []
     for workload in sorted({r.get("workload") for r in _ok(rows)}):
         by_block = {}
@@ -343,12 +358,13 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
                 f"fig18: {workload} ran at one block size ({', '.join(map(str, by_block))}): the best block size "
                 f"needs several; run bench +experiment=fig18 without fixing allocator.block_size"
             )
-        best = min(by_block, key=lambda b: np.mean(by_block[b]))
-        out.append(
-            comparison_row(
-                "fig18", workload, "vLLM", "block size of lowest normalized latency", 16.0, float(best), len(by_block)
-            )
-        )
+        latency = {block: float(np.mean(values)) for block, values in sorted(by_block.items())}
+        tied = [block for block, value in latency.items() if value <= min(latency.values()) * (1 + 1e-9)]
+        quantity = "block size of lowest normalized latency"
+        if len(tied) > 1:
+            quantity += f" (tied: {', '.join(map(str, tied))})"
+        best = min(tied, key=lambda block: (abs(block - 16), block))
+        out.append(comparison_row("fig18", workload, "vLLM", quantity, 16.0, float(best), len(by_block)))
     return out
 
 
@@ -585,11 +601,24 @@ def fig12_setup(config) -> None:
         )
 
 
+# where fig12's and fig13's rates are set: a workload's own table, which the points read by its kind
+RATE_TABLES = {
+    "fig12": "fig12.rates.sharegpt.r1=0.4 (each workload's eight points r1..r8)",
+    "fig13": "fig13.rates.sharegpt=2",
+}
+
+
 def refuse_fixed_axes(config, paper: str | None) -> None:
     """Before an experiment's sweep: a command line that fixes an axis its comparison needs
     (`+experiment=fig19 engine.preemption=swap`) would run every point and then be refused."""
     needed = NEEDED_AXES.get(paper or "", ())
     for override in _parsed_overrides(config) if needed else []:
+        tables = paper in RATE_TABLES and OmegaConf.select(config, f"{paper}.rates", default=None) is not None
+        if override.key_or_group == "workload.rate" and tables:  # +experiment's tables: one value or several
+            raise UserError(
+                f"+experiment={paper} takes each workload's rates from {paper}.rates, not {override.input_line}: "
+                f"give {RATE_TABLES[paper]} (a trace's: +{paper}.rates.trace=..., +{paper}.duration_s.trace=...)"
+            )
         if override.key_or_group in needed and not override.is_sweep_override():
             swept = (config.hydra.sweeper.get("params") or {}).get(override.key_or_group, "several values")
             raise UserError(
