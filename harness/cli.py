@@ -610,6 +610,7 @@ def composing_once(args):
 
     load, apply = ConfigLoaderImpl.load_configuration, ConfigLoaderImpl._apply_overrides_to_config
     swept: set[str] = set()  # while a sweep's master config composes: the groups its points choose
+    master: list = []  # not empty while a sweep's master config composes
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         if run_mode != RunMode.MULTIRUN:
@@ -621,16 +622,21 @@ def composing_once(args):
 
         parsed = OverridesParser.create().parse_overrides(list(overrides))
         swept.update(o.key_or_group for o in parsed if o.is_sweep_override() and "." not in o.key_or_group)
+        master.append(True)
         try:
             return load(self, config_name, overrides, run_mode, *args, **kwargs)
         finally:
             swept.clear()
+            master.clear()
 
     def apply_overrides(overrides, cfg) -> None:
         # A key of a group the points choose (-m +allocator=paged,hybrid allocator.block_size=32)
         # has no node in the master config, which composes without the swept groups: each
-        # point's config applies it.
-        apply([o for o in overrides if o.key_or_group.split(".")[0] not in swept - set(cfg)], cfg)
+        # point's config applies it. So has a group an experiment's sweep chooses (+experiment=fig2
+        # allocator.watermark=0.05: its params sweep +allocator).
+        params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) if master else None
+        chosen = {str(key).lstrip("+~") for key in params or {} if "." not in str(key)}
+        apply([o for o in overrides if o.key_or_group.split(".")[0] not in (swept | chosen) - set(cfg)], cfg)
 
     show = Hydra.show_cfg
 

@@ -579,8 +579,14 @@ RUN_CASES = [
         "would fail: trace ",
     ),
     # each ran every point (fig12: 64), then found nothing to compare
-    (["+experiment=fig12", "workload.rate=1", "hydra.sweep.dir=FILES/q3"], "workload.rate=1 fixes it to one"),
-    (["+experiment=fig13", "workload.rate=5", "hydra.sweep.dir=FILES/q4"], "workload.rate=5 fixes it to one"),
+    (
+        ["+experiment=fig12", "workload.rate=1", "hydra.sweep.dir=FILES/q3"],
+        "rates from fig12.rates, not workload.rate=1",
+    ),
+    (
+        ["+experiment=fig13", "workload.rate=5", "hydra.sweep.dir=FILES/q4"],
+        "rates from fig13.rates, not workload.rate=5",
+    ),
     # the parallel point ran, then foo's failed: no launch resolves an interpolation to a missing key
     (
         ["-m", "+experiment=fig14_15", "fig14_15.sharing=parallel,foo", "hydra.sweep.dir=FILES/q5"],

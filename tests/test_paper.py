@@ -355,6 +355,11 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
         # ran every point, then refused the rate and the workload
         (["+experiment=fig2", "workload.rate=2,4"], "this sweep would run rate=2: drop that override"),
         (["+experiment=fig2", "workload=sharegpt,alpaca"], "this sweep would run workload=alpaca: drop that override"),
+        # compared another pool's batches with the paper's
+        (["+experiment=fig13", "hardware.num_gpus=2"], "this sweep would run hardware.num_gpus=2: drop that"),
+        (["+experiment=fig2", "engine.kv_cache_bytes=1e9"], "this sweep would run engine.kv_cache_bytes=1e9"),
+        # "no allocator is chosen: add +allocator=NAME first", where the experiment sweeps it
+        (["+experiment=fig12", "allocator.watermrk=0.1"], "did you mean allocator.watermark?"),
     ],
 )
 def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_before_the_sweep(tmp_path, args, said):

@@ -110,6 +110,11 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     }
 
 
+# settings that size the KV pool or its blocks (a prefix: any key under it): the paper's numbers
+# are its setup's pool, one A100-40GB's memory less OPT-13B's weights, in blocks of 16
+POOL_KEYS = ("model.", "hardware.", "engine.kv_cache_bytes", "allocator.block_size")
+
+
 def _as_rate(text: str):
     """A swept rate's text as a number; one that is none is the schema's to refuse."""
     try:
@@ -142,6 +147,10 @@ def fig2_setup(config, figure: str = "fig2") -> None:
             continue
         if value not in allowed:
             off.append(f"{key}={value}")
+    for override in _parsed_overrides(config):  # what sets the pool's size: the paper's is its setup's
+        key = override.key_or_group.lstrip("+~")
+        if key.startswith(POOL_KEYS) or key in POOL_KEYS:
+            off.append(override.input_line)
     if off:
         setup = " with ShareGPT's lengths at 4 req/s" if figure == "fig2" else ""
         raise UserError(
