@@ -407,9 +407,10 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
     if not multirun:
         paper = OmegaConf.select(cfg, "report.paper")
         if paper:  # written by SweepSummary, at a sweep's end: a single run would end without it
+            forced = bool(HydraConfig.get().sweeper.get("params"))  # an experiment's sweep, run as one
+            fix = "drop hydra.mode=RUN" if forced else f"run +experiment={paper} (the paper's sweep), or add -m"
             raise UserError(
-                f"report.paper={paper} compares a sweep with the paper when the sweep ends; run "
-                f"+experiment={paper} (the paper's sweep), or add -m"
+                f"report.paper={paper} compares a sweep with the paper when the sweep ends, and this is one run: {fix}"
             )
         for key, value in map(split_override, HydraConfig.get().overrides.task):
             if key in SWEEP_END_KEYS:

@@ -390,6 +390,8 @@ RUN_CASES = [
     (["+graph=full", "+backend=triton_paged"], "does not model backend=triton_paged or graph=full"),
     (["engine.async_scheduling=true"], "engine.async_scheduling=true is measured by scenario=serve"),
     (["report.paper=fig2"], "report.paper=fig2 compares a sweep with the paper when the sweep ends"),
+    # "run +experiment=fig2 (the paper's sweep), or add -m", to one who had
+    (["+experiment=fig2", "hydra.mode=RUN", "hydra.run.dir=FILES/r"], "and this is one run: drop hydra.mode=RUN"),
     (["batch=4d1k"], "batch is read by scenario=kernel only; scenario=simulate would ignore it"),
     (["scenario=serve", "model=tiny", "executor=calibrated"], "executor is read by scenario=simulate only"),
     (["scenario=kernel", "model=tiny", "workload.rate=9"], "workload.rate is read by scenario=simulate or serve"),

@@ -294,6 +294,8 @@ def test_fig14_15_compares_every_width_with_the_paper_s_range_over_the_widths(tm
         "% KV blocks saved, beam search width=6",
     ]
     assert [r["paper"] for r in compared] == ["6.1-9.8", "6.1-9.8", "44.3-66.3"]
+    (wide,) = fig14_15([sharing_row("alpaca", "beam", 8, 0.5)], {})
+    assert wide["quantity"] == "% KV blocks saved, beam search width=8 (the paper's range is over 2, 4, 6)"
     assert [r["delta"] for r in compared] == [pytest.approx(5 - 6.1), 0.0, pytest.approx(70 - 66.3)]
     for point, row in enumerate(rows):
         (tmp_path / f"p{point}").mkdir()
@@ -360,6 +362,9 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
         (["+experiment=fig2", "engine.kv_cache_bytes=1e9"], "this sweep would run engine.kv_cache_bytes=1e9"),
         # "no allocator is chosen: add +allocator=NAME first", where the experiment sweeps it
         (["+experiment=fig12", "allocator.watermrk=0.1"], "did you mean allocator.watermark?"),
+        # every point failed as it ran (Orca shares nothing), or was compared with vLLM's numbers
+        (["+experiment=fig14_15", "allocator=contiguous"], "+experiment=fig14_15 measures vLLM's paged allocator"),
+        (["+experiment=fig18", "allocator=paged,oracle"], "this sweep would run allocator oracle: drop that override"),
     ],
 )
 def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_before_the_sweep(tmp_path, args, said):

@@ -345,6 +345,8 @@ def fig14_15(rows: list[dict], cfg) -> list[dict]:
         name, knob = SHARING[mode]
         paper = FIG14_15[(workload, mode)]
         quantity = f"% KV blocks saved, {name} {knob}={width}"
+        if width not in (2, 4, 6):  # the paper's range is over these
+            quantity += " (the paper's range is over 2, 4, 6)"
         out.append(comparison_row("fig14_15", workload, "vLLM", quantity, paper, 100 * value, runs))
     return out
 
@@ -636,6 +638,22 @@ def refuse_fixed_axes(config, paper: str | None) -> None:
             )
 
 
+# experiments whose numbers are vLLM's alone (sharing, block size, preemption): their config chooses paged
+PAGED_ONLY = ("fig14_15", "fig18", "fig19")
+
+
+def paged_only(config, paper: str) -> None:
+    """Before fig14_15's, fig18's or fig19's sweep: another allocator's points would be compared
+    with vLLM's numbers (or fail one by one: Orca shares nothing)."""
+    names = swept_values(config, "allocator") or [OmegaConf.select(config, "allocator.name", default=None)]
+    others = [str(name) for name in names if name not in (None, "paged")]
+    if others:
+        raise UserError(
+            f"+experiment={paper} measures vLLM's paged allocator; this sweep would run allocator "
+            f"{', '.join(others)}: drop that override (or sweep without +experiment={paper})"
+        )
+
+
 class PaperComparison(Callback):
     """Checks `report.*` before a sweep runs. The comparison itself is written at the sweep's
     end, after its summary (kvbench.callbacks.paper_comparison)."""
@@ -647,6 +665,8 @@ class PaperComparison(Callback):
                 fig2_setup(config, paper)
             if paper == "fig12":
                 fig12_setup(config)
+            if paper in PAGED_ONLY:
+                paged_only(config, paper)
             refuse_fixed_axes(config, paper)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
