@@ -110,9 +110,10 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     }
 
 
-# settings that size the KV pool or its blocks (a prefix: any key under it): the paper's numbers
-# are its setup's pool, one A100-40GB's memory less OPT-13B's weights, in blocks of 16
-POOL_KEYS = ("model.", "hardware.", "engine.kv_cache_bytes", "allocator.block_size")
+# settings that size the KV pool or change a system (a prefix: any key under it): the paper's
+# numbers are its setup's pool, one A100-40GB's memory less OPT-13B's weights, and its systems
+# as it defines them (vLLM in blocks of 16, Pow2 a buddy allocator)
+POOL_KEYS = ("model.", "hardware.", "engine.kv_cache_bytes", "allocator.")
 
 
 def _as_rate(text: str):
