@@ -639,6 +639,7 @@ def refuse_fixed_axes(config, paper: str | None) -> None:
             )
 
 
+SHARING_KNOBS = ("workload.n", "workload.beam_width")
 # experiments whose numbers are vLLM's alone (sharing, block size, preemption): their config chooses paged
 PAGED_ONLY = ("fig14_15", "fig18", "fig19")
 
@@ -668,6 +669,14 @@ class PaperComparison(Callback):
                 fig12_setup(config)
             if paper in PAGED_ONLY:
                 paged_only(config, paper)
+            if paper == "fig14_15":  # the experiment sets them from its width; the rows would be refused at the end
+                knob = next((o for o in _parsed_overrides(config) if o.key_or_group in SHARING_KNOBS), None)
+                if knob is not None:
+                    raise UserError(
+                        f"+experiment=fig14_15 sets workload.n and workload.beam_width from fig14_15.sharing and "
+                        f"fig14_15.width; {knob.input_line} would run another width than the one compared: drop it, "
+                        f"and give the width as fig14_15.width=2,4,6"
+                    )
             refuse_fixed_axes(config, paper)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
