@@ -170,3 +170,26 @@ def test_serve_async_scheduling_row_says_so():
     [row] = run_point(cfg)
     assert row["async_scheduling"] is True and row["completed"] == 4
     assert 0 <= row["cpu_overhead_frac"] < 1
+
+
+def test_serve_times_its_phases_on_the_clock_that_times_its_steps(tmp_path, monkeypatch):
+    """scenario.clock=cpu timed the steps in CPU time and their phases in wall time: on a host
+    where the two part (here a CPU clock at half speed), the phases added up to more than the
+    step, and the device's share was wall over CPU time."""
+    import time
+
+    import pandas as pd
+
+    from kvbench import cli
+    from kvbench.scenarios import serve
+
+    from helpers.cli import in_process
+
+    monkeypatch.setitem(serve.CLOCKS, "cpu", lambda: time.perf_counter() / 2)
+    args = ["scenario=serve", "model=tiny", "scenario.num_requests=4", "scenario.clock=cpu", "plots=false"]
+    assert in_process(lambda: cli.main([*args, f"hydra.run.dir={tmp_path}"])).returncode == 0
+    row = pd.read_csv(tmp_path / "metrics.csv").iloc[0]
+    step = row["duration_s"] / row["steps"]
+    phases = sum(row[f"{phase}_s"] for phase in ("schedule", "copy", "prepare", "forward", "sample"))
+    assert 0.5 * step < phases <= step  # the rest: bookkeeping between phases (about 1 %)
+    assert row["device_s"] <= step

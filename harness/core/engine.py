@@ -136,9 +136,9 @@ class Engine:
         while pending or scheduler.has_work():
             while pending and pending[0].arrival_s <= clock:
                 scheduler.add(self.new_sequence(pending.popleft()))
-            wall, started = time.perf_counter(), self.step_clock()
+            started = self.step_clock()
             batch = scheduler.schedule(clock)
-            schedule_s = time.perf_counter() - wall
+            schedule_s = self.step_clock() - started
             num_seqs = batch.num_seqs
             if not num_seqs:
                 step_clocks.append(clock)  # one entry per schedule() call

@@ -104,7 +104,13 @@ class ModelExecutor:
         )
         # On cpu an async step can only overlap the host's next step on another thread.
         self.clock = DeviceClock(self.device, threaded=async_scheduling)
+        self.timer = time.perf_counter  # how phases are timed: the step's own clock (use_clock)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvbench-forward") if self.clock.threaded else None
+
+    def use_clock(self, timer) -> None:
+        """Time the phases, the launch and the device with `timer`, the clock that times the
+        steps (serve's scenario.clock: wall, or the process's CPU time), so that they add up."""
+        self.timer = self.clock.timer = timer
 
     # --- one step: prepare -> launch -> collect (async scheduling interleaves two steps) --
     @torch.inference_mode()
@@ -112,9 +118,9 @@ class ModelExecutor:
         return self.collect(self.launch(self.prepare(batch)))
 
     def prepare(self, batch: Batch) -> PreparedStep:
-        start = time.perf_counter()
+        start = self.timer()
         inputs = self._prepare(batch)
-        return PreparedStep(batch, *inputs, prepare_s=time.perf_counter() - start)
+        return PreparedStep(batch, *inputs, prepare_s=self.timer() - start)
 
     def refresh_inputs(self, step: PreparedStep) -> None:
         """Re-read the step's token ids: under async scheduling the step before just sampled them."""
@@ -128,9 +134,9 @@ class ModelExecutor:
     @torch.inference_mode()
     def launch(self, step: PreparedStep) -> LaunchedStep:
         """Replay the logged copies and issue the forward; do not wait for the device."""
-        start = time.perf_counter()
+        start = self.timer()
         self._copy(self.allocator.take_copies())
-        copied = time.perf_counter()
+        copied = self.timer()
         context = ForwardContext(
             self.backend, step.meta, self.kv_caches, self.model.scale, self.model.attention_windows
         )
@@ -149,8 +155,8 @@ class ModelExecutor:
 
     def _timed_logits(self, step: PreparedStep, context: ForwardContext):
         with torch.inference_mode():  # inference mode is per thread
-            start = time.perf_counter()
-            return self._logits(step, context), time.perf_counter() - start
+            start = self.timer()
+            return self._logits(step, context), self.timer() - start
 
     @torch.inference_mode()
     def collect(self, launched: LaunchedStep) -> StepResult:
@@ -160,10 +166,10 @@ class ModelExecutor:
             logits, ran = logits.result()
             self.clock.ran(ran)
         self._sync()
-        forwarded = time.perf_counter()
+        forwarded = self.timer()
         step = launched.step
         tokens = self._sample(step.batch, step.sampled, logits)
-        end = time.perf_counter()
+        end = self.timer()
         for phase, seconds in zip(
             PHASES, (launched.copy_s, step.prepare_s, forwarded - launched.issued, end - forwarded)
         ):
@@ -201,7 +207,7 @@ class ModelExecutor:
         """Replay (kind, src_slot, dst_slot, num_slots) copies in the order they were logged."""
         if not copies:
             return
-        start = time.perf_counter()
+        start = self.timer()
         for kind, src, dst, n in copies:
             if kind == "device":
                 for cache in self._flat:
@@ -214,7 +220,7 @@ class ModelExecutor:
                     cache[dst : dst + n].copy_(host[src : src + n], non_blocking=True)
         self._sync()
         if any(kind != "device" for kind, *_ in copies):
-            self.swap_s += time.perf_counter() - start
+            self.swap_s += self.timer() - start
 
     # --- inputs --------------------------------------------------------------------------
     def _prepare(self, batch: Batch):

@@ -258,6 +258,7 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
 
     engine = build_engine(cfg, model_spec, num_slots, make_executor, swap_slots=swap_slots)
     engine.step_clock = step_clock(scenario, device, async_scheduling)
+    engine.executor.use_clock(engine.step_clock)  # its phases on the steps' clock, so they add up
     engine.more_memory = pool_hint(kv_bytes, num_slots, engine.allocator)
     engine.swap_pool_key = f"scenario.swap_space_tokens (now {scenario.swap_space_tokens}) to at least {{longest}}"
     if device.type == "cuda":  # capture before the first step, so no step's time includes it
