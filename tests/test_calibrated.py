@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import re
 import subprocess
 import sys
@@ -295,6 +296,8 @@ def test_a_malformed_profile_names_the_row(tiny_profile):
     [
         ("time_s_mean", "0", "row 6: time_s_mean='0' must be a finite number > 0"),  # an SVD that did not converge
         ("num_tokens", "1e300", "row 6: num_tokens='1e300' is no step's"),  # a fit that predicted 0 s steps
+        ("num_seqs", "2.5", "row 6: num_seqs='2.5' must be a whole number"),  # fitted as if half a sequence ran
+        ("heldout", "yes", "row 6: heldout='yes' must be True or False"),  # read as False: an in-sample fit
     ],
 )
 def test_a_profile_row_no_step_could_have_is_refused(tiny_profile, column, value, said):
@@ -306,6 +309,29 @@ def test_a_profile_row_no_step_could_have_is_refused(tiny_profile, column, value
     write_csv(tiny_profile, rows)
     with pytest.raises(UserError, match=re.escape(said)):
         load_profile(tiny_profile)
+
+
+def test_a_profile_whose_times_were_edited_since_it_was_written_is_refused(tiny_profile):
+    """Its rows keep the predictions scenario=profile fitted; times rescaled to ms refit to others
+    (and simulated every step 1,000 times too slow, without a word)."""
+    rows = read_rows(tiny_profile)
+    predicted = load_profile(tiny_profile).report.model.predict_rows(rows)
+    for row, seconds in zip(rows, predicted):
+        row["predicted_s"] = f"{seconds:.7g}"  # as a CSV keeps it
+    write_csv(tiny_profile, rows)
+    load_profile(tiny_profile)  # as written: accepted
+    for row in rows:
+        row["time_s_median"] = str(float(row["time_s_median"]) * 1000)
+    write_csv(tiny_profile, rows)
+    with pytest.raises(UserError, match=r"row 2: its times refit to .* not the predicted_s=.* it was written with"):
+        load_profile(tiny_profile)
+
+
+def test_a_profile_that_is_no_csv_names_the_setting(tmp_path):
+    path = tmp_path / "binary.csv"
+    path.write_bytes(bytes(range(256)) * 4)  # csv.Error: "new-line character seen in unquoted field"
+    with pytest.raises(UserError, match=r"executor.profile='.*binary.csv' is not a readable CSV file"):
+        load_profile(str(path))
 
 
 def test_a_file_that_is_not_a_profile_is_refused(tmp_path):
@@ -537,3 +563,10 @@ def test_a_profile_row_with_a_missing_field_is_named(tiny_profile):
     Path(tiny_profile).write_text("\n".join(lines) + "\n")
     with pytest.raises(UserError, match=r"row 4: \d+ fields, the header has \d+"):
         load_profile(tiny_profile)
+
+
+def test_one_measured_run_has_no_spread_rather_than_none():
+    """scenario.runs=1 reported a run-to-run spread of 0.0 % on every metric."""
+    from kvbench.scenarios.validate_simulator import spread
+
+    assert math.isnan(spread([5.0])) and spread([1.0, 3.0]) == 1.0

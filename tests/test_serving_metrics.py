@@ -268,3 +268,11 @@ def test_a_run_with_a_request_log_counts_its_gaps_once_in_the_log(tmp_path):
     assert [row[c] for c in columns] == [logged.request_log.gap_stats[c] for c in columns] == [bare[c] for c in columns]
     gaps = np.concatenate(pd.read_json(tmp_path / "requests.jsonl", lines=True)["itl_s"].tolist())
     assert row["median_itl_ms"] == pytest.approx(np.median(gaps) * 1e3, abs=1e-6)
+
+
+def test_a_kernel_timed_by_triton_s_interpreter_says_so():
+    from kvbench.reporting.console import run_table
+
+    row = {"scenario": "kernel", "backend": "triton_paged", "latency_us_p50": 9000.0, "achieved_gbps": 0.01}
+    assert "times are not a GPU's" in run_table({**row, "interpreted": True}).splitlines()[-1]
+    assert "interpreted" not in run_table({**row, "interpreted": False})

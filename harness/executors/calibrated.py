@@ -107,6 +107,8 @@ def _number(path: str, line: int, row: dict, column: str) -> float:
         )
     if column in FEATURES and value > MAX_FEATURE:  # no step of any model on any device holds as many
         raise UserError(f"profile {path} row {line}: {column}={row[column]!r} is no step's (> {MAX_FEATURE:.0e})")
+    if column in FEATURES and value != int(value):  # tokens and sequences are counted
+        raise UserError(f"profile {path} row {line}: {column}={row[column]!r} must be a whole number")
     return value
 
 
@@ -124,7 +126,12 @@ def load_profile(path: str, key: str = "executor.profile") -> Profile:
     # The csv module, not pandas: this runs at every calibrated simulation's start, where
     # importing pandas (0.3 s) would be a tenth of a 1,000-request run; cells stay text, each
     # checked below with its line named.
-    lines = list(csv.reader(io.StringIO(data.decode(errors="replace"))))
+    try:
+        lines = list(csv.reader(io.StringIO(data.decode(errors="replace"))))
+    except csv.Error as err:
+        raise UserError(
+            f"{key}={path!r} is not a readable CSV file ({err}); write one with bench scenario=profile"
+        ) from None
     header = lines[0] if lines else []
     missing = [c for c in REQUIRED if c not in header]
     if missing:
@@ -149,13 +156,35 @@ def load_profile(path: str, key: str = "executor.profile") -> Profile:
             )
         if fit_column(row) not in row:
             raise UserError(f"profile {path} row {line}: fit_to=mean but no {fit_column(row)} column")
+        if row["heldout"] not in ("True", "False"):  # anything else read as False: a silent in-sample fit
+            raise UserError(f"profile {path} row {line}: heldout={row['heldout']!r} must be True or False")
         rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + (TIME_COLUMN, fit_column(row))}})
     if len(rows) < len(FEATURES) + 1:
         raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least {len(FEATURES) + 1}")
     # the split scenario=profile scored the fit on, so the reload reproduces its choice and error
     held = [i for i, r in enumerate(rows) if r["heldout"] == "True"]
     report = fit(rows, [r[fit_column(r)] for r in rows], held)
+    refuse_edited(path, rows, report)
     return Profile(str(file), hashlib.sha256(data).hexdigest(), identity, rows, report)
+
+
+def refuse_edited(path: str, rows: list[dict], report: FitReport) -> None:
+    """A profile's rows hold the predictions scenario=profile fitted to their times; a reload
+    refits and must give them again (to the 7 digits a CSV keeps, and then some). Times edited
+    since (rescaled to ms, a column dropped that chose what was fitted) give others."""
+    written = [(line, r) for line, r in enumerate(rows, start=2) if r.get("predicted_s") not in (None, "")]
+    if not written:
+        return  # a profile written before predictions were kept: nothing to check against
+    for (line, row), refit in zip(written, report.model.predict_rows([r for _, r in written])):
+        try:
+            kept = float(row["predicted_s"])
+        except ValueError:
+            raise UserError(f"profile {path} row {line}: predicted_s={row['predicted_s']!r} is not a number") from None
+        if not math.isclose(refit, kept, rel_tol=1e-4, abs_tol=1e-12):
+            raise UserError(
+                f"profile {path} row {line}: its times refit to {refit:.6g} s, not the predicted_s={kept:.6g} s it "
+                f"was written with: the file was edited since scenario=profile wrote it; profile again"
+            )
 
 
 def check_profile(profile: Profile, expected: dict) -> None:

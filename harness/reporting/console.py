@@ -123,6 +123,8 @@ def run_table(row: dict) -> str:
             lines.append(f" {section} ".center(WIDTH, "-"))
         lines += [f"{label + ':':<40}{text:>{WIDTH - 40}}" for label, text in shown]
     lines.append("=" * WIDTH)
+    if row.get("interpreted") in (True, "True"):  # serve logs it; a kernel's console said nothing
+        lines.append("interpreted: Triton's interpreter ran the kernels (TRITON_INTERPRET=1): times are not a GPU's")
     if scenario == "profile" and row.get("profile"):  # what executor=calibrated reads
         lines.append(f"profile: {row['profile']} (bench executor=calibrated executor.profile=PATH)")
     return "\n".join(lines)
@@ -142,7 +144,7 @@ def validation_table(rows, points: bool = False) -> str:
     table["measured"] = mean("measured").map("{:.4g}".format)
     table["simulated"] = mean("simulated").map("{:.4g}".format)
     table["error"] = number("rel_error").map("{:+.1%}".format)
-    table["spread"] = number("measured_spread").map("{:.1%}".format)
+    table["spread"] = number("measured_spread").map(lambda x: "n/a" if x != x else f"{x:.1%}")  # n/a: one run
     body = table.to_string(index=False, justify="right")
     first = frame.iloc[0]
     named = [str(first[k]) for k in ("allocator", "model", "device", "workload") if k in first and first[k] == first[k]]

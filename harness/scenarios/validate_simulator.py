@@ -120,9 +120,16 @@ def relative_error(simulated: float, measured: float) -> float:
 
 
 def spread(values: list[float]) -> float:
-    """(max - min) / mean of the measured runs: how far two identical runs disagree."""
+    """(max - min) / mean of the measured runs: how far two identical runs disagree; NaN for
+    one run, which says nothing of it (scenario.runs=1)."""
     mean = float(np.mean(values))
+    if len(values) < 2:
+        return math.nan
     return (max(values) - min(values)) / mean if mean else 0.0
+
+
+def _percent(share: float, one: str = "one run") -> str:
+    return f"n/a ({one})" if math.isnan(share) else f"{100 * share:.1f}%"
 
 
 PROFILE_PROBE_EVERY = 10  # profile shapes between two host-speed readings
@@ -203,7 +210,7 @@ def markdown(rows: list[dict], head: str) -> str:
     for row in rows:
         real = " / ".join(f"{row[k]:.4g}" for k in row if k.startswith("measured_") and k[9:].isdigit())
         lines.append(
-            f"| {row['metric']} | {real} | {row['simulated_1']:.4g} | {100 * row['measured_spread']:.1f}% "
+            f"| {row['metric']} | {real} | {row['simulated_1']:.4g} | {_percent(row['measured_spread'])} "
             f"| {100 * row['rel_error']:+.1f}% |" + "".join(f" {100 * row[name]:+.1f}% |" for name in variants)
         )
     return "\n".join(lines) + "\n"
@@ -216,7 +223,10 @@ def step_plot(measured_s: list, predicted_s: np.ndarray, sim_engine, path) -> fl
 
     measured = np.asarray(measured_s)
     fig, (over_run, scatter) = subplots(1, 2, figsize=(12, 4.2))
-    smooth = lambda a: np.convolve(a, np.ones(15) / 15, mode="same") if len(a) > 15 else a
+    import pandas as pd
+
+    # a centred 15-step mean over the steps there are (a convolution's zero padding halved the ends)
+    smooth = lambda a: pd.Series(a).rolling(15, center=True, min_periods=1).mean().to_numpy()
     over_run.plot(smooth(measured) * 1e3, label="measured (serve)", lw=1.2)
     over_run.plot(smooth(predicted_s) * 1e3, label="calibrated model, same batches", lw=1.2)
     over_run.plot(
@@ -399,7 +409,7 @@ def run(cfg: DictConfig) -> list[dict]:
             f"{name} {1e3 * np.median(v):.2f} [{1e3 * min(v):.2f}-{1e3 * max(v):.2f}] ({len(v)})"
             for name, v in probes.items()
         )
-        + f"; the host's drift (max - min) / mean over all readings: {100 * spread(every_reading):.1f}%"
+        + f"; the host's drift (max - min) / mean over all readings: {_percent(spread(every_reading), 'one reading')}"
     )
     write_csv(folder / "validation.csv", rows)
     write_atomic(folder / "validation.md", markdown(rows, head))
