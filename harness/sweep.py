@@ -154,6 +154,9 @@ class SweepLock:
 
     def release(self) -> None:
         if self.fd is not None:
+            # the file stays (removing it would let a sweep that opened it lock a name no other
+            # finds), emptied: its holder's line named a sweep that has ended
+            os.ftruncate(self.fd, 0)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None

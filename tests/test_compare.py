@@ -107,6 +107,17 @@ def test_an_identical_rerun_passes(tmp_path, baseline_rows):
     assert "OK: 2 point(s)" in result.stdout
 
 
+def test_a_reported_metric_that_moved_says_it_is_not_gated(tmp_path, baseline_rows):
+    """`schedule_us_per_step 2.2 worse` above `OK` read as a regression let through."""
+    slower = [{**row, "schedule_us_per_step": 2.2 * row["schedule_us_per_step"]} for row in baseline_rows]
+    write_csv(tmp_path / "baseline.csv", baseline_rows)
+    write_csv(tmp_path / "current.csv", slower)
+    result = run_compare(tmp_path / "baseline.csv", tmp_path / "current.csv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "schedule_us_per_step" in line][:1]
+    assert line.endswith("worse (reported, not gated)")
+
+
 @pytest.mark.parametrize(
     "better, base, cur, verdict",
     [
@@ -601,3 +612,15 @@ def test_repeats_keep_the_kv_shares_of_one_repeat_so_they_add_up():
     (even,) = aggregate(runs[:2])  # the middle two's mean
     assert [even[c] for c in KV_SHARES] == pytest.approx([0.6, 0.15, 0.05, 0.05, 0.15])
     assert json.loads(row["samples"])["kv_reserved_frac"] == [0.2, 0.1, 0.3]  # the samples stay every repeat's
+
+
+def test_a_swept_key_that_names_an_identity_column_is_matched_by_that_column(tmp_path, baseline_rows):
+    """A rate sweep (workload.rate=1,4) against the default sweep, whose rate 4 is the
+    config's: `no value in common: workload.rate (baseline (unset); current 1, 4)`."""
+    swept = [{**row, "workload.rate": row["rate"]} for row in baseline_rows]
+    other = [{**row, "rate": 1.0, "workload.rate": 1.0} for row in baseline_rows]
+    write_csv(tmp_path / "baseline.csv", baseline_rows)
+    write_csv(tmp_path / "current.csv", swept + other)
+    result = run_compare(tmp_path / "baseline.csv", tmp_path / "current.csv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK: 2 point(s)" in result.stdout and result.stdout.count("new in current (no baseline)") == 2

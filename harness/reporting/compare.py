@@ -95,7 +95,9 @@ def read_side(path) -> pd.DataFrame:
 def _identity(policy: Policy, frames) -> list[str]:
     columns = set().union(*(f.columns for f in frames))
     named = [c for c in policy.identity if c in columns]  # a swept key the policy names counts once
-    return named + sorted(c for c in columns if "." in c and c not in named)
+    # a swept group.key whose key is a named column (workload.rate: rate) is matched by that
+    # column, which every row holds resolved: a sweep that left the default unswept matches too
+    return named + sorted(c for c in columns if "." in c and c not in named and c.rsplit(".", 1)[-1] not in named)
 
 
 def _label(point: pd.Series, shown: list[str]) -> str:
@@ -357,6 +359,8 @@ def compare(
                     )
             else:
                 verdict, detail = rule.verdict(bv, cv), ""
+                if rule.tolerance is None and verdict in ("better", "worse"):  # a direction, not a judgement
+                    detail = " (reported, not gated)"
                 if verdict == "REGRESSED":
                     problem(
                         f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, tolerance {rule.tolerance:g})",
