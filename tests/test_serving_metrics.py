@@ -109,6 +109,19 @@ def test_the_console_s_kv_shares_add_up_to_the_pool():
     assert sum(float(p) for p in re.findall(r"([\d.]+)%", section)) == pytest.approx(100.0)
 
 
+def test_a_measured_run_is_labelled_with_the_device_it_ran_on_not_a_hardware_profile(run):
+    """A CPU serve's rows, report heading and plot titles read `tiny on a100-40gb`."""
+    from kvbench.reporting.figures import context_title
+
+    _, row, _ = run
+    if row["scenario"] == "simulate":
+        assert row["hardware"] == "a100-40gb"
+        return
+    assert pd.isna(row["hardware"]) and row["device"] == "cpu"
+    assert row["preemption_cost_hardware"] == "a100-40gb"  # whose copy model the modelled costs are
+    assert context_title(pd.DataFrame([row])).startswith("tiny on cpu, ")
+
+
 def test_a_run_s_title_names_what_it_measured():
     from kvbench.reporting.console import run_table
 

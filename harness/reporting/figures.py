@@ -75,6 +75,7 @@ def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
 
     # a kernel's or a profile's points read no workload (and a profile no hardware): left out
     hardware, workload = values("hardware"), values("workload")
+    hardware = hardware or (values("device") if "device" in frame else "")  # measured: the device it ran on
     on = f" on {hardware}" if hardware else ""
     load = f", {workload} workload" if workload else ""
     return f"{values('model')}{on}{load} ({values('scenario')})"
