@@ -295,8 +295,13 @@ def verdict_of(frame: pd.DataFrame, slo: float = 0.5) -> str:
 def test_the_verdict_opens_with_each_system_s_capacity_at_the_latency_target_and_its_ratio():
     verdict = verdict_of(linear_sweep(range(1, 13)))
     assert "within 0.5 s/token of normalized latency" in verdict
-    assert "<li><b>contiguous</b>: 5 req/s, 1.00× contiguous's</li>" in verdict
-    assert "<li><b>paged</b>: 10 req/s, 2.00× contiguous's</li>" in verdict
+    assert (
+        "<li><b>contiguous</b>: 5 req/s, 1.00× contiguous's <small>(between the swept 5-6 req/s)</small></li>"
+        in verdict
+    )
+    assert (
+        "<li><b>paged</b>: 10 req/s, 2.00× contiguous's <small>(between the swept 10-11 req/s)</small></li>" in verdict
+    )
     assert verdict.index("Capacity") < verdict.index("Winner")
     tighter = verdict_of(linear_sweep(range(1, 13)), slo=0.3)  # the target moves the crossing
     assert "<li><b>contiguous</b>: 3 req/s" in tighter and "<li><b>paged</b>: 6 req/s, 2.00×" in tighter
@@ -307,7 +312,7 @@ def test_without_a_rate_axis_or_a_crossing_the_verdict_says_why_instead_of_a_cap
     assert "<p>No capacity at 0.5 s/token (report.slo_s_per_token): the points were not taken at " in one_rate
     assert one_rate.count("capacity") == 1 and "req/s," not in one_rate
     short = verdict_of(linear_sweep(range(1, 7)))  # paged stays under the target
-    assert "<li><b>contiguous</b>: 5 req/s, 1.00× contiguous's</li>" in short
+    assert "<li><b>contiguous</b>: 5 req/s, 1.00× contiguous's <small>" in short
     assert "paged on sharegpt (rates 1, 2, 3, 4, 5, 6) never exceeds report.slo_s_per_token=0.5" in short
 
 
@@ -344,7 +349,7 @@ def test_a_key_that_only_names_the_rate_does_not_cut_the_curves():
         (f"{a}, workload={w}", 12) for a in ("contiguous", "paged") for w in ("sharegpt", "alpaca")
     )
     verdict = verdict_of(frame)  # each workload's capacity, not "fewer than 2 rates" for every point
-    assert "<li><b>workload=sharegpt, paged</b>: 10 req/s, 2.00× contiguous's</li>" in verdict, verdict
+    assert "<li><b>workload=sharegpt, paged</b>: 10 req/s, 2.00× contiguous's <small>" in verdict, verdict
     assert "<li><b>workload=alpaca, contiguous</b>: 50 req/s" in verdict and "no capacity" not in verdict
 
 

@@ -180,7 +180,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
             ratio = getattr(row, "ratio_to_baseline", float("nan"))
             name = ", ".join(filter(None, [row.setting, row.allocator]))
             against = f"  {ratio:.2f}x {baseline}" if ratio == ratio else ""
-            lines.append(f"{name:<32}{row.capacity_req_s:>8.3g}{against}")
+            lines.append(f"{name:<32}{row.capacity_req_s:>8.3g}  (between {row.between_req_s}){against}")
         lines += [f"none: {line}" for line in unplaced]
         lines.append(rule)
     return "\n".join(lines)

@@ -14,6 +14,7 @@ as a ratio to `report.baseline`'s.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -228,6 +229,18 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
     return out
 
 
+class Capacity(float):
+    """A capacity in req/s, interpolated between the two swept rates that bracket the target:
+    `between` = (the last rate under it, the first above), how far the interpolation reaches."""
+
+    between: tuple[float, float]
+
+    def __new__(cls, value: float, between: tuple[float, float]):
+        capacity = super().__new__(cls, value)
+        capacity.between = between
+        return capacity
+
+
 def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> dict[tuple[str, str], float]:
     """(workload, allocator) -> the highest request rate with normalized latency <= `slo`. A curve
     whose rates cannot place it is an error; where `unplaced` is given, its reason goes there
@@ -263,8 +276,15 @@ def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> di
             continue
         # interpolate in log latency: the curve is close to exponential around its knee
         lo, hi = np.log(latency[above - 1]), np.log(latency[above])
-        found[(workload, allocator)] = float(np.interp(np.log(slo), [lo, hi], [rates[above - 1], rates[above]]))
+        bracket = (rates[above - 1], rates[above])
+        found[(workload, allocator)] = Capacity(np.interp(np.log(slo), [lo, hi], bracket), bracket)
     return found
+
+
+def between_text(capacity: float) -> str:
+    """`2-4`: the swept rates a capacity was interpolated between (a finer sweep there pins it)."""
+    low, high = getattr(capacity, "between", (math.nan, math.nan))
+    return f"{low:g}-{high:g}" if low == low else ""
 
 
 def capacity_rows(found: dict, baseline: str) -> list[dict]:
@@ -282,6 +302,7 @@ def capacity_rows(found: dict, baseline: str) -> list[dict]:
                 "allocator": allocator,
                 "capacity_req_s": round(capacity, 4),
                 f"ratio_to_{baseline}": round(capacity / base, 4),
+                "between_req_s": between_text(capacity),
             }
         )
     return out

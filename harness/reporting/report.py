@@ -384,14 +384,15 @@ def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str
     against = f"; ratios against <b>{html.escape(baseline)}</b>" if "ratio_to_baseline" in found else ""
     parts = [
         f"<p>Capacity = the highest request rate a system serves within {slo:g} s/token of normalized "
-        f"latency, interpolated on its rate curve{against}.</p><ul>"
+        f"latency, interpolated in log latency between the two swept rates that bracket it (a finer sweep "
+        f"there pins it down){against}.</p><ul>"
     ]
     for row in found.itertuples():
         ratio = getattr(row, "ratio_to_baseline", float("nan"))
         of = f", {ratio:.2f}× {html.escape(baseline)}'s" if ratio == ratio else ""
         parts.append(
             f"<li><b>{html.escape(', '.join(filter(None, [row.setting, row.allocator])))}</b>: "
-            f"{row.capacity_req_s:.3g} req/s{of}</li>"
+            f"{row.capacity_req_s:.3g} req/s{of} <small>(between the swept {row.between_req_s} req/s)</small></li>"
         )
     parts += [f"<li>no {target}: {html.escape(line)}</li>" for line in unplaced]
     return parts + ["</ul>"]
