@@ -490,3 +490,16 @@ def test_fig13_compares_a_point_only_with_its_own_workload_s_number():
         ("sharegpt", 30, 1),
         ("sharegpt (trace)", 20, 1),
     ]
+
+
+def test_fig12_narrowed_to_paged_and_oracle_takes_its_ratios_against_oracle(tmp_path):
+    """The experiment allows the pair; its capacity.csv was refused ("report.baseline='contiguous'
+    is not a system of the sharegpt sweep") after every point had run."""
+    rows = curve("oracle", {1: 0.1, 2: 0.2, 4: 2.0}) + curve("paged", {1: 0.05, 2: 0.1, 4: 0.2, 8: 5.0})
+    for point, row in enumerate(rows):
+        (tmp_path / f"p{point}").mkdir()
+        (tmp_path / f"p{point}" / "metrics.csv").write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    write_comparison(tmp_path, {"paper": "fig12"}, plots=False)
+    capacity = pd.read_csv(tmp_path / "capacity.csv").set_index("allocator")
+    assert capacity.loc["oracle", "ratio_to_oracle"] == 1.0 and capacity.loc["paged", "ratio_to_oracle"] > 1
+    assert capacity.loc["paged", "between_req_s"] == "4-8"
