@@ -78,6 +78,9 @@ def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
     hardware = hardware or (values("device") if "device" in frame else "")  # measured: the device it ran on
     on = f" on {hardware}" if hardware else ""
     load = f", {workload} workload" if workload else ""
+    rate = values("rate") if "rate" in frame else ""
+    if load and rate and "/" not in rate:  # one offered load for every point: say which
+        load += " with all requests at once" if rate == "inf" else f" at {float(rate):g} req/s"
     return f"{values('model')}{on}{load} ({values('scenario')})"
 
 

@@ -89,7 +89,9 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
     widest = max(1, *(len(line) for name in stacked for line in name.split("\n")))
     slot_in = ax.get_position().width * ax.figure.get_figwidth() / len(names)
     size = min(9.0 if len(names) <= 3 else 7.0, 72 * slot_in / (0.62 * widest))  # a character: about 0.62 em
-    if size >= 5:
+    if names == [""]:  # one group: its bars are the systems, which the legend names
+        ax.set_xticks([])
+    elif size >= 5:
         ax.set_xticks(range(len(names)), stacked, fontsize=size)
     else:
         ax.set_xticks(range(len(names)), names, fontsize=6.5, rotation=30, ha="right")
@@ -132,12 +134,16 @@ def throughput_latency(frame: pd.DataFrame, curves=AUTO):
     cols = -(-len(panels) // rows)
     fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, 3.9 * rows), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
-        if x:
-            _lines(ax, frame, metric, curves, markersize=3)
-        else:
-            _draw_bars(ax, frame, metric)
-        ax.set_ylabel(text)
         values = pd.to_numeric(frame[metric], errors="coerce")
+        shown = frame
+        if metric.endswith("_ms") and values.max() >= 10_000:  # queueing: seconds, not 2M ms
+            values = values / 1000
+            shown, text = frame.assign(**{metric: values}), text.replace("(ms)", "(s)")
+        if x:
+            _lines(ax, shown, metric, curves, markersize=3)
+        else:
+            _draw_bars(ax, shown, metric)
+        ax.set_ylabel(text)
         if log and values.min() > 0 and values.max() > 20 * values.min():  # latencies that span decades
             ax.set_yscale("log")
         elif values.abs().max() >= 10_000:  # ticks of 1.5M ms, not 1.5 under a "1e6" in the corner
