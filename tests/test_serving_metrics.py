@@ -289,3 +289,12 @@ def test_a_kernel_timed_by_triton_s_interpreter_says_so():
     row = {"scenario": "kernel", "backend": "triton_paged", "latency_us_p50": 9000.0, "achieved_gbps": 0.01}
     assert "times are not a GPU's" in run_table({**row, "interpreted": True}).splitlines()[-1]
     assert "interpreted" not in run_table({**row, "interpreted": False})
+
+
+def test_a_kernel_s_console_shows_a_cpu_s_small_bandwidth_and_the_paging_overhead():
+    """0.0025 GB/s printed as 0.0, and paging_overhead was in the CSV only."""
+    from kvbench.reporting.console import run_table
+
+    lines = run_table({"scenario": "kernel", "achieved_gbps": 0.0025, "paging_overhead": 1.13}).splitlines()
+    assert next(line for line in lines if line.startswith("Achieved bandwidth")).endswith(" 0.0025")
+    assert next(line for line in lines if line.startswith("Paged / contiguous latency")).endswith(" 1.13x")

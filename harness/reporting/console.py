@@ -76,8 +76,9 @@ RUN_LINES = [
         "Attention kernel",
         [
             ("Latency p50 (us)", "latency_us_p50", "{:.2f}"),
-            ("Achieved bandwidth (GB/s)", "achieved_gbps", "{:.1f}"),
+            ("Achieved bandwidth (GB/s)", "achieved_gbps", "{:.3g}"),  # a CPU's can be 0.0025
             ("Share of the roofline", "roofline_frac", "{:.1%}"),
+            ("Paged / contiguous latency", "paging_overhead", "{:.2f}x"),
             ("Max abs error vs eager", "max_abs_err_vs_eager", "{:.2e}"),
         ],
     ),
@@ -92,7 +93,7 @@ SWEEP_COLUMNS = [
     ("token states", "kv_token_util", "{:.1%}"),
     ("preemptions", "preemptions", "{:.0f}"),
     ("kernel us p50", "latency_us_p50", "{:.2f}"),
-    ("GB/s", "achieved_gbps", "{:.1f}"),
+    ("GB/s", "achieved_gbps", "{:.3g}"),
 ]
 
 
