@@ -123,3 +123,19 @@ def test_the_progress_bar_is_drawn_on_a_terminal(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stderr", terminal)
     simulate("paged", "workload.num_requests=20", "progress=true")
     assert "paged:" in terminal.getvalue() and "/20 [" in terminal.getvalue()  # tqdm's bar, 20 requests
+
+
+def test_a_run_whose_requests_were_all_admitted_in_the_warm_up_warns_its_window_is_a_drain(tmp_path):
+    """Three requests at 0, 0.5 and 1 s: the window, [a third of the run, its end], holds only
+    their last tokens, and the mean batch it reports is the drain's, without a word."""
+    from kvbench import cli
+
+    from helpers.cli import in_process
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("input_len,output_len,arrival_s\n10,200,0\n10,200,0.5\n10,200,1.0\n")
+    run = ["workload=trace", f"workload.path={trace}", "plots=false"]
+    early = in_process(lambda: cli.main([*run, f"hydra.run.dir={tmp_path / 'run'}"]))
+    assert early.returncode == 0 and "every request was admitted within the warm-up" in early.stdout + early.stderr
+    whole = in_process(lambda: cli.main([*run, "measure.warmup_frac=0", f"hydra.run.dir={tmp_path / 'all'}"]))
+    assert whole.returncode == 0 and "admitted within the warm-up" not in whole.stdout + whole.stderr

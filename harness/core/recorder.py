@@ -11,6 +11,7 @@ a `request_log` is given, one line of requests.jsonl; its sequences are let go u
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from itertools import chain
@@ -135,8 +136,16 @@ class Recorder:
     def window(self, last_admit_s: float) -> tuple[float, float]:
         end = self.step_end[-1] if self.step_end else 0.0
         start = self.warmup_frac * end
-        stop = last_admit_s if last_admit_s > start else end
-        return start, stop
+        if last_admit_s > start:
+            return start, last_admit_s
+        if start > 0:  # a few requests, all admitted early (a short trace): its averages describe a drain
+            logging.getLogger("kvbench").warning(
+                "every request was admitted within the warm-up (the first %.0f%% of the run), so the measurement "
+                "window is the batch draining: mean_batch_size and the kv_* shares describe that; "
+                "measure.warmup_frac=0 averages over the whole run",
+                100 * self.warmup_frac,
+            )
+        return start, end
 
     def _kind_fractions(self, weight: np.ndarray) -> dict:
         """Time-averaged accounting of each layer kind's view of the pool (hybrid models)."""
