@@ -605,7 +605,9 @@ def run_case(
 
 
 def _finish(report: Report, kvside: KvbenchSide) -> Report:
-    report.prefix_hit_tokens = kvside.allocator.prefix_hit_tokens
+    # first admissions' hits and re-admitted victims' (kvbench's prefix_hit_rate counts the
+    # first only, as vLLM's hits do): either shows the cache was exercised
+    report.prefix_hit_tokens = kvside.allocator.prefix_hit_tokens + kvside.allocator.preempted_hit_tokens
     return report
 
 

@@ -109,6 +109,7 @@ class HybridAllocator(KVAllocator):
         self.prefix_caching = bool(prefix_caching) and not model.num_layers_of("linear")
         self.hit_step = math.lcm(*(m.block_size for m in self.attention)) if self.attention else 1
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
+        self.preempted_hit_tokens = 0  # what re-admitted victims found cached (vLLM's preempted_hits)
 
     # --- the contract --------------------------------------------------------------------
     def _fits(self, need: dict, reserve: bool) -> bool:
@@ -169,6 +170,8 @@ class HybridAllocator(KVAllocator):
             seq.num_cached = hit
             self.prefix_hit_tokens += hit
             self.prefix_query_tokens += seq.num_tokens
+        else:
+            self.preempted_hit_tokens += hit
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         sid, before = seq.seq_id, seq.num_computed

@@ -72,6 +72,7 @@ class PagedAllocator(KVAllocator):
         self._striding: deque[int] = deque()  # blocks take_striding took, not yet handed out
         self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
+        self.preempted_hit_tokens = 0  # what re-admitted victims found cached (vLLM's preempted_hits)
         self.enable_swap(0)
 
     # --- blocks --------------------------------------------------------------------------
@@ -173,6 +174,8 @@ class PagedAllocator(KVAllocator):
             seq.num_cached = seq.num_computed
             self.prefix_hit_tokens += seq.num_cached
             self.prefix_query_tokens += seq.num_tokens
+        else:
+            self.preempted_hit_tokens += seq.num_computed
         self._update_reserved(seq, seq.num_computed)
         return True
 
