@@ -633,8 +633,8 @@ def composing_once(args):
     def apply_overrides(overrides, cfg) -> None:
         # A key of a group the points choose (-m +allocator=paged,hybrid allocator.block_size=32)
         # has no node in the master config, which composes without the swept groups: each
-        # point's config applies it. So has a group an experiment's sweep chooses (+experiment=fig2
-        # allocator.watermark=0.05: its params sweep +allocator).
+        # point's config applies it. So has a group an experiment's own sweep chooses (its
+        # hydra.sweeper.params sweep +allocator, and the command line gives allocator.watermark).
         params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) if master else None
         chosen = {str(key).lstrip("+~") for key in params or {} if "." not in str(key)}
         apply([o for o in overrides if o.key_or_group.split(".")[0] not in (swept | chosen) - set(cfg)], cfg)

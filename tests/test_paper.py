@@ -356,12 +356,17 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
         (["+experiment=fig13", "workload.rate=2"], "give fig13.rates.sharegpt=2 (a trace's: +fig13.rates.trace="),
         # ran every point, then refused the rate and the workload
         (["+experiment=fig2", "workload.rate=2,4"], "this sweep would run rate=2: drop that override"),
+        (["+experiment=fig2", "workload.rate=choice(2)"], "this sweep would run rate=2: drop that override"),
         (["+experiment=fig2", "workload=sharegpt,alpaca"], "this sweep would run workload=alpaca: drop that override"),
         # compared another pool's batches with the paper's
-        (["+experiment=fig13", "hardware.num_gpus=2"], "this sweep would run hardware.num_gpus=2: drop that"),
-        (["+experiment=fig2", "engine.kv_cache_bytes=1e9"], "this sweep would run engine.kv_cache_bytes=1e9"),
-        # "no allocator is chosen: add +allocator=NAME first", where the experiment sweeps it
-        (["+experiment=fig12", "allocator.watermrk=0.1"], "did you mean allocator.watermark?"),
+        (
+            ["+experiment=fig13", "hardware.num_gpus=2"],
+            "fig13: hardware.num_gpus=2 sizes the KV pool or changes a system",
+        ),
+        (["+experiment=fig2", "engine.kv_cache_bytes=1e9"], "engine.kv_cache_bytes=1e9 sizes the KV pool"),
+        # "no allocator is chosen: add +allocator=NAME first", where the experiment sweeps it; and
+        # then ran fig12 with blocks of 32 beside the paper's 16
+        (["+experiment=fig12", "allocator.block_size=32"], "fig12: allocator.block_size=32 sizes the KV pool or"),
         # every point failed as it ran (Orca shares nothing), or was compared with vLLM's numbers
         (["+experiment=fig14_15", "allocator=contiguous"], "+experiment=fig14_15 measures vLLM's paged allocator"),
         (["+experiment=fig18", "allocator=paged,oracle"], "this sweep would run allocator oracle: drop that override"),
@@ -473,6 +478,8 @@ def test_fig18_names_block_sizes_that_tie_and_compares_the_one_nearest_the_paper
     slower = [ok_row(allocator="paged", block_size="8", normalized_latency_s_per_tok="0.3"), *tied[:2]]
     (row,) = fig18(slower, {})
     assert row["quantity"] == "block size of lowest normalized latency (tied: 16, 128)" and row["kvbench"] == 16
+    (row,) = fig18([ok_row(allocator="paged", block_size="8", normalized_latency_s_per_tok=""), *tied[:2]], {})
+    assert row["kvbench"] == 16  # a block size whose points finished nothing is no candidate (was: a traceback)
     (row,) = fig18([ok_row(block_size="32", normalized_latency_s_per_tok="0.05"), *tied], {})
     assert row["quantity"] == "block size of lowest normalized latency" and row["kvbench"] == 32
 
@@ -503,3 +510,9 @@ def test_fig12_narrowed_to_paged_and_oracle_takes_its_ratios_against_oracle(tmp_
     capacity = pd.read_csv(tmp_path / "capacity.csv").set_index("allocator")
     assert capacity.loc["oracle", "ratio_to_oracle"] == 1.0 and capacity.loc["paged", "ratio_to_oracle"] > 1
     assert capacity.loc["paged", "between_req_s"] == "4-8"
+
+
+def test_a_curve_whose_higher_rates_failed_says_so_rather_than_to_sweep_higher():
+    rows = curve("paged", {1: 0.05, 2: 0.1}) + [{**curve("paged", {4: ""})[0], "status": "failed"}]
+    with pytest.raises(UserError, match=r"its points at 4 req/s failed \(summary.csv says why\): rerun them"):
+        capacities(rows, slo=0.5)

@@ -75,7 +75,9 @@ def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
 
     # a kernel's or a profile's points read no workload (and a profile no hardware): left out
     hardware, workload = values("hardware"), values("workload")
-    hardware = hardware or (values("device") if "device" in frame else "")  # measured: the device it ran on
+    simulated = "scenario" in frame and set(frame["scenario"]) <= {"simulate"}
+    if not simulated and "device" in frame:  # measured: on the device it ran on, not a hardware profile
+        hardware = values("device")
     on = f" on {hardware}" if hardware else ""
     load = f", {workload} workload" if workload else ""
     rate = values("rate") if "rate" in frame else ""

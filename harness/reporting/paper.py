@@ -117,48 +117,50 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
 POOL_KEYS = ("model.", "hardware.", "engine.kv_cache_bytes", "allocator.")
 
 
-def _as_rate(text: str):
-    """A swept rate's text as a number; one that is none is the schema's to refuse."""
-    try:
-        return float(text)
-    except ValueError:
-        return 4.0
-
-
 def fig2_setup(config, figure: str = "fig2") -> None:
-    """Before an experiment's sweep runs: what of fig2's setup (fig13's model and GPU) the
-    sweep's config already fixes for every point (a swept key is checked on the rows, at the end)."""
+    """Before fig2's, fig12's or fig13's sweep runs: the paper's model and GPU (and for fig2 its
+    workload and rate, each swept value checked) as the sweep's config and command line give
+    them, and no override that sizes the pool or changes a system (POOL_KEYS)."""
     sweep = config.hydra.sweeper.get("params") or {}
-    given = {
-        "model": config.get("model", {}).get("name"),
-        "hardware": config.get("hardware", {}).get("name"),
-        "workload": config.get("workload", {}).get("kind"),
-        "rate": config.get("workload", {}).get("rate"),
-    }
-    wanted = {"model": FIG2_SETUP[0], "hardware": FIG2_SETUP[1], "workload": ("sharegpt", "trace"), "rate": 4.0}
-    if figure == "fig13":  # its workloads and rates are its own sweep's
-        given = {key: given[key] for key in ("model", "hardware")}
+    given = {"model": config.get("model", {}).get("name"), "hardware": config.get("hardware", {}).get("name")}
+    wanted = {"model": (FIG2_SETUP[0],), "hardware": (FIG2_SETUP[1],)}
+    if figure == "fig2":  # fig12's and fig13's workloads and rates are their own sweeps'
+        given |= {"workload": config.get("workload", {}).get("kind"), "rate": config.get("workload", {}).get("rate")}
+        wanted |= {"workload": ("sharegpt", "trace"), "rate": (4.0,)}
     off = []
     for key, value in given.items():
-        allowed = wanted[key] if isinstance(wanted[key], tuple) else (wanted[key],)
-        swept = swept_values(config, "workload" if key == "workload" else f"workload.{key}") if key in wanted else None
-        if key in ("workload", "rate") and swept is not None and len(swept) > 1:  # a sweep's values, each checked
-            off += [f"{key}={v}" for v in swept if (_as_rate(v) if key == "rate" else v) not in allowed]
-            continue
-        if value is None or key in sweep or f"workload.{key}" in sweep:
-            continue
-        if value not in allowed:
+        swept = swept_values(config, "workload" if key == "workload" else "workload.rate") if key in RUN_KEYS else None
+        if swept is not None:  # the command line's values (a sweep's, or choice(2)'s one), each checked
+            off += [f"{key}={v}" for v in swept if _as_given(key, v) not in wanted[key]]
+        elif value is not None and key not in sweep and f"workload.{key}" not in sweep and value not in wanted[key]:
             off.append(f"{key}={value}")
-    for override in _parsed_overrides(config):  # what sets the pool's size: the paper's is its setup's
-        key = override.key_or_group.lstrip("+~")
-        if key.startswith(POOL_KEYS) or key in POOL_KEYS:
-            off.append(override.input_line)
     if off:
         setup = " with ShareGPT's lengths at 4 req/s" if figure == "fig2" else ""
         raise UserError(
             f"{figure}: the paper's numbers are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s{setup}; this sweep would run "
             f"{', '.join(off)}: drop that override (or sweep without +experiment={figure})"
         )
+    pool = [o.input_line for o in _parsed_overrides(config) if o.key_or_group.lstrip("+~").startswith(POOL_KEYS)]
+    if pool:
+        raise UserError(
+            f"{figure}: {pool[0]} sizes the KV pool or changes a system, and the paper's numbers are its setup's "
+            f"pool and systems ({FIG2_SETUP[0]} on one {FIG2_SETUP[1]}, blocks of 16): drop it (or sweep without "
+            f"+experiment={figure})"
+        )
+
+
+RUN_KEYS = ("workload", "rate")  # fig2's keys a command line may set for every point or sweep
+
+
+def _as_given(key: str, text: str):
+    """A command line's value as the config holds it: a rate as a number (one that is none is
+    the schema's to refuse, and passes here)."""
+    if key != "rate":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        return 4.0
 
 
 def fig2(rows: list[dict], cfg) -> list[dict]:
@@ -264,10 +266,24 @@ def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> di
                 f"rate ({latency[0]:.3g} s/token): add lower rates (workload.rate; fig12.rates under +experiment=fig12)"
             )
         elif above is None:
+            failed = sorted(
+                {
+                    number(r, "rate")
+                    for r in rows
+                    if r.get("status", "ok") != "ok"
+                    and (r.get("workload"), r.get("allocator")) == (workload, allocator)
+                    and number(r, "rate") > rates[-1]
+                }
+            )
+            fix = (
+                f"its points at {', '.join(f'{x:g}' for x in failed)} req/s failed (summary.csv says why): rerun them"
+                if failed
+                else "the sweep is too short to find its knee; add higher rates (workload.rate; fig12.rates under "
+                "+experiment=fig12)"
+            )
             reason = (
                 f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "
-                f"{latency[-1]:.3g} s/token): the sweep is too short to find its knee; "
-                f"add higher rates (workload.rate; fig12.rates under +experiment=fig12)"
+                f"{latency[-1]:.3g} s/token): {fix}"
             )
         if reason is not None:
             if unplaced is None:
@@ -392,6 +408,9 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
                 f"needs several; run bench +experiment=fig18 without fixing allocator.block_size"
             )
         latency = {block: float(np.mean(values)) for block, values in sorted(by_block.items())}
+        latency = {block: value for block, value in latency.items() if value == value}  # NaN: no request finished
+        if not latency:
+            raise UserError(f"fig18: no point of {workload} finished a request, so none has a latency to compare")
         tied = [block for block, value in latency.items() if value <= min(latency.values()) * (1 + 1e-9)]
         quantity = "block size of lowest normalized latency"
         if len(tied) > 1:
@@ -533,6 +552,8 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     # fig12's capacities, found once: a curve its rates cannot place (a workload's sweep too
     # short) leaves the others' comparison and capacities written, and is the error after them
     unplaced: dict = {}
+    if name == "fig12":
+        _same_setup(rows, "fig12")
     found = capacities(rows, settings["slo"], unplaced) if name == "fig12" else {}
     compared = fig12(found, settings["slo"]) if name == "fig12" else FIGURES[name](rows, settings)
     if not compared and unplaced:  # the reason of a curve the comparison needed (fig12's: ShareGPT's) first
@@ -692,7 +713,7 @@ class PaperComparison(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         paper = self._settings(config)["paper"]
         try:  # what the comparison would refuse at the end, known now
-            if paper in ("fig2", "fig13"):
+            if paper in ("fig2", "fig12", "fig13"):
                 fig2_setup(config, paper)
             if paper == "fig12":
                 fig12_setup(config)

@@ -25,19 +25,18 @@ def identity(cfg: DictConfig) -> dict:
     seed = cfg.seed
     if isinstance(seed, float) and seed.is_integer():  # seed=1e3 is seed 1000 (the schema took it so)
         seed = int(seed)
-    # a kernel times one batch and a profile fixed shapes: neither reads a workload. Only a
-    # simulation runs on the hardware profile; the others measure the device they run on, which
-    # the `device` column names (a serve row's modelled preemption costs name their profile in
-    # preemption_cost_hardware, a kernel's roofline in roofline_hardware)
+    # a kernel times one batch and a profile fixed shapes: neither reads a workload, and a
+    # profile times the device it runs on (a kernel's roofline names its own, roofline_hardware).
+    # A served run's `hardware` is the profile its modelled preemption costs read; the `device`
+    # column names what it ran on, and its titles say that (figures.context_title)
     shapes = cfg.scenario.name in ("kernel", "profile")
-    measured = cfg.scenario.name != "simulate"
     return {
         "scenario": cfg.scenario.name,
         "allocator": plugin_cfg(cfg, "allocator")["name"],
         "backend": plugin_cfg(cfg, "backend")["name"],
         "graph": plugin_cfg(cfg, "graph")["name"],
         "model": cfg.model.name,
-        "hardware": "" if measured else cfg.hardware.name,
+        "hardware": "" if shapes else cfg.hardware.name,
         "workload": "" if shapes else cfg.workload.kind,
         "seed": seed,
         "block_size": plugin_cfg(cfg, "allocator").get("block_size", ""),

@@ -284,7 +284,6 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
         dropped_requests=requests.dropped,
     )
     row.update(preemption_report(engine, model_spec, hardware, row), swap_time_s=executor.swap_s)
-    row["preemption_cost_hardware"] = hardware.name  # the profile the two modelled costs above are its
     if any(r.prefix_id >= 0 for r in requests):
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)
     rate = float(served["rate"])

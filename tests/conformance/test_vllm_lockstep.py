@@ -47,7 +47,8 @@ def test_the_preset_makes_vllms_decisions_at_every_step(name, record_property):
     if name.startswith("preemption"):
         assert report.preemptions > case.num_requests // 2, report.summary()
     if case.prefix_caching:
-        assert report.prefix_hit_tokens > 0, report.summary()
+        # a first admission's hit or a resumed request's (sharegpt-prefix has only those): the cache ran
+        assert report.prefix_hit_tokens + report.preempted_hit_tokens > 0, report.summary()
     if name == "max-num-seqs":
         assert report.max_batch == case.max_num_seqs and report.preemptions == 0, report.summary()
     if name == "idle-watermark":
