@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvbench.errors import UserError
 from kvbench.reporting import plots, report
 from kvbench.reporting.figures import KV_PARTS
 from kvbench.reporting.results import rate_curves, read_csv, write_csv
@@ -540,3 +541,16 @@ def test_a_kernel_sweep_names_its_points_by_batch_and_gives_no_latency_capacity(
     page = (tmp_path / "out" / "report.html").read_text()
     assert "capacity" not in page.split("<h2>Verdict</h2>")[1].split("<h2>Results")[0].lower()
     assert "paged, batch_spec=2d64" in page and not (tmp_path / "out" / "latency_vs_context.png").exists()
+
+
+def test_a_validation_sweep_s_rows_a_metric_each_are_not_taken_for_repeated_points():
+    """The validation sweep docs/simulator.md gives wrote no summary or report: its points' rows,
+    one a metric, each carry the point's identity, which read as one point given twice."""
+    rows = [
+        {"scenario": "validate", "allocator": a, "model": "tiny", "metric": m, "rel_error": 0.1, "status": "ok"}
+        for a in ("paged", "contiguous")
+        for m in ("request_throughput", "median_ttft_ms")
+    ]
+    report.refuse_repeated_points(pd.DataFrame(rows), "sweep")
+    with pytest.raises(UserError, match="holds two rows of one point"):
+        report.refuse_repeated_points(pd.DataFrame(rows + rows[:1]), "sweep")

@@ -188,6 +188,8 @@ def refuse_repeated_points(frame: pd.DataFrame, path) -> None:
     # by a key no column holds (repeats, a group choice such as executor, a failed point's identity)
     if "point" in frame and frame["point"].astype(str).str.contains("=").all():
         keys = [*keys, "point"]
+    if "metric" in frame:  # scenario=validate: a row a metric, each point's rows alike but for it
+        keys = [*keys, "metric"]
     texts = identity_text(frame, keys)
     again = texts.duplicated()
     if again.any():
