@@ -554,3 +554,11 @@ def test_a_validation_sweep_s_rows_a_metric_each_are_not_taken_for_repeated_poin
     report.refuse_repeated_points(pd.DataFrame(rows), "sweep")
     with pytest.raises(UserError, match="holds two rows of one point"):
         report.refuse_repeated_points(pd.DataFrame(rows + rows[:1]), "sweep")
+
+
+def test_a_share_that_rounds_to_zero_is_written_0_not_minus_0(tmp_path):
+    """1 - (a sum of shares) is -5.5e-17 where they add to a hair over 1: it read -0.0."""
+    write_csv(tmp_path / "one.csv", [{"kv_external_frag_frac": -5.5e-17}])
+    write_csv(tmp_path / "two.csv", [{"kv_external_frag_frac": -5.5e-17}, {"kv_external_frag_frac": 0.25}])
+    assert (tmp_path / "one.csv").read_text().splitlines()[1] == "0.0"
+    assert (tmp_path / "two.csv").read_text().splitlines()[1:] == ["0.0", "0.25"]

@@ -93,6 +93,7 @@ SWEEP_COLUMNS = [
     ("token states", "kv_token_util", "{:.1%}"),
     ("preemptions", "preemptions", "{:.0f}"),
     ("kernel us p50", "latency_us_p50", "{:.2f}"),
+    ("paged/contig", "paging_overhead", "{:.2f}x"),
     ("GB/s", "achieved_gbps", "{:.3g}"),
 ]
 

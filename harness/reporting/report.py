@@ -58,6 +58,7 @@ KEY_METRICS = [
     "prefix_hit_rate",
     "cpu_overhead_frac",
     "latency_us_p50",
+    "paging_overhead",
     "achieved_gbps",
     "roofline_frac",
     "max_abs_err_vs_eager",

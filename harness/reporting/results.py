@@ -79,7 +79,7 @@ def _cell(value):
     if value is None:
         return ""
     if isinstance(value, (float, np.floating)):
-        return "" if math.isnan(value) else str(np.round(value, 9))
+        return "" if math.isnan(value) else str(np.round(value, 9) + 0.0)  # + 0.0: -5e-17 is 0.0, not -0.0
     return value
 
 
@@ -95,6 +95,7 @@ def write_csv(path: Path, rows) -> None:
     # 9 decimals keep a file stable across platforms' last-bit differences
     frame = table(rows).round(9)
     for column in frame.select_dtypes("float"):
+        frame[column] += 0.0  # a -5e-17 rounded is -0.0, which reads as "-0.0": 0.0
         values = frame[column].dropna()
         if len(values) < len(frame) and np.isfinite(values).all() and (values == values.round()).all():
             frame[column] = frame[column].astype("Int64")  # integers a missing cell made float

@@ -188,6 +188,6 @@ def run(cfg: DictConfig) -> list[dict]:
         launch_s=launch_s,
         device_s=device_s,
         cpu_overhead_frac=max(0.0, launch_s - device_s) / max(launch_s, device_s),
-        interpreted=interpreting(device),
+        interpreted=interpreting(device) and bool(getattr(backend_cls, "triton_kernels", False)),  # eager's are torch's
     )
     return [row]
