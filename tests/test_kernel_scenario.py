@@ -13,6 +13,7 @@ import subprocess
 import sys
 import types
 
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_module
@@ -235,3 +236,14 @@ def test_a_kernel_row_records_no_workload_rate_or_hardware_it_never_read():
     [row] = run_point(kernel_cfg("+backend=eager", "batch=1d16", "scenario.paging_overhead=false"))
     assert (row["workload"], row["rate"], row["hardware"]) == ("", "", "")
     assert row["model"] == "tiny" and row["scenario"] == "kernel"
+
+
+def test_a_kernel_series_names_each_value_once_and_a_batch_with_prompts_by_its_spec():
+    """`paged paged B=4`, and `2p256+4d512` drawn as B=6 with nothing to say 2 were prompts."""
+    from kvbench.reporting.kernel_plots import series_label
+
+    row = pd.Series({"allocator": "paged", "layout": "paged", "num_seqs": 6, "batch_spec": "2p256+4d512"})
+    assert series_label(row, ["allocator", "layout"], interpreted=False) == "paged B=6 (2p256+4d512)"
+    decode = row.copy()
+    decode["num_seqs"], decode["batch_spec"] = 4, "4d1k"
+    assert series_label(decode, ["allocator", "layout"], interpreted=True) == "paged B=4 (interpreted)"

@@ -21,8 +21,11 @@ def _interpreted(frame: pd.DataFrame) -> pd.Series:
 
 
 def series_label(row: pd.Series, keys: list[str], interpreted: bool) -> str:
-    parts = [f"{k}={row[k]}" if k == "window" else str(row[k]) for k in keys]
-    parts.append(f"B={int(row['num_seqs'])}")
+    # once each: a paged allocator's layout is `paged` too ("paged paged B=4")
+    parts = list(dict.fromkeys(f"{k}={row[k]}" if k == "window" else str(row[k]) for k in keys))
+    spec = str(row.get("batch_spec", ""))
+    # a batch with prompts is named by its spec: B=6 alone would hide that 2 of them are prefills
+    parts.append(f"B={int(row['num_seqs'])}" + (f" ({spec})" if "p" in spec else ""))
     return " ".join(parts) + (" (interpreted)" if interpreted else "")
 
 

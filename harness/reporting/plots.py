@@ -165,9 +165,13 @@ def _lines(ax, frame: pd.DataFrame, metric: str, curves: list[str], **style) -> 
         ax.set_xscale("log")
 
 
-def latency_vs_rate(frame: pd.DataFrame, curves=AUTO):
+def latency_vs_rate(frame: pd.DataFrame, curves=AUTO, slo: float | None = None):
+    """Each curve's normalized latency against the rate; `slo`, the latency target the
+    report's capacities are read at, dotted across."""
     fig, ax = subplots(figsize=(8, 4.8))
     _lines(ax, frame, "normalized_latency_s_per_tok", rate_curves(frame) if curves is AUTO else curves)
+    if slo is not None:
+        ax.axhline(slo, color="grey", linestyle=":", label=f"target {slo:g} s/token (capacity: where a curve crosses)")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")
     ax.set_title(f"Normalized latency against request rate\n{context_title(frame)}", fontsize=11)
@@ -175,7 +179,7 @@ def latency_vs_rate(frame: pd.DataFrame, curves=AUTO):
     return fig
 
 
-def draw_all(rows, out: Path) -> list[Path]:
+def draw_all(rows, out: Path, slo: float | None = None) -> list[Path]:
     """Every plot the rows support; scenarios without serving metrics contribute their own. A
     single point gets its KV breakdown; the throughput / latency panels need two points to compare."""
     frame = ok_rows(table(rows))
@@ -189,7 +193,7 @@ def draw_all(rows, out: Path) -> list[Path]:
             if len(serving) > 1:  # one point's would be a bar per panel: the console table, drawn
                 written.append(save_figure(throughput_latency(serving, curves), out / "throughput_latency.png"))
             if curves is not None:
-                written.append(save_figure(latency_vs_rate(serving, curves), out / "latency_vs_rate.png"))
+                written.append(save_figure(latency_vs_rate(serving, curves, slo), out / "latency_vs_rate.png"))
     if all(c in frame for c in KERNEL_COLUMNS):  # a figure the rows support: a hand-cut table may lack them
         kernel = frame[frame["latency_us_p50"].notna()]
         if len(kernel):

@@ -300,7 +300,7 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
     if plots:
         from kvbench.reporting.plots import draw_all  # matplotlib takes a second; bench-compare needs none
 
-        drawn = draw_all(frame, out_dir)
+        drawn = draw_all(frame, out_dir, slo)
         for stale in set(PLOTS) - {path.name for path in drawn}:  # an earlier report's, of other points
             (out_dir / stale).unlink(missing_ok=True)
     page = out_dir / "report.html"
