@@ -718,6 +718,17 @@ RUN_CASES = [
     (["hardware.name=' '"], "must not be empty: it names the rows"),
     # an UnpicklingError traceback
     (["--experimental-rerun", "FILES/junk.pickle"], "junk.pickle: not a config Hydra pickled (UnpicklingError)"),
+    # ran, recorded prefix_caching=true and hit nothing: linear layers keep no per-block state
+    (
+        [
+            "model=qwen3-next-like",
+            "hardware=h200",
+            "hardware.num_gpus=2",
+            "+allocator=hybrid",
+            "allocator.prefix_caching=true",
+        ],
+        "allocator.prefix_caching=true cannot apply to qwen3-next-like",
+    ),
     # "cannot use the overrides: File ... does not exist!"
     (["--experimental-rerun", "FILES/none.pickle"], "none.pickle: no such file; give a run's .hydra/config.pickle"),
     # replaced an earlier run's metrics.csv and requests.jsonl

@@ -176,8 +176,12 @@ def test_unsupported_reasons(monkeypatch):
         importlib.util, "find_spec", lambda name, *a: object() if name == "flashinfer" else real_find_spec(name, *a)
     )
     reason = FlashInferBackend.unsupported_reason
-    assert (
-        reason(torch.device("cpu"), torch.float16, "paged", 0) == "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
+    cpu = "needs a CUDA GPU (flashinfer kernels are CUDA-only); on a CPU use eager or triton_paged"
+    assert reason(torch.device("cpu"), torch.float16, "paged", 0) == cpu
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else object())
+    assert reason(torch.device("cpu"), torch.float16, "paged", 0) == cpu  # not "pip install": no help on a CPU
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "flashinfer" else real_find_spec(name, *a)
     )
     assert "float32" in reason(torch.device("cuda"), torch.float32, "paged", 0)
     assert "layout" in reason("cuda", torch.float16, "ring", 0)

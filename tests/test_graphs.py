@@ -156,7 +156,7 @@ def test_batch_above_largest_capture_size_falls_back_to_eager_and_says_so():
     assert_same_run(full, eager, full.run(active), eager.run(active))
     stats = full.graph.stats()
     assert stats["graph_eager_steps"] == 2  # the prefill and the 3-row decode
-    assert "1 x batch > largest capture size 2: ran eager" in stats["graph_eager_reason"]
+    assert "1 x step's tokens > largest capture size 2: ran eager" in stats["graph_eager_reason"]
     assert stats["graph_replays"] == 1 and stats["graph_captured_sizes"] == 1
 
 
@@ -186,7 +186,7 @@ def test_piecewise_oversize_batch_runs_pieces_uncaptured_and_says_so():
     assert_same_run(piecewise, eager, piecewise.run(active), eager.run(active))
     stats = piecewise.graph.stats()
     assert stats["graph_eager_steps"] == 1  # the 23-token prefill exceeds capture size 4
-    assert "batch > largest capture size 4: pieces ran uncaptured" in stats["graph_eager_reason"]
+    assert "step's tokens > largest capture size 4: pieces ran uncaptured" in stats["graph_eager_reason"]
 
 
 def test_prepare_captures_every_size_up_front_from_padding_rows():

@@ -129,10 +129,17 @@ def refuse_plugins_that_cannot_meet(cfg: DictConfig, model: ModelSpec) -> None:
     """What a real run (serve, profile, validate) would refuse only as its plugins meet, decided
     from the config before anything runs: a graph mode that cannot run the backend, graph=full
     over a layout per layer kind, what the hybrid layout cannot serve, and async scheduling
-    beside prefix caching."""
-    if cfg.scenario.name not in ("serve", "profile", "validate"):
+    beside prefix caching; and, in every scenario, prefix caching of a model with linear layers."""
+    if cfg.scenario.name in ("kernel",):
         return
     allocator_cls, options = allocator_class(cfg, model)
+    if allocator_cls.per_layer_kind_layout and options.get("prefix_caching") and model.num_layers_of("linear"):
+        raise UserError(  # the allocator turned it off, and the row said prefix_caching=true, hit rate 0
+            f"allocator.prefix_caching=true cannot apply to {model.name}: its linear layers keep one state a "
+            f"sequence, which no prefix can be found in; set allocator.prefix_caching=false"
+        )
+    if cfg.scenario.name not in ("serve", "profile", "validate"):
+        return
     graph_cls, _ = graph_mode(cfg)
     if graph_cls.name != "eager":  # the mode's own rule, on the device the run would take (torch: a real run's)
         from kvbench.plugins.graphs.base import refuse_unsupported

@@ -134,10 +134,10 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype, layout: str, window: int) -> str | None:
+        if torch.device(device).type != "cuda":  # first: installing it would not help on a CPU
+            return "needs a CUDA GPU (flashinfer kernels are CUDA-only); on a CPU use eager or triton_paged"
         if importlib.util.find_spec("flashinfer") is None:
             return INSTALL_HINT
-        if torch.device(device).type != "cuda":
-            return "needs a CUDA GPU (flashinfer kernels are CUDA-only)"
         if dtype not in SUPPORTED_DTYPES:
             return f"dtype {dtype} not supported by flashinfer; use float16 or bfloat16"
         layout_reason = cls.layout_reason(layout, window)

@@ -119,7 +119,7 @@ class GraphMode:
         return self.capture_sizes[i] if i < len(self.capture_sizes) else None
 
     def too_large(self, num_tokens: int) -> str:
-        return f"batch > largest capture size {self.capture_sizes[-1]}"
+        return f"step's tokens > largest capture size {self.capture_sizes[-1]}"  # sizes count tokens
 
     def prepare(self, max_num_seqs: int, max_num_tokens: int, ctx: ForwardContext) -> None:
         """Capture ahead of the first step what the scheduler's largest batches will need."""
