@@ -718,6 +718,16 @@ RUN_CASES = [
     (["hardware.name=' '"], "must not be empty: it names the rows"),
     # an UnpicklingError traceback
     (["--experimental-rerun", "FILES/junk.pickle"], "junk.pickle: not a config Hydra pickled (UnpicklingError)"),
+    # "the KV pool (44310 token slots) is smaller than one request: hybrid needs 1355 slots"
+    (
+        ["model=gemma-3-like", "hardware=h100-sxm", "+allocator=hybrid", "allocator.watermark=0.99"],
+        "slots), though the KV pool has 44310: its headroom (allocator.watermark) or its split",
+    ),
+    # "use +allocator=hybrid", which the preset then refuses
+    (
+        ["+preset=vllm", "model=gpt-oss-like", "hardware=h100-sxm"],
+        "run this model without the preset, with +allocator=hybrid",
+    ),
     # ran, recorded prefix_caching=true and hit nothing: linear layers keep no per-block state
     (
         [

@@ -67,6 +67,14 @@ class Engine:
                     f"(allocator.watermark), so a {longest}-token request ({self.allocator.footprint(longest)} "
                     f"slots) can never be admitted; lower allocator.watermark or {self.more_memory}"
                 )
+            if self.allocator.footprint(longest) <= self.allocator.num_slots:  # the pool holds it; a rule does not
+                raise UserError(
+                    f"allocator {self.allocator.name} can never admit a {longest}-token request "
+                    f"({self.allocator.footprint(longest)} slots), though the KV pool has {self.allocator.num_slots}: "
+                    f"its headroom (allocator.watermark) or its split of the pool between layer kinds "
+                    f"(allocator.policy=static) keeps it out; lower the watermark, use allocator.policy=shared, or "
+                    f"{self.more_memory}"
+                )
             raise UserError(
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
                 f"{self.allocator.name} needs {self.allocator.footprint(longest)} slots for a "

@@ -77,6 +77,13 @@ def _other_layers_hint(cfg: DictConfig, unserved: list[str]) -> str:
     scenario times one full-attention layer and takes no hybrid pool; as_full (every layer sized
     as full attention) is a memory baseline that serves no linear layer."""
     scenario = cfg.scenario.name
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().runtime.choices.get("preset") == "vllm":
+        return (  # the preset's allocator is paged, and it refuses +allocator=hybrid beside it
+            "+preset=vllm configures vLLM's paged allocator, which holds full-attention layers only: run this "
+            "model without the preset, with +allocator=hybrid"
+        )
     if scenario == "kernel":
         return (
             "scenario=kernel times one full-attention layer on one block table: choose a model whose "
@@ -121,7 +128,8 @@ def full_graph_over_layer_kinds(allocator: str) -> UserError:
     eager (FullGraph's PER_LAYER), recorded as graph=full."""
     return UserError(
         f"graph=full captures one attention metadata for every layer; allocator={allocator} gives each "
-        f"layer kind its own, so no step could replay: choose +graph=piecewise or +graph=eager"
+        f"layer kind its own, so no step could replay: choose +graph=piecewise (not for a model with linear "
+        f"layers) or +graph=eager"
     )
 
 

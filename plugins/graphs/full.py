@@ -97,7 +97,7 @@ class FullGraph(GraphMode):
             "its forward is not declared cuda_graph_capturable (a replayed graph never "
             "re-runs host code, so a backend that reads batch metadata on the host would "
             "attend over the capture's batch); use +graph=piecewise, which keeps attention "
-            "out of the graph, or +graph=eager"
+            "out of the graph (not for a model with linear layers), or +graph=eager"
         )
 
     def _capture(self, size: int, ctx: ForwardContext) -> Capture:
