@@ -36,8 +36,8 @@ def check_async_supported(requests: list, allocator) -> None:
 def refuse_prefix_caching(prefix_caching: bool) -> None:
     if prefix_caching:
         raise UserError(
-            "engine.async_scheduling=true cannot run with allocator.prefix_caching=true: "
-            "block hashes need the token values of the step still running"
+            "engine.async_scheduling=true cannot run with allocator.prefix_caching=true (+preset=vllm turns it "
+            "on): block hashes need the token values of the step still running; set allocator.prefix_caching=false"
         )
 
 
