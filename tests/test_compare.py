@@ -251,7 +251,9 @@ def test_significant_but_small_change_is_not_a_regression():
     result = judge(base, [v * 1.05 + 0.1 for v in base], rule, policy.test)  # fully separated, +15 %
     assert result.verdict == "REGRESSED"
     result = judge(base, [v + 0.06 for v in base], rule, policy.test)  # fully separated, +6 %
-    assert result.verdict == "below min_effect"
+    assert result.verdict == "below min_effect" and result.detail.startswith("5.9% worse, under min_effect 10%")
+    faster = judge(base, [v - 0.06 for v in base], rule, policy.test)  # which way, said
+    assert faster.verdict == "below min_effect" and faster.detail.startswith("6.2% better")
     assert judge([1.0], [2.0], rule, policy.test).verdict == "not statistically meaningful"
 
 

@@ -127,4 +127,8 @@ def judge(base: list[float], cur: list[float], rule: Rule, test: SignificanceTes
         verdict = "better" if large else SMALL
     else:
         verdict = NO_CHANGE
+    if verdict == SMALL:  # which way: "below min_effect" alone did not say
+        detail = (
+            f"{abs(change):.1%} {'worse' if change > 0 else 'better'}, under min_effect {rule.min_effect:.0%}; {detail}"
+        )
     return Judgement(verdict, b, c, change, detail)
