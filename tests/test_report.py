@@ -562,3 +562,11 @@ def test_a_share_that_rounds_to_zero_is_written_0_not_minus_0(tmp_path):
     write_csv(tmp_path / "two.csv", [{"kv_external_frag_frac": -5.5e-17}, {"kv_external_frag_frac": 0.25}])
     assert (tmp_path / "one.csv").read_text().splitlines()[1] == "0.0"
     assert (tmp_path / "two.csv").read_text().splitlines()[1:] == ["0.0", "0.25"]
+
+
+def test_a_point_s_name_shows_a_measured_rate_to_six_digits():
+    """A validate sweep's rates are measured (0.8 of the saturated rate): `rate=10.100226994`."""
+    from kvbench.reporting.results import point_labels
+
+    frame = pd.DataFrame({"allocator": ["paged", "contiguous"], "rate": [10.100226994, 128.0]})
+    assert point_labels(frame).tolist() == ["paged, rate=10.1002", "contiguous, rate=128"]

@@ -248,7 +248,8 @@ def point_labels(frame: pd.DataFrame, keys: list[str] | None = None) -> pd.Serie
     keys = varying_keys(frame) if keys is None else keys
     if not keys or frame.empty:
         return frame.get("allocator", pd.Series("point", index=frame.index, dtype=object)).map(cell_text)
-    texts = pd.DataFrame({k: frame[k].map(cell_text) for k in keys})
+    shown = lambda v: f"{v:.6g}" if isinstance(v, (float, np.floating)) and np.isfinite(v) else cell_text(v)
+    texts = pd.DataFrame({k: frame[k].map(shown) for k in keys})  # rate=10.100226994 reads 10.1002
     named = texts.apply(
         lambda text: text if text.name in ("sweep", "allocator") else f"{text.name.rsplit('.', 1)[-1]}=" + text
     )
