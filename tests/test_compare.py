@@ -626,3 +626,19 @@ def test_a_swept_key_that_names_an_identity_column_is_matched_by_that_column(tmp
     result = run_compare(tmp_path / "baseline.csv", tmp_path / "current.csv")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK: 2 point(s)" in result.stdout and result.stdout.count("new in current (no baseline)") == 2
+
+
+def test_a_measured_metric_undefined_on_both_sides_is_not_counted_as_too_few_samples(tmp_path):
+    """roofline_frac is NaN on a CPU in every repeat: it was 'not statistically meaningful (no
+    finite sample on a side)', one of the footer's 'too few samples'."""
+    nan = float("nan")
+    row = {"scenario": "kernel", "backend": "eager", "model": "tiny", "batch_spec": "4d1k", "status": "ok"}
+    samples = json.dumps({"latency_us_p50": [10.0, 10.2, 10.1, 10.3, 10.0], "roofline_frac": [nan] * 5})
+    write_csv(tmp_path / "a.csv", [{**row, "latency_us_p50": 10.1, "roofline_frac": nan, "samples": samples}])
+    write_csv(tmp_path / "b.csv", [{**row, "latency_us_p50": 10.1, "roofline_frac": nan, "samples": samples}])
+    result = run_compare(tmp_path / "a.csv", tmp_path / "b.csv")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert next(line for line in result.stdout.splitlines() if "roofline_frac" in line).endswith(
+        "not measured on either side"
+    )
+    assert "0 not statistically meaningful" in result.stdout

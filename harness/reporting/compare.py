@@ -337,6 +337,10 @@ def compare(
                     f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  REGRESSED ({lost} of {count} missing)", file=out
                 )
                 continue
+            both = [*base_samples.get(metric, [bv]), *cur_samples.get(metric, [cv])]
+            if rule.measured and not any(math.isfinite(x) for x in both):  # roofline_frac on a CPU: undefined
+                print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  not measured on either side", file=out)
+                continue
             if rule.measured:
                 result = judge(base_samples.get(metric, [bv]), cur_samples.get(metric, [cv]), rule, policy.test)
                 verdict, detail = result.verdict, f" ({result.detail})"
