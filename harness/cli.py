@@ -579,8 +579,9 @@ def composing_once(args):
 
     compose = ConfigLoaderImpl.load_sweep_config
     checked: dict[tuple, object] = {}
-    # a run, not a look at its config (--cfg, --info, --help) nor Hydra's rerun of a pickled one in its own folder
-    looks = (args.cfg, args.info, args.experimental_rerun)
+    # a run, not a look at its config (--cfg, --info, --help); Hydra's rerun of a pickled config
+    # composes nothing, so the run-folder check never meets it
+    looks = (args.cfg, args.info)
     running = all(look is None for look in looks) and not (args.help or args.hydra_help or args.shell_completion)
     swept_folders: set[str] = set()  # the point folders of this sweep's batches so far
 

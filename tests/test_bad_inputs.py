@@ -778,8 +778,8 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
 
 
 def test_a_rerun_of_a_pickled_run_replaces_its_own_results(tmp_path, monkeypatch):
-    """Hydra's --experimental-rerun runs a run's pickled config again in that run's folder: the
-    one single run that may replace a metrics.csv there."""
+    """Hydra's --experimental-rerun runs a run's pickled config again in that run's folder, and
+    replaces its metrics.csv: the check that refuses a new run there must not refuse it."""
     monkeypatch.chdir(tmp_path)
     pickled = "+hydra.callbacks.save_job_info._target_=hydra.experimental.callbacks.PickleJobInfoCallback"
     run = ["workload.num_requests=5", "plots=false", "progress=false", f"hydra.run.dir={tmp_path / 'run'}", pickled]
@@ -1000,10 +1000,6 @@ def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
         (
             ["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid", "+backend=triton_paged", "+graph=full"],
             "graph=full captures one attention metadata for every layer; allocator=hybrid",
-        ),
-        (
-            ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "+graph=piecewise"],
-            "a model with linear layers serves with graph=eager",
         ),
         (
             ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "allocator.policy=as_full"],

@@ -38,8 +38,14 @@ GPU_PROFILES = (
 )
 
 
-def interpreting(device: torch.device) -> bool:
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
+def interpreting(device: torch.device, backend_cls: type) -> bool:
+    """True where Triton's interpreter runs this backend's kernels (TRITON_INTERPRET=1 on a CPU):
+    its times are the interpreter's. A backend without Triton kernels (eager) is never interpreted."""
+    return (
+        device.type == "cpu"
+        and bool(getattr(backend_cls, "triton_kernels", False))
+        and os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
+    )
 
 
 def roofline_hardware(cfg: DictConfig, device: torch.device) -> Hardware | None:
@@ -188,6 +194,6 @@ def run(cfg: DictConfig) -> list[dict]:
         launch_s=launch_s,
         device_s=device_s,
         cpu_overhead_frac=max(0.0, launch_s - device_s) / max(launch_s, device_s),
-        interpreted=interpreting(device) and bool(getattr(backend_cls, "triton_kernels", False)),  # eager's are torch's
+        interpreted=interpreting(device, backend_cls),
     )
     return [row]

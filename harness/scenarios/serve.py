@@ -292,7 +292,7 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     # the step times are the interpreter's, not performance (as a kernel row says the same)
     from kvbench.scenarios.kernel import interpreting
 
-    interpreted = interpreting(device) and bool(getattr(real.backend_cls, "triton_kernels", False))
+    interpreted = interpreting(device, real.backend_cls)
     if interpreted:
         log.warning(
             "the Triton kernels ran under its interpreter (TRITON_INTERPRET=1): these times are not performance"
