@@ -587,7 +587,8 @@ RUN_CASES = [
     ),
     (
         ["+experiment=fig13", "workload.rate=5", "hydra.sweep.dir=FILES/q4"],
-        "rates from fig13.rates, not workload.rate=5",
+        # was "sweeps workload.rate over several values", which fig13 does not
+        "rates from fig13.rates, not workload.rate=5: give fig13.rates.sharegpt=2 (a trace's: +fig13.rates.trace=",
     ),
     # the parallel point ran, then foo's failed: no launch resolves an interpolation to a missing key
     (

@@ -352,8 +352,6 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
             ["+experiment=fig12", "workload.rate=0.5,1,2"],
             "+experiment=fig12 takes each workload's rates from fig12.rates",
         ),
-        # "sweeps workload.rate over several values", which fig13 does not
-        (["+experiment=fig13", "workload.rate=2"], "give fig13.rates.sharegpt=2 (a trace's: +fig13.rates.trace="),
         # ran every point, then refused the rate and the workload
         (["+experiment=fig2", "workload.rate=2,4"], "this sweep would run rate=2: drop that override"),
         (["+experiment=fig2", "workload.rate=choice(2)"], "this sweep would run rate=2: drop that override"),

@@ -337,12 +337,12 @@ def compare(
                     f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  REGRESSED ({lost} of {count} missing)", file=out
                 )
                 continue
-            both = [*base_samples.get(metric, [bv]), *cur_samples.get(metric, [cv])]
-            if rule.measured and not any(math.isfinite(x) for x in both):  # roofline_frac on a CPU: undefined
-                print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  not measured on either side", file=out)
-                continue
             if rule.measured:
-                result = judge(base_samples.get(metric, [bv]), cur_samples.get(metric, [cv]), rule, policy.test)
+                sides = base_samples.get(metric, [bv]), cur_samples.get(metric, [cv])
+                if not any(math.isfinite(x) for side in sides for x in side):  # roofline_frac on a CPU: undefined
+                    print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  not measured on either side", file=out)
+                    continue
+                result = judge(*sides, rule, policy.test)
                 verdict, detail = result.verdict, f" ({result.detail})"
                 if math.isfinite(result.base) and math.isfinite(result.current):  # the values judged
                     bv, cv = result.base, result.current

@@ -153,14 +153,14 @@ RUN_KEYS = ("workload", "rate")  # fig2's keys a command line may set for every 
 
 
 def _as_given(key: str, text: str):
-    """A command line's value as the config holds it: a rate as a number (one that is none is
-    the schema's to refuse, and passes here)."""
+    """A command line's value as the config holds it: a rate as a number (text that is none stays
+    text, off the paper's setup; the sweep's check of its points has refused it already)."""
     if key != "rate":
         return text
     try:
         return float(text)
     except ValueError:
-        return 4.0
+        return text
 
 
 def fig2(rows: list[dict], cfg) -> list[dict]:
@@ -674,8 +674,8 @@ def refuse_fixed_axes(config, paper: str | None) -> None:
     """Before an experiment's sweep: a command line that fixes an axis its comparison needs
     (`+experiment=fig19 engine.preemption=swap`) would run every point and then be refused."""
     needed = NEEDED_AXES.get(paper or "", ())
+    tables = paper in RATE_TABLES and OmegaConf.select(config, f"{paper}.rates", default=None) is not None
     for override in _parsed_overrides(config) if needed else []:
-        tables = paper in RATE_TABLES and OmegaConf.select(config, f"{paper}.rates", default=None) is not None
         if override.key_or_group == "workload.rate" and tables:  # +experiment's tables: one value or several
             raise UserError(
                 f"+experiment={paper} takes each workload's rates from {paper}.rates, not {override.input_line}: "
