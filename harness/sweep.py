@@ -2,10 +2,11 @@
 a time limit per point.
 
 A finished point's directory holds metrics.csv and fingerprint.json: the hash of its resolved
-config (less the keys that do not change what it measures) and the kvbench version and git sha
-that ran it. Re-running a sweep into its directory skips a point only when its rows are all ok
-and its fingerprint is today's; anything else (failed, unreadable, produced by another config or
-another kvbench) is run again, and the log says why.
+config (less the keys that do not change what it measures), the kvbench version and git sha
+that ran it, and in a checkout with uncommitted changes, a hash of them. Re-running a sweep into
+its directory skips a point only when its rows are all ok and its fingerprint is today's;
+anything else (failed, unreadable, produced by another config or another kvbench) is run again,
+and the log says why.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ LOCK = ".kvbench.lock"
 def fingerprint(cfg: DictConfig, not_measured=()) -> dict:
     """What produced a point: its resolved config less the `not_measured` keys (dotted; the
     sweep's hydra.job.config.override_dirname.exclude_keys, which also keep them out of the point's
-    name and columns), and the kvbench version and git sha."""
-    from kvbench.reporting.results import environment
+    name and columns), the kvbench version and git sha, and a dirty checkout's changes."""
+    from kvbench.reporting.results import environment, source_changes
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
@@ -51,6 +52,9 @@ def fingerprint(cfg: DictConfig, not_measured=()) -> dict:
         "kvbench_version": env["kvbench_version"],
         "git_sha": env["git_sha"],
     }
+    changes = source_changes()
+    if changes:  # a dirty checkout's sha does not name its code: edits between two runs must show
+        found["source_changes"] = changes
     files = input_files(resolved)
     if files:  # only where the point reads one: a fingerprint of before stays the same
         found["input_files"] = files
@@ -114,6 +118,8 @@ def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
     def what(key: str, value) -> str:
         if key == "config_sha256":
             return "its config"
+        if key == "source_changes":
+            return "kvbench's uncommitted changes"
         if key == "input_files":
             old = stored.get(key) or {}
             return "the file at " + ", ".join(k for k in value if old.get(k) != value[k])

@@ -549,3 +549,37 @@ def test_points_told_apart_by_a_key_no_column_holds_are_two_points_not_one(tmp_p
 def test_a_subdir_spelled_with_a_trailing_slash_is_the_same_folder(tmp_path, monkeypatch):
     sweep_in_process(tmp_path, monkeypatch, "seed=0,1", "hydra.sweep.subdir=s${seed}/", "workload.num_requests=5")
     assert sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.csv")) == ["s0", "s1"]
+
+
+def test_a_dirty_checkout_marks_its_rows_and_a_resume_reruns_points_its_edits_changed(tmp_path, monkeypatch, capsys):
+    """A row's git_sha names its code only for a clean checkout: an edit between two runs of a
+    sweep, with HEAD the same, reruns its points rather than keeping rows the old code made."""
+    from kvbench.reporting import results
+
+    status = {"text": " M harness/core/engine.py\n"}
+    git = {"rev-parse": "0123456789ab\n", "diff": "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n"}
+
+    def fake_git(*args):
+        return status["text"] if args[0] == "status" else git[args[0]]
+
+    monkeypatch.setattr(results, "_git", fake_git)
+    results.environment.cache_clear()
+    args = ("workload.rate=1,2", "workload.num_requests=20")
+    try:
+        sweep_in_process(tmp_path, monkeypatch, *args)
+        assert {r["git_sha"] for r in summary(tmp_path / "sweep")} == {"0123456789ab-dirty"}
+        capsys.readouterr()
+        sweep_in_process(tmp_path, monkeypatch, *args)  # the same edits: nothing to redo
+        assert capsys.readouterr().out.count("skipped ") == 2
+
+        git["diff"] = git["diff"].replace("+new", "+newer")  # edited again, still uncommitted
+        sweep_in_process(tmp_path, monkeypatch, *args)
+        assert capsys.readouterr().out.count("changed since it ran: kvbench's uncommitted changes") == 2
+
+        status["text"] = ""  # committed nothing, reverted everything: clean at the same HEAD
+        results.environment.cache_clear()
+        sweep_in_process(tmp_path, monkeypatch, *args)
+        assert capsys.readouterr().out.count("git_sha 0123456789ab-dirty -> 0123456789ab") == 2
+        assert {r["git_sha"] for r in summary(tmp_path / "sweep")} == {"0123456789ab"}
+    finally:
+        results.environment.cache_clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import hashlib
 import io
 import math
 import os
@@ -278,24 +279,37 @@ def _version(dist: str) -> str:
         return "none"
 
 
-@functools.lru_cache(maxsize=1)
-def environment() -> dict:
+def _git(*args: str) -> str | None:
+    """A git command's output in kvbench's own checkout; None where there is none (an install)."""
     try:
-        sha = (
-            subprocess.run(
-                ["git", "rev-parse", "--short=12", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(kvbench.__file__).parent,
-                timeout=5,
-            ).stdout.strip()
-            or "unknown"
+        done = subprocess.run(
+            ["git", *args], capture_output=True, text=True, cwd=Path(kvbench.__file__).parent, timeout=5
         )
     except (OSError, subprocess.SubprocessError):
-        sha = "unknown"
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict:
+    """What produced a row. `git_sha` ends in `-dirty` where the checkout has changes not
+    committed (untracked files included; git-ignored ones, results/ among them, not), as
+    `git describe --dirty` marks it: a row is then not reproducible from its sha alone."""
+    sha = (_git("rev-parse", "--short=12", "HEAD") or "").strip() or "unknown"
+    if sha != "unknown" and _git("status", "--porcelain"):
+        sha += "-dirty"
     return {
         "kvbench_version": kvbench.__version__,
         "git_sha": sha,
         "torch": _version("torch"),
         "triton": _version("triton"),
     }
+
+
+def source_changes() -> str | None:
+    """The sha256 of the checkout's changes not committed (a diff against HEAD, and the names of
+    untracked files); None for a clean checkout or an install."""
+    if not environment()["git_sha"].endswith("-dirty"):
+        return None
+    changes = (_git("diff", "HEAD") or "") + (_git("status", "--porcelain") or "")
+    return hashlib.sha256(changes.encode()).hexdigest()
