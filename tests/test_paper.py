@@ -15,6 +15,8 @@ from kvbench.errors import UserError
 from kvbench.reporting.paper import (
     FIGURES,
     capacities,
+    capacity_note,
+    capacity_row,
     capacity_rows,
     fig2,
     fig14_15,
@@ -514,3 +516,24 @@ def test_a_curve_whose_higher_rates_failed_says_so_rather_than_to_sweep_higher()
     rows = curve("paged", {1: 0.05, 2: 0.1}) + [{**curve("paged", {4: ""})[0], "status": "failed"}]
     with pytest.raises(UserError, match=r"its points at 4 req/s failed \(summary.csv says why\): rerun them"):
         capacities(rows, slo=0.5)
+
+
+def test_a_capacity_well_above_what_its_system_served_says_a_finer_sweep_would_place_it_lower():
+    """1, 2, 4, 8 req/s put paged's capacity at 2.62 req/s, interpolated in log latency across
+    its knee, where it served 2.22 at most (and a sweep between 2.2 and 2.4 placed it at 2.28):
+    the console and the report said 2.62 with nothing but its bracket."""
+    served = {1: 0.93, 2: 1.885, 4: 2.146, 8: 2.221}
+    rows = curve("paged", {1: 0.0363, 2: 0.0949, 4: 20.4014, 8: 67.7697})
+    rows = [{**r, "request_throughput": str(served[float(r["rate"])])} for r in rows]
+    (found,) = capacities(rows, slo=0.5).values()
+    assert round(found, 2) == 2.62 and found.served == 2.221
+    row = capacity_row("sharegpt", "paged", found)
+    assert row["over_served"] and row["served_max_req_s"] == 2.221 and row["between_req_s"] == "2-4"
+    assert capacity_note(pd.Series(row)) == (
+        "; above the 2.22 req/s it served at most: a finer sweep between 2 and 4 places it lower"
+    )
+    close = [{**r, "request_throughput": "2.14"} for r in curve("paged", {2.2: 0.2649, 2.4: 1.2291})]
+    (found,) = capacities(close, slo=0.5).values()  # 2.28, within 10 % of the 2.14 served: the rates' own gap
+    assert not capacity_row("sharegpt", "paged", found)["over_served"]
+    (found,) = capacities(curve("paged", {1: 0.05, 2: 5.0}), slo=0.5).values()  # no throughput column
+    assert not capacity_row("sharegpt", "paged", found)["over_served"] and capacity_note(pd.Series({})) == ""

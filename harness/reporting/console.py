@@ -160,6 +160,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
     system's capacity at that latency target below it, where points measured normalized latency."""
     import pandas as pd  # a single run's summary needs neither pandas nor the capacity code
 
+    from kvbench.reporting.paper import capacity_note
     from kvbench.reporting.winners import METRIC, capacity
 
     if "metric" in frame and "scenario" in frame and (frame["scenario"] == "validate").all():  # a line a metric
@@ -182,7 +183,8 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
             ratio = getattr(row, "ratio_to_baseline", float("nan"))
             name = ", ".join(filter(None, [row.setting, row.allocator]))
             against = f"  {ratio:.2f}x {baseline}" if ratio == ratio else ""
-            lines.append(f"{name:<32}{row.capacity_req_s:>8.3g}  (between {row.between_req_s}){against}")
+            note = capacity_note(row)
+            lines.append(f"{name:<32}{row.capacity_req_s:>8.3g}  (between {row.between_req_s}{note}){against}")
         lines += [f"none: {line}" for line in unplaced]
         lines.append(rule)
     return "\n".join(lines)

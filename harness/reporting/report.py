@@ -21,6 +21,7 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
 from kvbench.reporting.figures import context_title
+from kvbench.reporting.paper import capacity_note
 from kvbench.reporting.results import (
     ENVIRONMENT,
     IDENTITY,
@@ -395,7 +396,8 @@ def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str
         of = f", {ratio:.2f}× {html.escape(baseline)}'s" if ratio == ratio else ""
         parts.append(
             f"<li><b>{html.escape(', '.join(filter(None, [row.setting, row.allocator])))}</b>: "
-            f"{row.capacity_req_s:.3g} req/s{of} <small>(between the swept {row.between_req_s} req/s)</small></li>"
+            f"{row.capacity_req_s:.3g} req/s{of} <small>(between the swept {row.between_req_s} req/s"
+            f"{html.escape(capacity_note(row))})</small></li>"
         )
     parts += [f"<li>no {target}: {html.escape(line)}</li>" for line in unplaced]
     return parts + ["</ul>"]

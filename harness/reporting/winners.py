@@ -18,7 +18,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from kvbench.errors import UserError
-from kvbench.reporting.paper import between_text, capacities, capacity_rows, task_overrides
+from kvbench.reporting.paper import capacities, capacity_row, capacity_rows, task_overrides
 from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, rate_curves, varying_keys
 
 METRIC = "normalized_latency_s_per_tok"
@@ -137,8 +137,5 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
         if any(system == baseline for _, system in curves):
             found += [{"setting": setting, **row} for row in capacity_rows(curves, baseline)]
         else:
-            found += [
-                {"setting": setting, "allocator": a, "capacity_req_s": c, "between_req_s": between_text(c)}
-                for (_, a), c in curves.items()
-            ]
+            found += [{"setting": setting, **capacity_row(w, a, c)} for (w, a), c in curves.items()]
     return pd.DataFrame(found).rename(columns={f"ratio_to_{baseline}": "ratio_to_baseline"}), unplaced
