@@ -454,6 +454,18 @@ FAST = ["progress=false", "workload.num_requests=3", "hydra/job_logging=none", "
             ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "allocator.policy=as_full"],
             "policy=as_full sizes linear layers as attention",
         ),
+        (  # a window layer holds every token a prefill step writes: 500 at once never fit 253 slots
+            [
+                "model=tiny-gemma3",
+                "+allocator=hybrid",
+                "workload=fixed",
+                "workload.input_len=500",
+                "workload.output_len=1",
+                "workload.num_requests=1",
+                "engine.kv_cache_bytes=409600",
+            ],
+            "prefilled 161 tokens a step it fits (scheduler.chunked_prefill=true scheduler.max_num_batched_tokens=161)",
+        ),
     ],
 )
 def test_bad_hybrid_input_is_one_line_with_exit_code_2(tmp_path, monkeypatch, args, message):
@@ -532,3 +544,45 @@ def test_hybrid_admits_a_cached_prompt_exactly_when_paged_does(first_still_runni
     # held hits cost no free block, revived ones do: either way prompts of up to the pool's
     # 64 tokens fit (counting every prompt block would refuse all of them beside a running holder)
     assert outcomes == [extra <= 24 for extra in range(40)]
+
+
+def compose_point(overrides: list[str]):
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        return compose("bench", overrides=[*overrides, "progress=false", "plots=false"])
+
+
+def test_a_long_prompt_a_window_layer_cannot_hold_in_one_step_runs_in_the_chunks_the_error_names():
+    """The check before the run sized a window layer at its steady window, so a 500-token prompt
+    passed it and then died mid-run: 'no sequence can run'. The largest chunk it names runs."""
+    at = ["model=tiny-gemma3", "+allocator=hybrid", "workload=fixed", "workload.input_len=500"]
+    at += ["workload.output_len=1", "workload.num_requests=1", "engine.kv_cache_bytes=409600"]
+    at += ["scheduler.chunked_prefill=true"]
+    (row,) = run_point(compose_point([*at, "scheduler.max_num_batched_tokens=161"]))
+    assert row["completed"] == 1
+    with pytest.raises(UserError, match="needs 266 slots for a 501-token request in one 162-token step"):
+        run_point(compose_point([*at, "scheduler.max_num_batched_tokens=162"]))
+
+
+def test_beams_of_a_model_with_linear_layers_reserve_their_states_at_admission():
+    """Forking a beam took a linear state with no room asked for (spares were reserved for
+    workload.n only): KeyError from an empty pool, in a pool that admitted the request."""
+    (row,) = run_point(
+        compose_point(
+            [
+                "model=tiny-qwen3-next",
+                "+allocator=hybrid",
+                "workload=fixed",
+                "workload.input_len=40",
+                "workload.output_len=30",
+                "workload.beam_width=2",
+                "workload.num_requests=8",
+                "engine.kv_cache_bytes=100000",
+            ]
+        )
+    )
+    assert row["completed"] == 8 and row["total_output_tokens"] == 8 * 2 * 30  # both beams
+    spec = model("tiny-qwen3-next")
+    allocator = hybrid(spec)
+    root = Sequence(0, Request(0, 0.0, 9, 5, beam_width=3), 9)
+    assert allocator.admit(root)
+    assert allocator.managers["linear"].num_pages == 3 * allocator.pages.pages_per_state  # own + 2 beams'

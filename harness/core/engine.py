@@ -78,7 +78,7 @@ class Engine:
             raise UserError(
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
                 f"{self.allocator.name} needs {self.allocator.footprint(longest)} slots for a "
-                f"{longest}-token request; {self.more_memory}"
+                f"{longest}-token request{self._in_chunks(longest)}; {self.more_memory}"
             )
         allocator, widest = self.allocator, max(r.width for r in requests)
         if widest > self.scheduler.max_num_seqs:
@@ -107,6 +107,29 @@ class Engine:
                     f"tokens) cannot hold one {longest}-token request ({blocks} blocks); "
                     f"raise {self.swap_pool_key.format(longest=blocks * allocator.block_size)}"
                 )
+
+    def _in_chunks(self, longest: int) -> str:
+        """Where the longest request fits if prefilled in smaller steps (a window layer holds
+        every token a step writes), the largest step that fits, as advice; else nothing."""
+        allocator, whole = self.allocator, self.allocator.max_step_tokens
+        fits = []
+        try:
+            low, high = 1, min(whole or longest, longest) - 1
+            while low <= high:  # the need grows with the step: the largest step that fits
+                allocator.max_step_tokens = middle = (low + high) // 2
+                if allocator.can_ever_admit(longest):
+                    fits.append(middle)
+                    low = middle + 1
+                else:
+                    high = middle - 1
+        finally:
+            allocator.max_step_tokens = whole
+        if not fits:
+            return ""
+        return (
+            f" in one {min(whole or longest, longest)}-token step; prefilled {fits[-1]} tokens a step it fits "
+            f"(scheduler.chunked_prefill=true scheduler.max_num_batched_tokens={fits[-1]})"
+        )
 
     def new_sequence(self, request: Request, parent: Sequence | None = None) -> Sequence:
         tokens = list(request.prompt_tokens) if request.prompt_tokens is not None else []

@@ -117,8 +117,8 @@ class HybridAllocator(KVAllocator):
         return all(pool.fits(need.get(id(pool), 0), reserve) for pool in self.pools)
 
     def _num_states(self, seq: Sequence) -> int:
-        """States a sequence takes at admission: its own and those of the samples it will fork."""
-        return seq.request.n if seq.parent is None and seq.first_token_s is None else 1
+        """States a sequence takes at admission: its own and those of the samples or beams it will fork."""
+        return seq.request.width if seq.parent is None and seq.first_token_s is None else 1
 
     def admit(self, seq: Sequence) -> bool:
         # As paged: admit while the whole prompt's blocks fit, less the cached blocks it starts
@@ -130,9 +130,7 @@ class HybridAllocator(KVAllocator):
         hit, hashes = self._prefix_hit(seq) if cached else (0, {})
         need: dict = {}
         for m in self.attention:
-            blocks = cdiv(seq.num_tokens, m.block_size)
-            if m.release:
-                blocks = min(blocks, cdiv((m.keep - 1 + step), m.block_size) + 1)
+            blocks = m.blocks_for(seq.num_tokens, step)
             if hit:
                 blocks = m.pool.admission_need(blocks, m.hit_pages(hashes[m], hit))
             need[id(m.pool)] = need.get(id(m.pool), 0) + blocks
@@ -207,13 +205,17 @@ class HybridAllocator(KVAllocator):
             pages += self.pages.pages_per_state * (1 + len(self.linear.spares[seq.seq_id]))
         return pages * self.pages.page_bytes // self.slot_bytes
 
-    def _pages_at_end(self, request_len: int) -> dict:
+    def _pages_at_end(self, request_len: int, width: int = 1) -> dict:
+        """Pages a request of `request_len` tokens and `width` sequences may hold at once: its
+        longest step is a prefill of all of them (a preempted request's recompute), then forks."""
+        step = min(request_len, self.max_step_tokens or request_len)
         need: dict = {}
         for m in self.attention:
-            need[id(m.pool)] = need.get(id(m.pool), 0) + m.blocks_for(request_len)
+            pages = m.blocks_for(request_len, step) + (width - 1) * m.blocks_for(request_len)
+            need[id(m.pool)] = need.get(id(m.pool), 0) + pages
         if self.linear:
             pool = id(self.linear.pool)
-            need[pool] = need.get(pool, 0) + self.pages.pages_per_state
+            need[pool] = need.get(pool, 0) + width * self.pages.pages_per_state
         return need
 
     def footprint(self, request_len: int) -> int:
@@ -221,9 +223,9 @@ class HybridAllocator(KVAllocator):
         return pages * self.pages.page_bytes // self.slot_bytes
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
-        need = self._pages_at_end(final_len)
+        need = self._pages_at_end(final_len, width)
         kept = (lambda p: 0) if self.watermark_exempt else (lambda p: p.watermark_blocks)  # as paged's
-        return all(need.get(id(p), 0) * width <= p.num_blocks - kept(p) for p in self.pools)
+        return all(need.get(id(p), 0) <= p.num_blocks - kept(p) for p in self.pools)
 
     # --- accounting ----------------------------------------------------------------------
     def accounting(self) -> HybridAccounting:

@@ -166,11 +166,13 @@ class AttentionManager:
     def held_blocks(self, seq_id: int) -> int:
         return len(self.tables[seq_id]) - self.first_live[seq_id]
 
-    def blocks_for(self, num_tokens: int) -> int:
-        """Blocks a sequence of `num_tokens` tokens holds between steps."""
+    def blocks_for(self, num_tokens: int, step: int = 1) -> int:
+        """Blocks a sequence of `num_tokens` tokens holds while a step writes the last `step` of
+        them (a window layer: the window before the step, and every token the step writes); with
+        step 1, what it holds between decode steps."""
         blocks = cdiv(num_tokens, self.block_size)
         if self.release:
-            blocks = min(blocks, cdiv(self.keep, self.block_size) + 1)
+            blocks = min(blocks, cdiv(self.keep - 1 + step, self.block_size) + 1)
         return blocks
 
     def usage(self) -> tuple[int, int, int]:

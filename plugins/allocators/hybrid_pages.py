@@ -58,7 +58,7 @@ def unify_pages(model: ModelSpec, block_size: int, linear_as_full: bool = False)
 class LinearStateManager:
     """One fixed-size recurrent state per sequence, `pages_per_state` pages each.
 
-    A request with n parallel samples reserves its n - 1 children's states when it is admitted,
+    A request of n parallel samples (or beams) reserves its n - 1 children's states when it is admitted,
     so forking (which copies the parent's state) never waits for memory.
     """
 
