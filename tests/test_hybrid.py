@@ -123,7 +123,8 @@ def test_as_full_keeps_every_window_block_and_counts_tokens_beyond_the_window_as
     assert allocator.managers["window"].held_blocks(0) == 10
     window = allocator.accounting().by_kind["window"]
     token_bytes = allocator.pages.token_bytes["window"]
-    assert window.token == 8 * token_bytes and window.internal == 32 * token_bytes
+    # the next query (position 40) reads itself and the 7 stored tokens before it: 33 are stale
+    assert window.token == 7 * token_bytes and window.internal == 33 * token_bytes
 
 
 # --- linear-state layers ----------------------------------------------------------------
@@ -197,6 +198,12 @@ def recount(allocator) -> None:
             assert m.num_pages == len(unique)
             assert m.filled == sum(m.pool.fill[p] for p in unique)
             assert m.stale == sum(m.page_stale[p] for p in unique)
+            passed = {}  # a page is stale as far as its least advanced holder has passed it
+            for sid, table in m.tables.items():
+                for index in range(m.first_live[sid], len(table)):
+                    own = min(m.block_size, max(0, m.stale_end[sid] - index * m.block_size))
+                    passed[table[index]] = min(passed.get(table[index], own), own)
+            assert all(m.page_stale[p] == passed[p] for p in unique)
             assert m.num_named == len(live)  # a shared page once per table
             pages = len(unique)
         else:
@@ -586,3 +593,36 @@ def test_beams_of_a_model_with_linear_layers_reserve_their_states_at_admission()
     root = Sequence(0, Request(0, 0.0, 9, 5, beam_width=3), 9)
     assert allocator.admit(root)
     assert allocator.managers["linear"].num_pages == 3 * allocator.pages.pages_per_state  # own + 2 beams'
+
+
+def test_a_prefix_hit_on_pages_a_live_holder_has_passed_counts_them_as_token_state_again():
+    """A (200 tokens) has moved its window past blocks that B (101 tokens, a prefix hit) still
+    reads: they were stale for both, so B's 31 window tokens read as internal fragmentation."""
+    spec = ModelSpec(
+        name="w",
+        num_layers=2,
+        hidden_size=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        num_params=1e4,
+        max_model_len=512,
+        dtype="fp16",
+        vocab_size=64,
+        layer_pattern=("window",),
+        window=32,
+    )
+    allocator = hybrid(spec, num_slots=4096, block_size=4, watermark=0.0, prefix_caching=True)
+    tokens = [t % 50 for t in range(200)]
+    a = Sequence(0, Request(0, 0.0, 200, 10, tokens), 200, token_ids=list(tokens))
+    b = Sequence(1, Request(1, 0.0, 101, 10, tokens[:101]), 101, token_ids=list(tokens[:101]))
+    assert allocator.admit(a) and step(allocator, a, 200)
+    token_bytes = allocator.pages.token_bytes["window"]
+    assert allocator.accounting().token == 31 * token_bytes  # A's next query reads 31 stored tokens
+    assert allocator.admit(b) and b.num_computed == 100  # a hit on blocks A still holds
+    assert step(allocator, b, 1)
+    assert allocator.accounting().token == (31 + 31) * token_bytes
+    recount(allocator)
+    allocator.free(a)  # A's pages B does not hold go; B's window stays token state
+    assert allocator.accounting().token == 31 * token_bytes
+    recount(allocator)

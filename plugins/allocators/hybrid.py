@@ -11,8 +11,8 @@ shared, so the two naive choices are measured by the same code:
              linear layers store K/V per token): PagedAttention unaware of layer kinds
 
 Accounting is in bytes, per kind and in total. A kind's token state is what its layers will
-read again (full: every token; window: the last W; linear: the state), so the tokens an
-`as_full` window layer keeps beyond its window count as internal fragmentation. A kind's view
+read again (full: every token; window: the W - 1 before the next query; linear: the state), so
+the tokens an `as_full` window layer keeps beyond its window count as internal fragmentation. A kind's view
 of the pool is the pages it holds plus the free pages it could take; the four parts of each
 view, and of the whole pool, add up to it.
 """

@@ -18,12 +18,15 @@ class AttentionManager:
     """Block tables of one attention kind over a page pool.
 
     `keep` > 0: only a sequence's last `keep` tokens are read again (a window layer, or a linear
-    layer sized as full attention); older tokens still held are stale, i.e. internal
-    fragmentation. `release`: blocks that fall wholly before what the next step reads go back to
-    the pool, so a window layer holds at most ceil(W / B) + 1 blocks after a decode step.
+    layer sized as full attention; a window's next query is one of its W, so W - 1 stored tokens
+    are read again); older tokens still held are stale, i.e. internal fragmentation. `release`:
+    blocks that fall wholly before what the next step reads go back to the pool, so a window
+    layer holds at most ceil(W / B) + 1 blocks after a decode step.
     Counters (pages held, tokens filled, stale, reserved) are kept incrementally; a shared page
     is counted once, except in `num_named`: the live (not released) entries of every table, a
-    shared page once per table.
+    shared page once per table. A token of a shared page is stale once every holder has passed
+    it: a prefix hit puts a sequence whose window still reads a page beside one that has moved
+    on, so each page keeps its holders' stale counts (`holders`) and is as stale as the least.
     """
 
     def __init__(
@@ -38,6 +41,8 @@ class AttentionManager:
     ):
         self.kind, self.pool, self.block_size, self.token_bytes = kind, pool, block_size, token_bytes
         self.keep, self.release, self.log_copy = keep, release, log_copy
+        # stored tokens the next query reads: a window's query reads itself and the W - 1 before it
+        self.reads_back = keep - 1 if kind == "window" else keep
         self.tables: dict[int, list[int]] = {}  # seq -> page per block; -1 once released
         self.first_live: dict[int, int] = {}  # seq -> index of its first block not released
         self.stale_end: dict[int, int] = {}  # seq -> positions below this are counted stale
@@ -45,6 +50,7 @@ class AttentionManager:
         self.hashes: dict[int, list] = {}  # seq -> chained hashes of its cached full blocks
         self.root_hash = ROOT_HASH + LAYER_KINDS.index(kind)
         self.page_stale = [0] * len(pool.ref_count)  # per page: tokens no layer will read again
+        self.holders: list[dict[int, int]] = [{} for _ in pool.ref_count]  # per page: stale count -> holders
         self.num_pages = self.filled = self.stale = self.reserved = self.num_copies = 0
         self.num_named = 0
 
@@ -53,14 +59,38 @@ class AttentionManager:
         self.num_pages += 1
         page = self.pool.take()
         self.page_stale[page] = 0
+        self.holders[page] = {0: 1}
         return page
 
-    def _drop(self, page: int) -> None:
-        pool = self.pool
-        if pool.drop(page):
+    def _drop(self, page: int, stale: int) -> None:
+        """A holder whose own count of stale tokens on `page` is `stale` lets go of it."""
+        if self.pool.drop(page):
             self.num_pages -= 1
-            self.filled -= pool.fill[page]
+            self.filled -= self.pool.fill[page]
             self.stale -= self.page_stale[page]
+            self.page_stale[page] = 0
+            self.holders[page] = {}
+        else:
+            self._restale(page, stale, None)
+
+    def _restale(self, page: int, old: int | None, new: int | None) -> None:
+        """One holder's stale tokens on `page` go from `old` to `new` (None: not a holder); the
+        page is as stale as its least stale holder."""
+        holders = self.holders[page]
+        if old is not None:
+            if holders[old] == 1:
+                del holders[old]
+            else:
+                holders[old] -= 1
+        if new is not None:
+            holders[new] = holders.get(new, 0) + 1
+        least = min(holders) if holders else 0
+        self.stale += least - self.page_stale[page]
+        self.page_stale[page] = least
+
+    def _stale_of(self, seq_id: int, index: int) -> int:
+        """How many tokens of its block `index` sequence `seq_id` has passed."""
+        return min(self.block_size, max(0, self.stale_end[seq_id] - index * self.block_size))
 
     def _fill(self, page: int, tokens: int) -> None:
         self.filled += tokens - self.pool.fill[page]
@@ -81,7 +111,7 @@ class AttentionManager:
         table, bs = self.tables[seq_id], self.block_size
         i = self.first_live[seq_id]
         while i < len(table) and (i + 1) * bs <= position:
-            self._drop(table[i])
+            self._drop(table[i], self._stale_of(seq_id, i))
             table[i] = -1
             self.num_named -= 1
             i += 1
@@ -100,10 +130,13 @@ class AttentionManager:
         if before % bs and pool.ref_count[table[-1]] > 1:
             src = table[-1]
             dst = table[-1] = pool.copy_on_write(src)
+            stale = self._stale_of(seq_id, len(table) - 1)
+            self._restale(src, stale, None)  # still held: copy_on_write freed nothing
             self.num_pages += 1
             self.filled += pool.fill[dst]
-            self.page_stale[dst] = self.page_stale[src]
-            self.stale += self.page_stale[src]
+            self.page_stale[dst] = stale
+            self.holders[dst] = {stale: 1}
+            self.stale += stale
             self.log_copy(src, dst)
             self.num_copies += 1
         while len(table) * bs < after:
@@ -112,7 +145,7 @@ class AttentionManager:
         for index in range(before // bs, (after - 1) // bs + 1):
             self._fill(table[index], min(bs, after - index * bs))
         if self.keep:
-            self._mark_stale(seq_id, after - self.keep)
+            self._mark_stale(seq_id, after - self.reads_back)
         self._update_reserved(seq_id, after, final_len)
         if token_ids:
             self._cache_full_blocks(seq_id, token_ids, min(after, len(token_ids)) // bs)
@@ -122,13 +155,10 @@ class AttentionManager:
         start = self.stale_end[seq_id]
         if frontier <= start:
             return
-        table, bs, page_stale = self.tables[seq_id], self.block_size, self.page_stale
+        table, bs = self.tables[seq_id], self.block_size
         for index in range(max(start // bs, self.first_live[seq_id]), (frontier - 1) // bs + 1):
-            page = table[index]
-            stale = min(bs, frontier - index * bs)
-            if stale > page_stale[page]:  # shared: stale once the furthest holder passed it
-                self.stale += stale - page_stale[page]
-                page_stale[page] = stale
+            old = min(bs, max(0, start - index * bs))
+            self._restale(table[index], old, min(bs, frontier - index * bs))
         self.stale_end[seq_id] = frontier
 
     def _update_reserved(self, seq_id: int, num_tokens: int, final_len: int) -> None:
@@ -142,8 +172,10 @@ class AttentionManager:
     def fork(self, parent: int, child: int, num_tokens: int, final_len: int) -> None:
         table = list(self.tables[parent])
         first = self.first_live[parent]
-        for page in table[first:]:
-            self.pool.hold(page)
+        for index in range(first, len(table)):  # the child has passed what its parent has
+            self.pool.hold(table[index])
+            stale, holders = self._stale_of(parent, index), self.holders[table[index]]
+            holders[stale] = holders.get(stale, 0) + 1
         self.add(child, table)
         self.first_live[child] = first
         self.num_named += len(table) - first
@@ -154,12 +186,12 @@ class AttentionManager:
         self._update_reserved(child, num_tokens, final_len)
 
     def free(self, seq_id: int) -> None:
-        table = self.tables.pop(seq_id)
-        live = table[self.first_live.pop(seq_id) :]
-        self.num_named -= len(live)
-        for page in reversed(live):  # the tail is evicted first
-            self._drop(page)
-        del self.stale_end[seq_id]
+        table = self.tables[seq_id]
+        first = self.first_live.pop(seq_id)
+        self.num_named -= len(table) - first
+        for index in range(len(table) - 1, first - 1, -1):  # the tail is evicted first
+            self._drop(table[index], self._stale_of(seq_id, index))
+        del self.tables[seq_id], self.stale_end[seq_id]
         self.reserved -= self.seq_reserved.pop(seq_id)
         self.hashes.pop(seq_id, None)
 
@@ -219,14 +251,16 @@ class AttentionManager:
         """Start `seq_id` with its first `length` tokens from cached pages (a prefix hit)."""
         pages = self.hit_pages(hashes, length)
         table = [-1] * (length // self.block_size - len(pages)) + pages
-        for page in pages:
-            if self.pool.hold(page):  # revived from the free pages: held again, stale for nobody
+        for page in pages:  # the new holder has passed nothing yet: _mark_stale below counts it
+            if self.pool.hold(page):  # revived from the free pages: held again, by it alone
                 self.num_pages += 1
                 self.filled += self.pool.fill[page]
-                self.page_stale[page] = 0
+                self.holders[page] = {0: 1}
+            else:
+                self._restale(page, None, 0)
         self.add(seq_id, table)
         self.first_live[seq_id] = len(table) - len(pages)
         self.num_named += len(pages)
         self.hashes[seq_id] = hashes[: length // self.block_size]
         if self.keep:
-            self._mark_stale(seq_id, length - self.keep)
+            self._mark_stale(seq_id, length - self.reads_back)
