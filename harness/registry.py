@@ -38,6 +38,17 @@ class Registry:
                 self.pm.load_setuptools_entrypoints(hookspecs.PROJECT)
             except Exception as err:  # noqa: BLE001 (an installed plugin that fails to import)
                 raise UserError(f"{_broken_entry_point()}: {type(err).__name__}: {err}; fix or uninstall it") from None
+            self.check_hooks()
+
+    def check_hooks(self) -> None:
+        """A hook whose name kvbench has none of (`kvbench_allocator`) would be ignored in silence."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as err:
+            raise UserError(
+                f"the kvbench plugin {self.pm.get_name(err.plugin)} defines a hook kvbench has not "
+                f"({str(err).splitlines()[0]}); kvbench's hooks: {', '.join(KINDS.values())}"
+            ) from None
 
     def register(self, plugin, name: str | None = None) -> None:
         self.pm.register(plugin, name=name)
@@ -103,6 +114,19 @@ def _check_contract(cls: type, kind: str) -> None:
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(cls.__abstractmethods__))
         raise UserError(f"{kind} {cls.name!r} ({cls.__module__}) does not implement {missing} (see {base.__name__})")
+    if kind == "allocator":  # what the executors read of the layout it declares
+        layout = getattr(cls, "layout", None)
+        reads = {"paged": "block_table", "contiguous": "slot_start"}
+        if layout not in reads:
+            raise UserError(
+                f"allocator {cls.name!r} ({cls.__module__}) has layout {layout!r}; a layout is 'paged' "
+                f"(block tables, read by block_table(seq)) or 'contiguous' (a slot range, read by slot_start(seq))"
+            )
+        if not callable(getattr(cls, reads[layout], None)):
+            raise UserError(
+                f"allocator {cls.name!r} ({cls.__module__}) has a {layout} layout but no {reads[layout]}(seq), "
+                f"which a real run reads it by (see KVAllocator)"
+            )
 
 
 def _broken_entry_point() -> str:

@@ -2,9 +2,11 @@
 
 import contextlib
 import types
+from typing import Annotated
 
 import pytest
 from hydra import compose, initialize_config_module
+from pydantic import Field
 
 from kvbench.errors import UserError
 from kvbench.hookspecs import hookimpl
@@ -144,11 +146,39 @@ class NegativeCounting(OracleAllocator):
         return (token, -1 - reserved, *rest)
 
 
-@pytest.mark.parametrize("allocator", [OverCounting, NegativeCounting])
-def test_an_allocator_whose_accounting_is_no_split_of_its_pool_is_refused_not_reported(allocator):
+class NamingTooFew(OracleAllocator):
+    """Names half the slots it holds: published as kv_blocks_saved_frac -1.0, status ok."""
+
+    name = "naming_too_few"
+
+    def kv_slots(self):
+        *counts, named = super().kv_slots()
+        return (*counts, named // 2)
+
+
+class Fractional(OracleAllocator):
+    """Half a token state: cut to a whole number and published."""
+
+    name = "fractional"
+
+    def kv_slots(self):
+        token, *rest = super().kv_slots()
+        return (token + 0.5, *rest)
+
+
+@pytest.mark.parametrize(
+    "allocator, said",
+    [
+        (OverCounting, "at step 0 .* is not a split"),
+        (NegativeCounting, "at step 0 .* is not a split"),
+        (NamingTooFew, "at step 0 names .* slots in its block tables but holds"),
+        (Fractional, r"kv_slots\(\) gave token .*\.5 at step 0, a count that is no whole number"),
+    ],
+)
+def test_an_allocator_whose_accounting_is_no_split_of_its_pool_is_refused_not_reported(allocator, said):
     """It was published with status ok: token states 685.9 %, free -586.2 %."""
     with plugged_in(allocator, 20) as cfg:
-        with pytest.raises(UserError, match=f"allocator {allocator.name}'s accounting at step 0 .* is not a split"):
+        with pytest.raises(UserError, match=f"allocator {allocator.name}'s accounting:? {said}"):
             run_point(cfg)
 
 
@@ -224,3 +254,135 @@ def test_a_search_path_package_that_fails_to_import_is_one_line(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     said = refused(lambda: cli.main(["hydra.searchpath=[pkg://broken_conf_pkg.conf]", "progress=false"]))
     assert "a package of hydra.searchpath cannot be imported (RuntimeError: failed to import)" in said
+
+
+class NoKeywords(OracleAllocator):
+    """Takes no **options: the options its bases take never reach them."""
+
+    name = "no_keywords"
+
+    def __init__(self, num_slots, max_model_len, block_size=16, model=None, spare: int = 0):
+        super().__init__(num_slots, max_model_len, block_size, model=model)
+
+
+class NoModel(OracleAllocator):
+    name = "no_model"
+
+    def __init__(self, num_slots, max_model_len, block_size=16):
+        super().__init__(num_slots, max_model_len, block_size)
+
+
+class Ranged(OracleAllocator):
+    name = "ranged"
+
+    def __init__(
+        self, num_slots, max_model_len, spare: Annotated[int, Field(ge=0, le=8)] = 0, slack: float = 0.0, **options
+    ):
+        super().__init__(num_slots, max_model_len, **options)
+
+
+def test_a_plugin_s_options_are_what_its_constructor_takes_its_ranges_kept_and_floats_finite():
+    """NoKeywords was told it accepts watermark and placement (its bases' options), then failed
+    mid-run with a TypeError; a constructor without `model` failed so too; Annotated ranges
+    were dropped (spare=9 ran) and a float option took nan."""
+    from kvbench.schema import check_plugin_options
+
+    with pytest.raises(UserError, match=r"no option 'placement' \(it accepts: block_size, spare\)"):
+        check_plugin_options("allocator", NoKeywords, {"placement": "first_fit"})
+    assert check_plugin_options("allocator", NoKeywords, {"spare": 1}) == {"spare": 1}
+    with pytest.raises(UserError, match="allocator no_model's constructor takes no model: kvbench builds"):
+        check_plugin_options("allocator", NoModel, {})
+    assert check_plugin_options("allocator", Ranged, {"spare": 8, "slack": 0.5}) == {"spare": 8, "slack": 0.5}
+    with pytest.raises(UserError, match=r"allocator.spare=9 .*8"):
+        check_plugin_options("allocator", Ranged, {"spare": 9})
+    with pytest.raises(UserError, match="allocator.spare='3' must be an integer"):
+        check_plugin_options("allocator", Ranged, {"spare": "3"})
+    with pytest.raises(UserError, match="allocator.slack=nan is not allowed: a float option is a finite number"):
+        check_plugin_options("allocator", Ranged, {"slack": float("nan")})
+
+
+def test_a_backend_is_built_with_its_options(monkeypatch):
+    """backend.note=x was checked against the constructor and recorded, then the backend was
+    built with no arguments at all."""
+    from kvbench.plugins.backends.eager import EagerBackend
+    from kvbench.scenarios import build
+
+    built = []
+
+    class Noted(EagerBackend):
+        name = "noted"
+
+        def __init__(self, note: str = "default"):
+            built.append(note)
+
+    module = types.ModuleType("noted_kv")
+
+    @hookimpl
+    def kvbench_backends():
+        return [Noted]
+
+    module.kvbench_backends = kvbench_backends
+    registry = default_registry()
+    registry.register(module)
+    try:
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            cfg = compose(
+                "bench",
+                overrides=["scenario=serve", "model=tiny", "+backend.name=noted", "+backend.note=given"]
+                + ["workload.num_requests=2", "progress=false", "plots=false"],
+            )
+        assert build.backend_options(cfg) == {"note": "given"}
+        (row,) = run_point(cfg)
+        assert row["backend"] == "noted" and set(built) == {"given"}
+    finally:
+        registry.unregister(module)
+
+
+def test_an_installed_plugin_without_a_config_file_is_named_installed_with_the_way_to_choose_it(tmp_path, monkeypatch):
+    """`+allocator=spare` for an installed package that ships no conf/allocator/spare.yaml read
+    'unknown allocator', as if nothing were installed."""
+    from kvbench import cli
+
+    from helpers.cli import refused
+
+    monkeypatch.chdir(tmp_path)
+    registry = default_registry()
+    module = plugin_module(Spare)
+    registry.register(module)
+    try:
+        said = refused(lambda: cli.main(["+allocator=spare", "workload.num_requests=5", "progress=false"]))
+    finally:
+        registry.unregister(module)
+    assert said.startswith("error: allocator 'spare' is installed, but no allocator/spare.yaml is on the config search")
+    assert "+allocator.name=spare" in said
+
+
+def test_a_misspelt_hook_and_an_allocator_without_the_reader_of_its_layout_are_refused():
+    """A `kvbench_allocator` hook (one letter short) was ignored: 'unknown allocator'; a paged
+    allocator without block_table(seq) ran its simulation and died in serve: AttributeError."""
+    module = types.ModuleType("typo_kv")
+
+    @hookimpl
+    def kvbench_allocator():
+        return [HalfOracleAllocator]
+
+    module.kvbench_allocator = kvbench_allocator
+    registry = Registry(load_entry_points=False)
+    registry.register(module, name="typo_kv")
+    with pytest.raises(
+        UserError, match="the kvbench plugin typo_kv defines a hook kvbench has not .*kvbench_allocator"
+    ):
+        registry.check_hooks()
+
+    class Tableless(HalfOracleAllocator):
+        name, layout = "tableless", "paged"
+
+    class Shapeless(HalfOracleAllocator):
+        name, layout = "shapeless", "blocks"
+
+    registry = Registry()
+    registry.register(plugin_module(Tableless, Shapeless), name="third_party_kv")
+    with pytest.raises(UserError, match=r"has a paged layout but no block_table\(seq\)"):
+        registry.get("allocator", "tableless")
+    with pytest.raises(UserError, match="has layout 'blocks'; a layout is 'paged'"):
+        registry.get("allocator", "shapeless")

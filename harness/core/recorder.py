@@ -179,6 +179,14 @@ class Recorder:
                 f"{self._accounting} at step {step} ({counts}) is not a split of its {self.num_slots} "
                 f"slots: each count >= 0 and the first four at most the pool (KVAllocator.kv_slots)"
             )
+        short = slots[:, 4] < held  # a held slot is named by one block table at least
+        if short.any():
+            step = int(short.argmax())
+            raise UserError(
+                f"{self._accounting} at step {step} names {int(slots[step, 4])} slots in its block tables but "
+                f"holds {int(held[step])}: every slot held is named at least once (KVAllocator.kv_slots), "
+                f"else the blocks sharing saves read negative"
+            )
 
     def summary(self, num_requests: int, last_admit_s: float, first_arrival_s: float) -> dict:
         ends = np.asarray(self.step_end)
@@ -189,10 +197,18 @@ class Recorder:
         if weight.sum() <= 0:
             weight = dts
         # the steps' tuples read flat: half the time of np.asarray on a list of tuples
-        try:
-            slots = np.fromiter(chain.from_iterable(self.kv), np.int64, 5 * len(self.kv)).reshape(-1, 5)
-        except (TypeError, ValueError, OverflowError) as err:  # a NaN, None or a float past int64
+        try:  # read as floats, so that a fraction is seen, not cut to a whole number
+            counts = np.fromiter(chain.from_iterable(self.kv), np.float64, 5 * len(self.kv)).reshape(-1, 5)
+        except (TypeError, ValueError, OverflowError) as err:  # None, or a text
             raise UserError(f"{self._accounting}: kv_slots() gave a count that is no whole number ({err})") from None
+        whole = np.isfinite(counts) & (counts == np.round(counts)) & (np.abs(counts) < 2**53)
+        if not whole.all():
+            step, column = np.argwhere(~whole)[0]
+            raise UserError(
+                f"{self._accounting}: kv_slots() gave {KV_COUNTS[column]} {float(counts[step, column])!r} at step "
+                f"{step}, a count that is no whole number"
+            )
+        slots = counts.astype(np.int64)
         self._check_accounting(slots)
         kv = slots / self.num_slots
         token, reserved, internal, rounding = (np.average(kv[:, i], weights=weight) for i in range(4))

@@ -117,6 +117,14 @@ def backend_class(cfg: DictConfig, device, dtype, layout: str, windows, where: s
     return cls
 
 
+def backend_options(cfg: DictConfig) -> dict:
+    """The configured backend's options, as its constructor takes them (a plugin's own: the
+    built-in backends take none)."""
+    options = plugin_cfg(cfg, "backend")
+    options.pop("name")
+    return options
+
+
 def graph_mode(cfg: DictConfig) -> tuple[type, dict]:
     """The configured graph mode class and its options (checked against the backend when built)."""
     options = plugin_cfg(cfg, "graph")

@@ -25,7 +25,7 @@ from kvbench.errors import UserError
 from kvbench.plugins.backends.base import refuse_misshapen
 from kvbench.plugins.backends.eager import EagerBackend
 from kvbench.scenarios import batch_spec, kernel_case
-from kvbench.scenarios.build import allocator_class, backend_class, load_specs, resolve_device
+from kvbench.scenarios.build import allocator_class, backend_class, backend_options, load_specs, resolve_device
 
 QUANTILES = (0.1, 0.5, 0.9)
 # torch.cuda.get_device_name() fragment -> hardware profile (first match wins).
@@ -130,7 +130,7 @@ def run(cfg: DictConfig) -> list[dict]:
         num_slots=2 * spec.num_seqs * (max_model_len + 256), max_model_len=max_model_len, model=model, **alloc_options
     )
     case = kernel_case.build(spec, model, allocator, dtype, device, int(cfg.seed))
-    backend = backend_cls()
+    backend = backend_cls(**backend_options(cfg))
 
     def attend(meta):
         return lambda: backend.forward(case.query, case.k_cache, case.v_cache, meta, case.scale, spec.window)

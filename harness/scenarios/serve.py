@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +35,7 @@ from kvbench.model.sampling import SamplingParams
 from kvbench.scenarios.build import (
     allocator_class,
     backend_class,
+    backend_options,
     build_allocator,
     build_engine,
     full_graph_over_layer_kinds,
@@ -162,6 +163,7 @@ class RealModel:
     backend_cls: type
     graph: tuple
     sampling: SamplingParams
+    backend_options: dict = field(default_factory=dict)
 
     def executor(self, allocator, swap_slots: int = 0, async_scheduling: bool = False):
         # an allocator that lays out each layer kind apart needs the executor that reads that layout
@@ -172,7 +174,7 @@ class RealModel:
         return executor_cls(
             self.model,
             allocator,
-            self.backend_cls(),
+            self.backend_cls(**self.backend_options),
             self.sampling,
             swap_slots=swap_slots,
             graph=self.graph,
@@ -197,7 +199,7 @@ def real_model(cfg: DictConfig) -> RealModel:
     backend_cls = backend_class(cfg, device, dtype, allocator_cls.layout, windows)
     pin_threads(scenario, device)
     model = TinyDecoder(model_spec, seed=int(cfg.seed)).to(device=device, dtype=dtype).eval()
-    return RealModel(model_spec, device, model, backend_cls, graph_mode(cfg), sampling)
+    return RealModel(model_spec, device, model, backend_cls, graph_mode(cfg), sampling, backend_options(cfg))
 
 
 def warm_up(cfg: DictConfig, real: RealModel, steps: int) -> None:

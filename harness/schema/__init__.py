@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import typing
 from importlib import resources
@@ -149,40 +150,88 @@ def _option_model(group: str, node) -> type[BaseModel]:
     return options[choice]
 
 
-def accepted_options(cls: type) -> dict[str, inspect.Parameter]:
-    """The keyword options a plugin class's constructors (its own and its bases') accept."""
-    accepted: dict[str, inspect.Parameter] = {}
+def _constructors(cls: type) -> list:
+    """The constructors a plugin class's keywords reach: its own (or the one it inherits), and
+    each base's further up while the one below passes **options on."""
+    found = []
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
+        if init is None:
             continue
+        if klass is object:
+            break
+        found.append(init)
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return found
+
+
+def accepted_options(cls: type) -> dict[str, inspect.Parameter]:
+    """The keyword options a plugin class's constructor accepts (with its bases' where it passes
+    **options on to them), less the arguments kvbench itself gives."""
+    accepted: dict[str, inspect.Parameter] = {}
+    for init in _constructors(cls):
         for param in inspect.signature(init).parameters.values():
             if param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD) and param.name not in HARNESS_ARGUMENTS:
                 accepted.setdefault(param.name, param)
     return accepted
 
 
+# what kvbench gives each kind's constructor, by keyword (allocators) or by position (graph modes)
+GIVEN = {"allocator": ("num_slots", "max_model_len", "model"), "graph": ("forward", "device", "max_seq_len")}
+
+
+def refuse_unfit_constructor(kind: str, cls: type) -> None:
+    """A plugin whose constructor cannot take what kvbench gives it (build.py, graphs.base.build)
+    is refused before it runs, not a TypeError mid-run."""
+    inits = _constructors(cls)
+    params = [p for init in inits[:1] for p in list(inspect.signature(init).parameters.values())[1:]]
+    if kind == "graph":  # given by position
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            return
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        missing = list(GIVEN[kind][len(positional) :])
+    elif any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    else:
+        names = {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
+        missing = [name for name in GIVEN.get(kind, ()) if name not in names]
+    if missing:
+        given = ", ".join(GIVEN[kind])
+        raise UserError(
+            f"{kind} {cls.name}'s constructor takes no {', '.join(missing)}: kvbench builds a {kind} with "
+            f"{given} (and its options as keywords); accept them, or **options"
+        )
+
+
 def _hints(cls: type) -> dict:
     hints = {}
-    for klass in reversed(cls.__mro__):
-        init = klass.__dict__.get("__init__")
-        if init is not None and klass is not object:
-            try:
-                hints.update(typing.get_type_hints(init))
-            except Exception:  # an annotation that does not resolve only loses its type check
-                pass
+    for init in reversed(_constructors(cls)):
+        try:  # include_extras: Annotated[int, Field(ge=0)] keeps its range
+            hints.update(typing.get_type_hints(init, include_extras=True))
+        except Exception:  # an annotation that does not resolve only loses its type check
+            pass
     return hints
+
+
+def _base_type(hint):
+    """int for Annotated[int, Field(ge=0)]: what the value must be, its ranges aside."""
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
 
 
 def check_plugin_options(kind: str, cls: type, options: dict) -> dict:
     """A plugin kvbench has no schema for: its options must be its constructor's, of its types.
     Returns the options as the run should read them: a whole number given as a float for an int
     option as that int (`2e0` is 2, as for every int field of kvbench's own)."""
+    refuse_unfit_constructor(kind, cls)
     accepted, hints = accepted_options(cls), _hints(cls)
     options = dict(options)
     for key, value in options.items():
-        if hints.get(key) is int and type(value) is float and value.is_integer() and abs(value) <= 2**63:
+        base = _base_type(hints.get(key))
+        if base is int and type(value) is float and value.is_integer() and abs(value) <= 2**63:
             options[key] = value = int(value)
+        if base is float and isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{kind}.{key}={show(value)} is not allowed: a float option is a finite number")
         if key not in accepted:
             raise UserError(
                 f"{kind} {cls.name} has no option {key!r}{closest(key, accepted)} "
@@ -193,10 +242,10 @@ def check_plugin_options(kind: str, cls: type, options: dict) -> dict:
             try:
                 # strict for bool and int: the run passes the value as given, so '3' or true must
                 # not pass for an int (a TypeError mid-run, or true recorded as a count)
-                TypeAdapter(hint).validate_python(value, strict=hint in (bool, int))
+                TypeAdapter(hint).validate_python(value, strict=base in (bool, int))
             except ValidationError as err:
                 # '3' is text and 3.0 a float, where show() would write both as 3
-                given = repr(value) if isinstance(value, (str, float)) and hint not in (str, float) else show(value)
+                given = repr(value) if isinstance(value, (str, float)) and base not in (str, float) else show(value)
                 raise UserError(rule(f"{kind}.{key}={given}", allowed(err.errors(include_url=False)[0]))) from None
             except Exception:  # an annotation pydantic cannot check (a protocol, a forward ref)
                 pass

@@ -400,7 +400,7 @@ BlockSize = Field(
     16,
     ge=1,
     le=256,
-    description="tokens per block: paged's page, pow2's buddy unit; recorded only by contiguous and oracle",
+    description="tokens per block: paged's page; the unit the reserving allocators round and place ranges in",
 )
 Watermark = Field(0.01, ge=0, lt=1)
 

@@ -162,6 +162,26 @@ def _third_party_plugin_key(key: str, cause) -> str | None:
     )
 
 
+def _installed_without_config(group: str, option: str) -> str | None:
+    """`+allocator=mine` where a plugin package registers `mine` but no conf/allocator/mine.yaml is
+    on Hydra's search path (the package ships none, or its path is not given): how to choose it."""
+    from kvbench.registry import KINDS, default_registry
+
+    if group not in KINDS:
+        return None
+    try:
+        registered = option in default_registry().classes(group)
+    except Exception:  # a broken package: the run's own check of the registry says so
+        return None
+    if not registered:
+        return None
+    return (
+        f"{group} {option!r} is installed, but no {group}/{option}.yaml is on the config search path: choose "
+        f"it with +{group}.name={option} (its options as +{group}.KEY=VALUE), or give the package's config "
+        f"folder: hydra.searchpath=[pkg://PACKAGE.conf]"
+    )
+
+
 def hydra_line(err: BaseException) -> str | None:
     """One line for an error Hydra or OmegaConf raised while composing; None if it is neither's."""
     if isinstance(err, OverrideParseException):
@@ -171,6 +191,9 @@ def hydra_line(err: BaseException) -> str | None:
         missing = str(err.missing_cfg_file or "")
         group, _, option = missing.rpartition("/")
         if err.options:
+            installed = _installed_without_config(group, option)
+            if installed:
+                return installed
             return (
                 f"unknown {group} {option!r}{closest(option, err.options)}; known: "
                 f"{', '.join(sorted(err.options))}{LAUNCHERS if group == 'hydra/launcher' else ''}"

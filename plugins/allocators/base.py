@@ -77,8 +77,10 @@ class KVAccounting:
 class KVAllocator(ABC):
     """Base of every allocator plugin. Subclasses set `name` and `layout`.
 
-    `layout` is "paged" (sequences have block tables of `block_size`-slot blocks) or
-    "contiguous" (each sequence owns one slot range starting at `slot_start(seq)`).
+    `layout` is "paged" (sequences have block tables of `block_size`-slot blocks, read by
+    `block_table(seq)`: the list of block ids) or "contiguous" (each sequence owns one slot range
+    starting at `slot_start(seq)`); a real run (serve, kernel) reads the layout by that method,
+    and an allocator without it is refused when chosen.
     """
 
     name: ClassVar[str]
