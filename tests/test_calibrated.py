@@ -429,9 +429,9 @@ def test_a_measured_profile_calibrates_a_simulation(tmp_path):
     rows = read_rows(tmp_path / "profile.csv")
     assert {r["phase"] for r in rows} == {"prefill", "decode", "mixed"}
     assert all(float(r["time_s_median"]) > 0 for r in rows)
-    # the batch features are the scheduler's: 2 prompts of 64 tokens attend to 2 x 64^2 pairs
+    # the batch features are the scheduler's: 2 causal prompts of 64 tokens attend to 2 x 64 x 65 / 2 pairs
     two_prompts = next(r for r in rows if r["prefill_seqs"] == "2" and r["prefill_len"] == "64")
-    assert [int(two_prompts[f]) for f in FEATURES] == [128, 2, 128, 2 * 64 * 64]
+    assert [int(two_prompts[f]) for f in FEATURES] == [128, 2, 128, 2 * 64 * 65 // 2]
     sim, _ = calibrated(str(tmp_path / "profile.csv"))
     assert sim["executor_profile_sha256"] == row["profile_sha256"]
     assert sim["completed"] == 40

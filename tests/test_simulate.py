@@ -139,3 +139,24 @@ def test_a_run_whose_requests_were_all_admitted_in_the_warm_up_warns_its_window_
     assert early.returncode == 0 and "every request was admitted within the warm-up" in early.stdout + early.stderr
     whole = in_process(lambda: cli.main([*run, "measure.warmup_frac=0", f"hydra.run.dir={tmp_path / 'all'}"]))
     assert whole.returncode == 0 and "admitted within the warm-up" not in whole.stdout + whole.stderr
+
+
+@pytest.mark.parametrize("budget", [100, 32, 7])
+def test_a_prefill_costs_the_causal_half_of_its_attention_pairs_however_it_is_chunked(budget):
+    """A 100-token prompt's queries read 1, 2, ..., 100 keys: 5,050 pairs, which a causal kernel
+    computes; the step model counted 100 x 100 (and a chunk of n at context c, n x c)."""
+    from kvbench.arith import causal_pairs
+    from kvbench.core.scheduler import Scheduler
+    from kvbench.core.sequence import Request, Sequence
+    from kvbench.plugins.allocators.paged import PagedAllocator
+
+    allocator = PagedAllocator(4096, 256, block_size=16)
+    scheduler = Scheduler(allocator, max_num_seqs=4, max_num_batched_tokens=budget, chunked_prefill=True)
+    scheduler.add(Sequence(0, Request(0, 0.0, 100, 5), 100))
+    pairs = []
+    while sum(pairs) < 5050:
+        batch = scheduler.schedule(0.0)
+        pairs.append(batch.attention_pairs)
+    assert sum(pairs) == 5050 == causal_pairs(100, 100)
+    assert pairs[0] == causal_pairs(min(budget, 100), min(budget, 100))
+    assert causal_pairs(10, 40, window=16) == sum(min(k, 16) for k in range(31, 41))

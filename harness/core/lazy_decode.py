@@ -465,7 +465,7 @@ class LazyDecode:
                 append(seq)
                 num_tokens += n
                 context_tokens += context
-                attention_pairs += n * context
+                attention_pairs += n * context - (n * (n - 1) >> 1)  # causal: arith.causal_pairs
         counts = batch.num_new_tokens = [1] * len(seqs)
         for index, n in others:
             counts[index] = n

@@ -51,7 +51,7 @@ class Batch:
     preempted: list = field(default_factory=list)
     num_tokens: int = 0  # tokens fed to the model
     context_tokens: int = 0  # sum of context lengths after the step (KV read by attention)
-    attention_pairs: int = 0  # sum of new tokens x context length (attention FLOPs / 4 / dims)
+    attention_pairs: int = 0  # (query, key) pairs causal attention computes (arith.causal_pairs): FLOPs / 4 / dims
     swapped_blocks: int = 0  # blocks copied to or from the CPU swap pool before this step
     swapped_slots: int = 0
     num_steady: int = 0  # lazy decode: sequences decoding one token each that `seqs` leaves out
@@ -216,7 +216,7 @@ class Scheduler(LazyDecode):
                 append(seq)
                 num_tokens += n
                 context_tokens += context
-                attention_pairs += n * context
+                attention_pairs += n * context - (n * (n - 1) >> 1)  # causal: arith.causal_pairs
                 budget -= n
                 continue
             break
@@ -400,7 +400,7 @@ class Scheduler(LazyDecode):
         batch.num_new_tokens.append(n)
         batch.num_tokens += n
         batch.context_tokens += context
-        batch.attention_pairs += n * context
+        batch.attention_pairs += n * context - (n * (n - 1) >> 1)  # causal: arith.causal_pairs
 
     def finish(self, seq: Sequence) -> None:
         """Retire running entry `seq` and every sequence of its group."""

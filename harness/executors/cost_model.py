@@ -12,6 +12,7 @@ over PCIe); recomputation costs the re-prefill's FLOPs, which the steps already 
 
 from __future__ import annotations
 
+from kvbench.arith import causal_pairs
 from kvbench.core.scheduler import Batch
 from kvbench.core.spec import Hardware, ModelSpec
 from kvbench.executors.base import StepResult
@@ -149,9 +150,8 @@ class CostModelExecutor:
         w = self.window
         window_context = window_pairs = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seen = min(seq.num_computed, w)
-            window_context += seen
-            window_pairs += n * seen
+            window_context += min(seq.num_computed, w)
+            window_pairs += causal_pairs(n, seq.num_computed, w)
         return self.step_time(
             batch.num_tokens, batch.context_tokens, batch.attention_pairs, window_context, window_pairs, batch.num_seqs
         )
