@@ -171,3 +171,25 @@ def test_forked_samples_copy_a_shared_partial_last_block_n_minus_1_times(prompt_
 def test_block_size_outside_1_to_256_is_refused(block_size):
     with pytest.raises(UserError, match="block_size"):
         PagedAllocator(num_slots=1024, max_model_len=2048, block_size=block_size)
+
+
+@pytest.mark.parametrize("prompt, output, fits", [(200, 57, True), (200, 58, False)])
+def test_a_request_fits_a_pool_by_the_tokens_it_stores_not_one_more(prompt, output, fits):
+    """200 + 57 tokens store 256 (the last output token is sampled, never stored): 16 blocks of
+    16, exactly the pool. The check before the run sized it at 257 and refused it."""
+    from kvbench.core.engine import Engine
+    from kvbench.core.recorder import Recorder
+    from kvbench.core.scheduler import Scheduler
+    from kvbench.core.sequence import Request
+    from kvbench.errors import UserError
+
+    from helpers.decisions import Totals
+
+    allocator = PagedAllocator(256, 2048, block_size=16, watermark=0.0)
+    engine = Engine(Scheduler(allocator, 8, 4096), Totals(False), Recorder(), progress=False)
+    if not fits:
+        with pytest.raises(UserError, match="smaller than one request: paged needs 272 slots for a 258-token request"):
+            engine.run([Request(0, 0.0, prompt, output)])
+        return
+    row = engine.run([Request(0, 0.0, prompt, output)])
+    assert row["completed"] == 1 and row["preemptions"] == 0

@@ -58,27 +58,30 @@ class Engine:
             self.allocator.watermark_exempt = False
 
     def _check_fits(self, requests: list[Request]) -> None:
-        longest = max(r.max_tokens for r in requests)
-        if not self.allocator.can_ever_admit(longest):
+        # a sequence stores its prompt and every output token but the last (final_len): what a pool
+        # must hold of it; `longest`, prompt + output, is how the messages name the request
+        final = max(r.final_len for r in requests)
+        longest = final + 1
+        if not self.allocator.can_ever_admit(final):
             kept = getattr(self.allocator, "watermark_blocks", 0) * self.allocator.block_size
-            if kept and self.allocator.footprint(longest) <= self.allocator.num_slots:
+            if kept and self.allocator.footprint(final) <= self.allocator.num_slots:
                 raise UserError(
                     f"the KV pool ({self.allocator.num_slots} token slots) keeps {kept} of them free "
-                    f"(allocator.watermark), so a {longest}-token request ({self.allocator.footprint(longest)} "
+                    f"(allocator.watermark), so a {longest}-token request ({self.allocator.footprint(final)} "
                     f"slots) can never be admitted; lower allocator.watermark or {self.more_memory}"
                 )
-            if self.allocator.footprint(longest) <= self.allocator.num_slots:  # the pool holds it; a rule does not
+            if self.allocator.footprint(final) <= self.allocator.num_slots:  # the pool holds it; a rule does not
                 raise UserError(
                     f"allocator {self.allocator.name} can never admit a {longest}-token request "
-                    f"({self.allocator.footprint(longest)} slots), though the KV pool has {self.allocator.num_slots}: "
+                    f"({self.allocator.footprint(final)} slots), though the KV pool has {self.allocator.num_slots}: "
                     f"its headroom (allocator.watermark) or its split of the pool between layer kinds "
                     f"(allocator.policy=static) keeps it out; lower the watermark, use allocator.policy=shared, or "
                     f"{self.more_memory}"
                 )
             raise UserError(
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
-                f"{self.allocator.name} needs {self.allocator.footprint(longest)} slots for a "
-                f"{longest}-token request{self._in_chunks(longest)}; {self.more_memory}"
+                f"{self.allocator.name} needs {self.allocator.footprint(final)} slots for a "
+                f"{longest}-token request{self._in_chunks(final)}; {self.more_memory}"
             )
         allocator, widest = self.allocator, max(r.width for r in requests)
         if widest > self.scheduler.max_num_seqs:
@@ -92,15 +95,15 @@ class Engine:
                 f"a step, which scheduler.max_num_batched_tokens={self.scheduler.max_num_batched_tokens} "
                 f"never allows; raise it to at least {widest}"
             )
-        if not allocator.can_ever_admit(longest, widest):  # a preempted request comes back whole
+        if not allocator.can_ever_admit(final, widest):  # a preempted request comes back whole
             raise UserError(
                 f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
-                f"sequences of one request ({allocator.footprint(longest)} slots each with "
+                f"sequences of one request ({allocator.footprint(final)} slots each with "
                 f"{allocator.name}, and its admission watermark kept free); lower workload.n / "
                 f"workload.beam_width or {self.more_memory}"
             )
         if self.scheduler.preemption == "swap" and allocator.supports_swap:
-            blocks = cdiv(longest, allocator.block_size)
+            blocks = cdiv(final, allocator.block_size)
             if blocks > allocator.num_cpu_blocks:
                 raise UserError(
                     f"the swap pool ({allocator.num_cpu_blocks} block(s) of {allocator.block_size} "
@@ -109,8 +112,9 @@ class Engine:
                 )
 
     def _in_chunks(self, longest: int) -> str:
-        """Where the longest request fits if prefilled in smaller steps (a window layer holds
-        every token a step writes), the largest step that fits, as advice; else nothing."""
+        """Where the longest sequence (`longest` tokens stored) fits if prefilled in smaller steps
+        (a window layer holds every token a step writes), the largest step that fits, as advice;
+        else nothing."""
         allocator, whole = self.allocator, self.allocator.max_step_tokens
         fits = []
         try:

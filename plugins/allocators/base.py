@@ -231,9 +231,10 @@ class KVAllocator(ABC):
         if self.record_copies:
             self.copy_log.append((kind, src_slot, dst_slot, num_slots))
 
-    def footprint(self, request_len: int) -> int:
-        """Slots this policy sets aside for a sequence of `request_len` tokens at its end."""
-        return request_len
+    def footprint(self, final_len: int) -> int:
+        """Slots this policy sets aside for a sequence that stores `final_len` tokens at its end
+        (its prompt and every output token but the last, which is sampled and never stored)."""
+        return final_len
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
         """False when `width` sequences of `final_len` tokens (a request's samples or beams, which

@@ -66,11 +66,13 @@ class ReservingAllocator(KVAllocator):
         wanted = min(request.prompt_len + self.estimate(request.output_len), self.max_model_len)
         return max(0, wanted - request.max_tokens)
 
-    def footprint(self, request_len: int) -> int:
-        # the most any split of `request_len` tokens into prompt + output holds (once per run)
+    def footprint(self, final_len: int) -> int:
+        # the most any split of the request (final_len + 1 tokens, its last output token never
+        # stored) into prompt + output holds (once per run)
+        request_len = final_len + 1
         return max(
             self._space.held(self.reservation(request_len - output, output))
-            for output in range(1, max(request_len, 1) + 1)
+            for output in range(1, request_len + 1)
         )
 
     def admit(self, seq: Sequence) -> bool:

@@ -390,8 +390,8 @@ class PagedAllocator(KVAllocator):
     def capacity(self, seq: Sequence) -> int:
         return len(self.block_tables[seq.seq_id]) * self.block_size
 
-    def footprint(self, request_len: int) -> int:
-        return cdiv(request_len, self.block_size) * self.block_size
+    def footprint(self, final_len: int) -> int:
+        return cdiv(final_len, self.block_size) * self.block_size
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
         # admission keeps the watermark free even in an empty pool (by default: watermark_when_idle),
