@@ -188,3 +188,28 @@ def test_a_preempted_request_finding_its_own_blocks_again_is_no_prefix_hit(syste
     assert row["prefix_hit_rate"] == pytest.approx(requests["cached_tokens"].sum() / requests["input_len"].sum())
     assert 0.2 < row["prefix_hit_rate"] <= row["prefix_hit_rate_radix"]
     assert (requests["cached_tokens"] < requests["input_len"]).all()  # never the last prompt token
+
+
+def test_blocks_swapped_back_in_are_found_by_a_later_prompt_once_their_first_copies_are_gone():
+    """A's four full blocks are swapped out, their pool copies evicted by C, then swapped back in:
+    they held the prompt again, but were never named, so D with A's prompt found nothing."""
+    block = 4
+    allocator = PagedAllocator(10 * block, 256, block_size=block, watermark=0.0, prefix_caching=True)
+    allocator.enable_swap(100)
+    prompt = list(range(17))  # four full blocks and one token
+
+    def seq(seq_id, tokens):
+        return Sequence(seq_id, Request(seq_id, 0.0, len(tokens), 8, np.array(tokens)), len(tokens), token_ids=tokens)
+
+    a = seq(0, prompt)
+    assert allocator.admit(a) and allocator.grow(a, 17)
+    a.num_computed = 17
+    assert allocator.swap_out([a])
+    c = seq(1, [100 + t for t in range(40)])  # takes every block, the evictable copies of A's among them
+    assert allocator.admit(c) and allocator.grow(c, 40)
+    c.num_computed = 40
+    allocator.free(c)
+    assert allocator.swap_in([a])
+    d = seq(2, list(prompt))
+    assert allocator.admit(d) and d.num_cached == 16
+    assert allocator.block_table(d)[:4] == allocator.block_table(a)[:4]  # the swapped-in blocks, shared

@@ -459,6 +459,9 @@ class PagedAllocator(KVAllocator):
                 if self.cpu_ref[cpu] == 0:
                     self.cpu_free.append(cpu)
             self.block_tables[seq.seq_id] = table
+            if self.prefix_caching:  # its full blocks hold the content they held before: cached again
+                for block, block_hash in zip(table, self._hashes.get(seq.seq_id, ())):
+                    self.pool.name(block, block_hash)
             self.num_named_blocks += len(table)
             self._seq_reserved[seq.seq_id] = 0
         for seq in seqs:  # once every table is back, so a shared last block is seen as shared
