@@ -520,7 +520,7 @@ def test_a_curve_whose_higher_rates_failed_says_so_rather_than_to_sweep_higher()
 
 def test_a_capacity_well_above_what_its_system_served_says_a_finer_sweep_would_place_it_lower():
     """1, 2, 4, 8 req/s put paged's capacity at 2.62 req/s, interpolated in log latency across
-    its knee, where it served 2.22 at most (and a sweep between 2.2 and 2.4 placed it at 2.28):
+    its knee, where it served 2.22 at most (and a sweep between 2.2 and 2.4 placed it at 2.29):
     the console and the report said 2.62 with nothing but its bracket."""
     served = {1: 0.93, 2: 1.885, 4: 2.146, 8: 2.221}
     rows = curve("paged", {1: 0.0363, 2: 0.0949, 4: 20.4014, 8: 67.7697})
