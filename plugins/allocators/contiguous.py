@@ -71,8 +71,7 @@ class ReservingAllocator(KVAllocator):
         # stored) into prompt + output holds (once per run)
         request_len = final_len + 1
         return max(
-            self._space.held(self.reservation(request_len - output, output))
-            for output in range(1, request_len + 1)
+            self._space.held(self.reservation(request_len - output, output)) for output in range(1, request_len + 1)
         )
 
     def admit(self, seq: Sequence) -> bool:
