@@ -33,7 +33,7 @@ from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 import kvbench
 from kvbench import launch, schema, sweep
 from kvbench.core import recorder, request_log
-from kvbench.errors import UserError, exit_interrupted, exit_with, one_line, reportable
+from kvbench.errors import UserError, end_on_termination, exit_interrupted, exit_with, one_line, reportable
 from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
 
@@ -496,6 +496,14 @@ def _main(cfg: DictConfig) -> None:
     try:
         run_point_and_record(cfg, out_dir, multirun)
     except Exception as err:  # here, not in main(): Hydra would print a line of its own first
+        if isinstance(err, OmegaConfBaseException):  # seed=${seed}, seed=${nope}: resolved as the run reads it
+            from kvbench.schema.hydra_errors import hydra_line
+
+            line = hydra_line(err)
+            given = [o for o in sys.argv[1:] if "${" in o and "=" in o]  # the values that did not resolve
+            key = getattr(err, "full_key", None) or ", ".join(given)
+            if line is not None:
+                exit_with(UserError(f"{key}: {line}" if key and not line.startswith(str(key)) else line))
         if not reportable(err):
             raise
         exit_with(err)
@@ -739,7 +747,8 @@ def refuse_keys_given_twice(overrides: list[str]) -> None:
     """`seed=0,1 seed=2,3`: Hydra keeps the last list silently, and the sweep would be another
     than the one asked for (one value after another keeps the last, as a command line does).
     And `model={num_layers:20}` (alone or among a sweep's values): a group's keys set through a
-    dict, which no column of the row records (its name stays the option's)."""
+    dict, which no column of the row records (its name stays the option's); `model=[a,b]`, two
+    options merged into one config, the row naming the last."""
     seen: dict[str, str] = {}
     for item in overrides:
         key, value = split_override(item)
@@ -747,6 +756,11 @@ def refuse_keys_given_twice(overrides: list[str]) -> None:
             raise UserError(
                 f"{item} sets keys of the {key} group through a dict, which the result row would not record: set "
                 f"each key instead ({key}.KEY=VALUE; {key}=NAME chooses one of its options)"
+            )
+        if "[" in value and _is_group(key) and any(isinstance(v, list) for v in _values(item)):
+            raise UserError(
+                f"{item} lists several options of the {key} group, which would be merged into one config while "
+                f"the row names the last: choose one ({key}=NAME), or sweep them (-m {key}=A,B)"
             )
         if key in seen and _sweeps(seen[key], item):  # one value after another: the last wins, as usual
             raise UserError(
@@ -957,14 +971,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with composing_once(parsed), missing_package_is_bad_input(parsed):
             _main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (errors.Terminated)
         if user_setting == "1":
             raise
         exit_interrupted(
             f"the points that finished keep their rows in {sweep_dir}; the same command with "
             f"hydra.sweep.dir={sweep_dir} runs only the rest"
             if sweep_dir
-            else "the run wrote no result"
+            else "the run wrote no result",
+            err,
         )
     except Exception as err:
         line = sweeper_params_line(err, [split_override(o)[0] for o in parsed.overrides]) or hydra_line(err)
@@ -980,4 +995,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    end_on_termination()
     main()

@@ -57,8 +57,40 @@ def exit_with(err: BaseException) -> NoReturn:
     _leave(f"error: {one_line(err)}", EXIT_BAD_INPUT)
 
 
-def exit_interrupted(kept: str) -> NoReturn:
-    """Ctrl-C: one line saying what was kept, and exit 130 (128 + SIGINT, as a shell reports it)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a scheduler's time limit, a closed terminal), raised where the process
+    is, so that it ends as Ctrl-C does: temporary files removed, finished points kept, one line."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def end_on_termination() -> None:
+    """SIGTERM and SIGHUP raise Terminated in the main thread (their default kills the process
+    where it stands: a sweep's half-written spool left behind, no line said)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def terminate(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)  # a second one must not cut the cleanup short
+        raise Terminated(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_DFL:  # one a caller set stays its own
+            signal.signal(signum, terminate)
+
+
+def exit_interrupted(kept: str, err: BaseException | None = None) -> NoReturn:
+    """Ctrl-C: one line saying what was kept, and exit 130 (128 + SIGINT, as a shell reports it);
+    SIGTERM or SIGHUP (`err` a Terminated): the same, exit 128 + its number."""
+    if isinstance(err, Terminated):
+        import signal
+
+        _leave(f"terminated by {signal.Signals(err.signum).name}: {kept}", 128 + err.signum)
     _leave(f"interrupted: {kept}", EXIT_INTERRUPTED)
 
 

@@ -187,7 +187,9 @@ def main() -> None:
     except OSError as err:  # no process to be had: the run does everything itself
         log.debug("no helper (%s)", err)
     from kvbench import cli
+    from kvbench.errors import end_on_termination
 
+    end_on_termination()  # SIGTERM / SIGHUP end the run as Ctrl-C does, not where it stands
     try:
         cli.main()
     finally:

@@ -360,6 +360,15 @@ def test_a_rule_across_fields_or_files_is_one_line(args, message, files):
 
 FAST = ["progress=false", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
 RUN_CASES = [
+    # a traceback: AttributeError ('str' object has no attribute 'get'), TypeError (unhashable type: 'list')
+    (["report=5"], "report=5 must be a section: set its keys, report.KEY=VALUE"),
+    # two lines: Hydra's "Error executing job with overrides: [...]", then one naming no key
+    (["seed=${nope}"], "seed=${nope}: Interpolation key 'nope' not found"),
+    (["seed=${seed}"], "seed=${seed}: Recursive interpolation detected"),
+    # gemma-3-like's window layers ran in a row that said opt-13b
+    (["model=[gemma-3-like,opt-13b]"], "model=[gemma-3-like,opt-13b] lists several options of the model group"),
+    (["workload.kind=[1]"], "workload.kind=[1] must be one of sharegpt, alpaca"),
+    (["executor.name={a:1}"], 'executor.name={"a": 1} must be one of roofline, calibrated'),
     (["workload=trace", "workload.path=FILES/empty.csv"], "empty.csv: header must have input_len,output_len"),
     (["workload=trace", "workload.path=FILES/header.csv"], "header.csv has no rows"),
     (["workload=trace", "workload.path=FILES/words.csv"], "words.csv row 2"),

@@ -143,7 +143,7 @@ def _option_model(group: str, node) -> type[BaseModel]:
     if not isinstance(node, dict):
         raise UserError(f"{group}={show(node)}: choose a {group} config ({', '.join(options)})")
     choice = node.get(key)
-    if choice not in options:
+    if not isinstance(choice, str) or choice not in options:  # [1] or {a: 1}: no name, and unhashable
         raise UserError(
             f"{group}.{key}={show(choice)} must be one of {', '.join(options)}{closest(str(choice), options)}"
         )
@@ -308,7 +308,8 @@ def validate(cfg: DictConfig | dict) -> dict:
             if about_experiment:
                 raise UserError(about_experiment)
             raise UserError(unknown_key(key, known, "the config"))
-    paper = (data.get("report") or {}).get("paper")
+    report = data.get("report")
+    paper = report.get("paper") if isinstance(report, dict) else None  # a report=5: Root's check says
     for name in EXPERIMENT_SECTIONS:  # +fig12.point=r2 alone: settings nothing reads
         if isinstance(data.get(name), dict) and paper != name:  # (a value, not a section: Root's types)
             first = next(iter(data[name]), "KEY")
