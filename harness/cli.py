@@ -28,7 +28,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 import kvbench
 from kvbench import launch, schema, sweep
@@ -867,8 +867,10 @@ def refuse_bad_points(batch, configs) -> None:
         try:
             try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
                 data = OmegaConf.to_container(task_config(config), resolve=True)
-            except InterpolationKeyError:  # ${nosuch.key}, fig14_15.sharing=foo: no launch resolves it
-                schema.validate(task_config(config))  # which says so in kvbench's words
+            except (InterpolationKeyError, InterpolationResolutionError) as err:
+                # ${nosuch.key}, fig14_15.sharing=foo, fig12.duration_s=5: no launch resolves it
+                if isinstance(err, InterpolationKeyError) or "is not a container" in str(err):
+                    schema.validate(task_config(config))  # which says so in kvbench's words
                 continue
             except Exception:  # noqa: BLE001 (it resolves only as its point launches, or fails there)
                 continue

@@ -372,6 +372,8 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
         (["+experiment=fig18", "allocator=paged,oracle"], "this sweep would run allocator oracle: drop that override"),
         # ran its points, then refused the rows
         (["+experiment=fig14_15", "workload.n=2"], "workload.n=2 would run another width than the one compared"),
+        # every point failed as it ran: "ConfigTypeError raised while resolving interpolation"
+        (["+experiment=fig12", "fig12.duration_s=5"], "fig12.duration_s is a table the config reads by key"),
     ],
 )
 def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_before_the_sweep(tmp_path, args, said):

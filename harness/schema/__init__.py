@@ -271,6 +271,13 @@ def _plugin(kind: str, node) -> dict:
 def _missing_choice(cfg: DictConfig, err: OmegaConfBaseException) -> str | None:
     """`${a.b.${c}}` where `c`'s value is no key of a.b (an experiment's table read by a setting,
     +experiment=fig12 fig12.point=r9): which table lacks it, and the keys it has."""
+    scalar = re.search(r"access ([\w.]+): node `([\w.]+)` is not a container", str(err))
+    if scalar:  # fig12.duration_s=5: a table the config reads entries of, replaced by one value
+        read, table = scalar[1], scalar[2]
+        return (
+            f"{table} is a table the config reads by key ({getattr(err, 'full_key', None) or 'a setting'} reads "
+            f"{read}), not one value: set an entry, {read}=VALUE"
+        )
     found = re.match(r"Interpolation key '([^']+)' not found", str(err))
     if not found or "." not in found[1]:
         return None
