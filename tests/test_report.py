@@ -570,3 +570,17 @@ def test_a_point_s_name_shows_a_measured_rate_to_six_digits():
 
     frame = pd.DataFrame({"allocator": ["paged", "contiguous"], "rate": [10.100226994, 128.0]})
     assert point_labels(frame).tolist() == ["paged, rate=10.1002", "contiguous, rate=128"]
+
+
+def test_a_report_of_an_interrupted_sweep_says_which_share_of_its_points_it_holds(sweep, tmp_path, capsys):
+    """bench-report of a sweep stopped after 2 of 5 points wrote a two-row report, exit 0, with
+    nothing to say that the sweep had listed three more."""
+    partial = tmp_path / "partial"
+    shutil.copytree(sweep, partial)
+    assert report.listed_points(partial) == 2 and report.missing_points(partial) is None
+    (next(partial.glob("*/metrics.csv"))).unlink()  # the second point, interrupted
+    report.main([str(partial)])
+    said = capsys.readouterr().out
+    assert f"note: {partial}'s sweep lists 2 points and 1 has a result" in said
+    assert "the others were interrupted or never ran" in (partial / "report.html").read_text()
+    assert report.missing_points(partial / "nosuch") is None

@@ -305,8 +305,49 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
         for stale in set(PLOTS) - {path.name for path in drawn}:  # an earlier report's, of other points
             (out_dir / stale).unlink(missing_ok=True)
     page = out_dir / "report.html"
-    write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo))
+    notes = [note for note in map(missing_points, sweep_dirs) if note]
+    write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo, notes))
     return [*written, *drawn, page], frame, chosen, slo
+
+
+def listed_points(sweep_dir: Path) -> int | None:
+    """How many points a sweep folder's multirun.yaml lists (its sweeper's params, the command
+    line's overrides winning, as Hydra's basic sweeper combines them); None where that cannot be
+    told (no multirun.yaml, a glob() sweep, another sweeper)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    try:
+        hydra_cfg = OmegaConf.load(Path(sweep_dir) / "multirun.yaml").hydra
+        if "basic_sweeper" not in str(hydra_cfg.sweeper.get("_target_", "")):
+            return None
+        task = [str(o) for o in hydra_cfg.overrides.task]
+        given = {o.split("=", 1)[0] for o in task}
+        params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.params or {}).items() if k not in given]
+        count = 1
+        for override in OverridesParser.create().parse_overrides([*params, *task]):
+            if override.is_sweep_override():
+                count *= len(list(override.sweep_string_iterator()))
+        return count
+    except Exception:  # noqa: BLE001 (a file of another version or a sweep it cannot count: say nothing)
+        return None
+
+
+def missing_points(sweep_dir: Path) -> str | None:
+    """A line for a sweep folder whose multirun.yaml lists more points than hold a result (an
+    interrupted sweep's): which, and how to finish it. None where nothing is missing."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        return None
+    listed, found = listed_points(sweep_dir), len(list(sweep_dir.glob("*/metrics.csv")))
+    if listed is None or found >= listed:
+        return None
+    return (
+        f"{sweep_dir}'s sweep lists {listed} points and {found} {'has' if found == 1 else 'have'} a result: the others "
+        f"were interrupted or "
+        f"never ran, and this report leaves them out (the sweep's command with hydra.sweep.dir={sweep_dir} "
+        f"runs only them)"
+    )
 
 
 def _points_of(table: pd.DataFrame | Path) -> set | None:
@@ -375,7 +416,8 @@ th{background:#f1f3f5;white-space:normal;vertical-align:bottom;min-width:4em}
 th:first-child,td:first-child{position:sticky;left:0;z-index:1;text-align:left;background:#fff;
 border-right:1px solid #ced4da}th:first-child{background:#f1f3f5}
 td.failed{background:#fff5f5;color:#c92a2a}td.failed:last-child{white-space:normal;min-width:24em;text-align:left}
-img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{margin:.2em 0}"""
+img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{margin:.2em 0}
+.note{background:#fff9db;border-left:4px solid #f08c00;padding:.5em 1em}"""
 
 
 def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str]:
@@ -451,6 +493,7 @@ def render_html(
     baseline: str | None = None,
     asked: str = DEFAULT_BASELINE,
     slo: float = DEFAULT_SLO,
+    notes: list[str] | None = None,
 ) -> str:
     ok = ok_rows(frame)
     status = frame["status"].fillna("ok") if "status" in frame else pd.Series("ok", index=frame.index)
@@ -471,6 +514,7 @@ def render_html(
         f"<p>{len(frame)} point(s) from {', '.join(html.escape(str(s)) for s in sources)}; "
         f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Data: <a href='summary.csv'>summary.csv</a>; "
         f"column definitions: docs/metrics.md.</p>",
+        *(f"<p class='note'>{html.escape(note)}</p>" for note in notes or []),
         *_verdict(frame, baseline, asked, slo),
         "<h2>Results</h2>",
         _table(named, columns, failed),
@@ -520,6 +564,8 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"--slo {args.slo:g} must be a finite number (seconds per output token)")
         for path in summarize(args.dirs, args.out, args.baseline, args.slo):
             print(f"wrote {path}")
+        for note in filter(None, map(missing_points, args.dirs)):
+            print(f"note: {note}")
         if args.out is None and len(args.dirs) > 1:
             print(
                 f"{args.dirs[0]} now holds the comparison of all {len(args.dirs)} inputs (its points are "
