@@ -1035,3 +1035,21 @@ def test_cfg_job_of_a_config_a_run_accepts_ends_as_usual():
     result = in_process(lambda: cli.main(["--cfg", "job", "+allocator=paged", "workload.rate=2"]))
     assert result.returncode == 0 and result.stderr == ""
     assert "rate: 2" in result.stdout
+
+
+def test_a_serve_run_whose_largest_step_would_not_fit_is_refused_before_it_starts(monkeypatch):
+    """15.4 GB of weights passed the check on a 24 GB host, then a prompt's step (512 tokens x 3 x
+    1e7 fp32 MLP values) took the rest and the host's OOM killer ended it: no line said why."""
+    from hydra import compose, initialize_config_module
+
+    from kvbench import schema
+    from kvbench.errors import UserError
+    from kvbench.schema import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 24 * 10**9)
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=["scenario=serve", "model=tiny", "model.intermediate_size=1e7"])
+    with pytest.raises(
+        UserError, match=r"would allocate about 76.8 GB \(weights \(fp32\) 15.4 GB, a step's activations 61.4"
+    ):
+        schema.validate(cfg)

@@ -1,6 +1,7 @@
 """What a point would allocate, estimated from its config and refused before it starts when it cannot fit.
 
-The estimates count the big things only: the serve model's weights and KV cache (real tensors),
+The estimates count the big things only: the serve model's weights, KV cache and largest step's
+activations (real tensors),
 the kernel scenario's KV cache, the simulator's per-block lists, the request objects. They are
 within a small factor, which is all a refusal needs: a point that would take more than the
 memory available would swap or be killed part-way instead of reporting.
@@ -54,6 +55,18 @@ def _serve_weights(model, dtype_bytes: int) -> float:
     return params * dtype_bytes + model.max_model_len * model.head_dim * 4  # + the RoPE tables
 
 
+def _activations(model, dtype: str, step_tokens: int) -> float:
+    """The largest step's transient tensors in the real decoder: per token the MLP's three
+    intermediate rows, the q/k/v projections and a few hidden-size rows, the eager attention's
+    scores (fp32, heads x tokens x context) and fp32 logits. The step is one full-length prompt at
+    most (a prompt's prefill is what a serve run meets first), within the step budget."""
+    tokens = min(step_tokens, model.max_model_len)
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    inner = model.intermediate_size or 4 * model.hidden_size
+    per_token = (3 * inner + q + 2 * kv + 4 * model.hidden_size) * DTYPE_BYTES[{"auto": "fp32"}.get(dtype, dtype)]
+    return tokens * per_token + model.num_heads * tokens * tokens * 4 + tokens * model.vocab_size * 4
+
+
 def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
     """(the weights' part name and bytes, KV bytes per token) of the real model a scenario builds
     in `dtype`: on the host first, in fp32 (torch's default) unless a dtype is set."""
@@ -101,6 +114,7 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
     if scenario.name in ("serve", "profile"):
         weights, per_token = _real_model(model, scenario.dtype)
         parts[weights[0]] = weights[1]
+        parts["a step's activations"] = _activations(model, scenario.dtype, root.scheduler.max_num_batched_tokens)
         if scenario.name == "serve":
             kv_bytes = root.engine.kv_cache_bytes
             parts["KV cache"] = (
@@ -118,6 +132,9 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
         serve_kv = scenario.kv_cache_tokens + _given(serve, "swap_space_tokens", sections.Serve)
         profile_kv = 0 if scenario.profile else _given(profiling, "kv_cache_tokens", sections.Profile)
         parts[f"{weights[0]} x2"] = 2 * weights[1]
+        parts["a step's activations"] = _activations(
+            model, serve.dtype or "auto", root.scheduler.max_num_batched_tokens
+        )
         parts["KV cache"] = max(serve_kv, profile_kv) * per_token
         parts["prompt tokens"] = requests * model.max_model_len * 8
     elif scenario.name == "kernel":
