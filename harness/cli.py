@@ -730,6 +730,34 @@ def _values(item: str) -> list:
     return list(getattr(value, "list", None) or [value]) if not isinstance(value, list) else [value]
 
 
+def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
+    """`hydra.run.dir=''` wrote a run's files into the current folder; a search path that names
+    no folder or package was a multi-line warning, then "unknown allocator" for its plugin."""
+    import importlib.util
+
+    for item in overrides:
+        key, value = split_override(item)
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and not any(str(v).strip() for v in _values(item)):
+            raise UserError(f"{key} is empty: give a folder (left out, kvbench makes one under results/)")
+        if key != "hydra.searchpath":
+            continue
+        for entry in (e for v in _values(item) for e in (v if isinstance(v, list) else [v])):
+            entry = str(entry)
+            if entry.startswith("file://") and not Path(entry[len("file://") :]).is_dir():
+                raise UserError(f"hydra.searchpath names {entry}, which is no folder: give file:///path/to/conf")
+            if entry.startswith("pkg://"):
+                module = entry[len("pkg://") :].replace("/", ".")
+                try:
+                    found = importlib.util.find_spec(module) is not None
+                except (ImportError, ValueError):  # its parent package is not installed
+                    found = False
+                if not found:
+                    raise UserError(
+                        f"hydra.searchpath names {entry}, but no installed package has {module}: install the "
+                        f"package, or name its config folder with file://"
+                    )
+
+
 def refuse_null_groups(overrides: list[str]) -> None:
     """`hardware=null` (NULL, or null among a sweep's values): Hydra's words are "Config group
     override must be a string or a list"."""
@@ -960,6 +988,7 @@ def main(argv: list[str] | None = None) -> None:
                 "-m's lists; the sweep runs without --help"
             )
         refuse_null_groups(parsed.overrides)
+        refuse_unusable_hydra_paths(parsed.overrides)
         refuse_deleted_keys(parsed.overrides)
         refuse_keys_given_twice(parsed.overrides)  # a sweep's, and a group set through a dict
         if parsed.experimental_rerun is not None:

@@ -362,6 +362,15 @@ FAST = ["progress=false", "hydra.output_subdir=null", "hydra/job_logging=none", 
 RUN_CASES = [
     # a traceback: AttributeError ('str' object has no attribute 'get'), TypeError (unhashable type: 'list')
     (["report=5"], "report=5 must be a section: set its keys, report.KEY=VALUE"),
+    # wrote the run's files into the current folder; a multi-line warning, then the run
+    (["hydra.run.dir="], "hydra.run.dir is empty: give a folder"),
+    (["hydra.searchpath=[file:///nonexistent]"], "hydra.searchpath names file:///nonexistent, which is no folder"),
+    (["hydra.searchpath=[pkg://no_such_pkg.conf]"], "but no installed package has no_such_pkg.conf"),
+    # refused after 11 s of measuring, the profile lost
+    (
+        ["scenario=profile", "model=tiny", "scenario.out_dir=FILES/empty.csv"],
+        "empty.csv cannot be written: cannot use",
+    ),
     # two lines: Hydra's "Error executing job with overrides: [...]", then one naming no key
     (["seed=${nope}"], "seed=${nope}: Interpolation key 'nope' not found"),
     (["seed=${seed}"], "seed=${seed}: Recursive interpolation detected"),

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from kvbench.errors import UserError
+from kvbench.errors import UserError, one_line
 from kvbench.executors.calibrated import device_name, fit_column, model_shape
 from kvbench.executors.step_fit import FEATURES, fit, heldout_split
 from kvbench.reporting.results import write_atomic, write_csv
@@ -44,7 +45,8 @@ def out_dir(scenario: DictConfig) -> Path:
 
 def refuse_replacing(scenario: DictConfig, names: tuple[str, ...]) -> None:
     """A given scenario.out_dir that holds an earlier run's `names`: this run would replace them,
-    and the earlier run's row would name (by sha256) a profile that is gone."""
+    and the earlier run's row would name (by sha256) a profile that is gone; or one this run
+    cannot write."""
     if not scenario.get("out_dir"):
         return  # the run's own folder
     folder = Path(str(scenario.out_dir))
@@ -54,6 +56,11 @@ def refuse_replacing(scenario: DictConfig, names: tuple[str, ...]) -> None:
             f"scenario.out_dir={folder} holds an earlier run's {held[0]}, which this run would replace: give a "
             f"new folder (or scenario.out_dir=null, the run's own)"
         )
+    try:  # before measuring, not after: a profile measured for minutes is lost where it cannot be written
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise UserError(f"scenario.out_dir={folder} cannot be written: {one_line(err)}") from None
 
 
 def lengths(scenario: DictConfig, key: str, max_model_len: int) -> list[int]:
