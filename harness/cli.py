@@ -360,8 +360,10 @@ def check_run_config(cfg: DictConfig) -> None:
     schema.settle_whole_numbers(cfg, schema.validate(cfg))
     refuse_unread_overrides(cfg)
     from kvbench.scenarios.build import load_specs, refuse_plugins_that_cannot_meet
+    from kvbench.scenarios.run import preflight
 
     refuse_plugins_that_cannot_meet(cfg, load_specs(cfg)[0])
+    preflight(cfg)
 
 
 def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
@@ -751,6 +753,11 @@ def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
                     found = importlib.util.find_spec(module) is not None
                 except (ImportError, ValueError):  # its parent package is not installed
                     found = False
+                except Exception as err:  # noqa: BLE001 (the package raised as it was imported)
+                    raise UserError(
+                        f"a package of hydra.searchpath cannot be imported ({type(err).__name__}: {err}): fix or "
+                        f"uninstall it"
+                    ) from None
                 if not found:
                     raise UserError(
                         f"hydra.searchpath names {entry}, but no installed package has {module}: install the "
@@ -889,6 +896,7 @@ def refuse_bad_points(batch, configs) -> None:
     run. What cannot be decided from the config alone (an interpolation that resolves only as
     its point launches) is left to the point, which fails with its own error."""
     from kvbench.scenarios.build import allocator_class, load_specs, refuse_plugins_that_cannot_meet
+    from kvbench.scenarios.run import preflight
 
     traces_read: set[str] = set()  # each trace file's rows are checked once, whatever points share it
     for overrides, config in zip(batch, configs):
@@ -907,6 +915,7 @@ def refuse_bad_points(batch, configs) -> None:
             model = load_specs(point)[0]
             allocator_class(point, model)
             refuse_plugins_that_cannot_meet(point, model)
+            preflight(point)
             trace = point.workload.get("path") if point.workload.get("kind") == "trace" else None
             if trace and str(trace) not in traces_read:  # a malformed row fails its point only as it runs
                 from kvbench.core.workload import load_trace

@@ -1029,6 +1029,10 @@ def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
             "engine.async_scheduling=true cannot run with allocator.prefix_caching=true",
         ),
         (["+preset=vllm", "scenario=kernel", "model=tiny", "batch=2d64"], "preset is read by scenario=simulate or"),
+        # printed as fine, refused by the scenario as it started (and a sweep's every point failed so)
+        (["engine.async_scheduling=true"], "engine.async_scheduling=true is measured by scenario=serve"),
+        (["executor=calibrated", "executor.profile=abc"], "executor.profile='abc': no such file"),
+        (["scenario=validate", "model=tiny", "scenario.profile=abc"], "scenario.profile='abc': no such file"),
     ],
 )
 def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, message):

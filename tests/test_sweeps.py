@@ -541,12 +541,25 @@ def test_a_measured_key_added_to_exclude_keys_still_reruns_a_point_it_changes(tm
 
 
 def test_points_told_apart_by_a_key_no_column_holds_are_two_points_not_one(tmp_path, monkeypatch):
-    # executor is a group choice: no column names it, the folders do; one point fails, both are rows
+    # executor is a group choice no column names; its calibrated point without a profile is refused
+    # before the sweep's first point (it failed as it ran, beside the roofline point)
     with pytest.raises(SystemExit) as stop:
         sweep_in_process(tmp_path, monkeypatch, "executor=roofline,calibrated", "workload.num_requests=5")
-    assert stop.value.code == 2
-    rows = summary(tmp_path / "sweep")
-    assert sorted(r["status"] for r in rows) == ["failed", "ok"]
+    assert stop.value.code == 2 and not list((tmp_path / "sweep").glob("*/metrics.csv"))
+    # two points whose rows hold the same identity, told apart by their folders' overrides only
+    alike = tmp_path / "alike"
+    alike.mkdir()
+    sweep_in_process(alike, monkeypatch, "seed=0,1", "workload.num_requests=5")
+    (second,) = (alike / "sweep").glob("seed=1*/metrics.csv")
+    rows = list(csv.DictReader(second.open()))
+    with second.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows([{**row, "seed": "0"} for row in rows])
+    from kvbench.reporting import report
+
+    report.summarize(alike / "sweep", plots=False)
+    assert [r["seed"] for r in summary(alike / "sweep")] == ["0", "0"]
 
 
 def test_a_subdir_spelled_with_a_trailing_slash_is_the_same_folder(tmp_path, monkeypatch):

@@ -53,6 +53,19 @@ def timed_trace(cfg: DictConfig) -> bool:
     return trace_has_arrival_times(str(cfg.workload.get("path") or ""))
 
 
+# scenarios whose run checks its config first with a `preflight(cfg)` of its own, which --cfg job
+# and a sweep's check before its first point run too (a module is imported only to ask it)
+PREFLIGHT = ("simulate", "validate")
+
+
+def preflight(cfg: DictConfig) -> None:
+    """What the point's scenario checks before it runs anything (its files, its combinations),
+    asked without running it: a config --cfg job printed, or a sweep checked, must not pass it."""
+    name = cfg.scenario.name
+    if name in PREFLIGHT:
+        importlib.import_module(SCENARIOS[name]).preflight(cfg)
+
+
 def run_point(cfg: DictConfig) -> list[dict]:
     name = cfg.scenario.name
     if name not in SCENARIOS:

@@ -105,10 +105,22 @@ def simulate(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     return row, engine
 
 
-def run(cfg: DictConfig) -> list[dict]:
+def refuse_async(cfg: DictConfig) -> None:
     if cfg.engine.get("async_scheduling"):
         raise UserError(
             "engine.async_scheduling=true is measured by scenario=serve: the simulator's step times do "
             "not model scheduling overlapping the step before; drop it here"
         )
+
+
+def preflight(cfg: DictConfig) -> None:
+    """What a run refuses before it simulates (scenarios.run.preflight): async scheduling, and an
+    executor that cannot be built (executor=calibrated without a readable profile of this model
+    and device)."""
+    refuse_async(cfg)
+    make_executor(cfg, *load_specs(cfg))
+
+
+def run(cfg: DictConfig) -> list[dict]:
+    refuse_async(cfg)
     return [simulate(cfg)[0]]

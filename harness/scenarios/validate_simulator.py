@@ -298,7 +298,10 @@ def refuse_a_pool_too_small(cfg: DictConfig, model, hardware) -> None:
     from kvbench.scenarios.build import build_engine, kv_slots
 
     tokens = int(cfg.scenario.kv_cache_tokens)
-    sized = OmegaConf.merge(cfg, {"engine": {"kv_cache_bytes": tokens * model.kv_bytes_per_token}})
+    # an engine built to be asked, never run: it keeps no per-request file
+    sized = OmegaConf.merge(
+        cfg, {"engine": {"kv_cache_bytes": tokens * model.kv_bytes_per_token}, "measure": {"save_requests": False}}
+    )
     spec = OmegaConf.to_container(sized.workload, resolve=True)
     requests = workload.generate(spec, int(cfg.seed), model.max_model_len, vocab_size=model.vocab_size)
     engine = build_engine(sized, model, kv_slots(sized, model, hardware), lambda allocator: None)
@@ -306,14 +309,24 @@ def refuse_a_pool_too_small(cfg: DictConfig, model, hardware) -> None:
     engine.check_fits(requests)
 
 
+def preflight(cfg: DictConfig) -> None:
+    """What a run refuses before it measures anything (scenarios.run.preflight): its settings, its
+    folder, a pool too small for the workload, a given profile that is missing or malformed."""
+    scenario = cfg.scenario
+    check(scenario)
+    check_serve_clock(cfg)
+    refuse_replacing(scenario, ("validation.csv", "profile.csv"))
+    refuse_a_pool_too_small(cfg, *load_specs(cfg))
+    if scenario.get("profile"):
+        load_profile(str(scenario.profile), key="scenario.profile")
+
+
 def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     runs, load = check(scenario)
-    check_serve_clock(cfg)
-    refuse_replacing(scenario, ("validation.csv", "profile.csv"))
+    preflight(cfg)
     folder = out_dir(scenario)
     model, hardware = load_specs(cfg)
-    refuse_a_pool_too_small(cfg, model, hardware)
     changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
     profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
     host = ModelProbe(profile_cfg, model.max_model_len)
