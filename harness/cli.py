@@ -408,7 +408,10 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
     drawing_early: list = []  # the helper that had the figure's job from the summary
     if not multirun:
         paper = OmegaConf.select(cfg, "report.paper")
-        if paper:  # written by SweepSummary, at a sweep's end: a single run would end without it
+        known = bool(paper) and (resources.files("kvbench.conf") / "experiment" / f"{paper}.yaml").is_file()
+        if (
+            known
+        ):  # written by SweepSummary, at a sweep's end: a single run would end without it (another: the schema's)
             forced = bool(HydraConfig.get().sweeper.get("params"))  # an experiment's sweep, run as one
             fix = "drop hydra.mode=RUN" if forced else f"run +experiment={paper} (the paper's sweep), or add -m"
             raise UserError(
@@ -608,6 +611,7 @@ def composing_once(args):
             choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
             preset_allocator_clash(choices.get("preset"), choices.get("allocator"))
         refuse_absent_baseline(batch, configs)
+        refuse_unmeasured_sweeps(batch)
         refuse_twice_swept(batch, configs)
         folders = point_folders(configs)  # None: they resolve only as each point launches
         if folders is not None:
@@ -810,6 +814,26 @@ def _sweeps(*overrides: str) -> bool:
     return any(o.is_sweep_override() for o in _parsed(overrides))
 
 
+def refuse_unmeasured_sweeps(batch) -> None:
+    """`-m progress=true,false`: keys that change how a point runs, not what it measures
+    (run_mode_keys), name no point folder, so two points would be one (it read "hydra.sweep.subdir
+    gives a point the folder '.'", or "keep the default subdir", which was the one in use)."""
+    if len(batch) < 2:
+        return
+    values: dict[str, set] = {}
+    for overrides in batch:
+        for key, value in map(split_override, overrides):
+            values.setdefault(key, set()).add(value)
+    unmeasured = sorted(key for key, seen in values.items() if len(seen) > 1 and key in run_mode_keys())
+    if unmeasured:
+        one = len(unmeasured) == 1
+        raise UserError(
+            f"the sweep varies {', '.join(unmeasured)}, which {'changes' if one else 'change'} how a point runs, "
+            f"not what it measures: {'it names' if one else 'they name'} no point folder, so two points would "
+            f"be one; give {'it' if one else 'each'} one value"
+        )
+
+
 def refuse_nested_folders(folders: list[str]) -> None:
     """A point's folder must be a folder of the sweep's own: the sweep finds its points, and a
     rerun its finished ones, at SWEEP/*/metrics.csv."""
@@ -991,6 +1015,11 @@ def main(argv: list[str] | None = None) -> None:
         del others[len(others) - 1 - others[::-1].index(override)]
     sys.argv[1:] = parsed.overrides + others  # before the flags: `--info` would take a later one for its value
     try:
+        if parsed.hydra_help and parsed.overrides:  # Hydra composes its own help: every key read as unknown
+            raise UserError(
+                "--hydra-help shows Hydra's own flags and takes no overrides: drop them (bench --help shows "
+                "kvbench's config with them)"
+            )
         if (parsed.help or parsed.hydra_help) and parsed.multirun and _sweeps(*parsed.overrides):
             raise UserError(
                 "--help shows one config and its fields: give it one value of each key (or none), without "

@@ -190,6 +190,13 @@ def hydra_line(err: BaseException) -> str | None:
     if isinstance(err, MissingConfigException):
         missing = str(err.missing_cfg_file or "")
         group, _, option = missing.rpartition("/")
+        if "//" in missing:  # model=/etc/passwd: a path where an option's name goes
+            group, _, option = missing.partition("//")
+            option = "/" + option
+            return (
+                f"{group}={option} names a file, but a {group} is chosen by the name of one of its configs: "
+                f"{', '.join(sorted(err.options or []))} (a plugin's own: hydra.searchpath)"
+            )
         if err.options:
             installed = _installed_without_config(group, option)
             if installed:
