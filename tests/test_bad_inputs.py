@@ -547,8 +547,8 @@ RUN_CASES = [
     (["model={num_layers:20}"], "model={num_layers:20} sets keys of the model group through a dict"),
     # "gives a point the folder '.'", and "keep the default subdir", the one in use
     (
-        ["-m", "seed=0,1", "progress=true,false", "hydra.sweep.dir=FILES/sweep-x6"],
-        "the sweep varies progress, which changes how a point runs, not what it measures",
+        ["-m", "seed=0,1", "plots=true,false", "hydra.sweep.dir=FILES/sweep-x6"],
+        "the sweep varies plots, which changes how a point runs, not what it measures",
     ),
     (["seed=1", "--hydra-help"], "--hydra-help shows Hydra's own flags and takes no overrides"),
     (["model=/etc/passwd"], "model=/etc/passwd names a file, but a model is chosen by the name of one of its"),
