@@ -436,7 +436,12 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
             recorder.shares_ready.reset(hook)
     else:
         # a subdir that resolved only now (../p${hydra.job.num}): the check before the sweep could not see it
-        refuse_nested_folders([str(HydraConfig.get().sweep.subdir)])
+        try:
+            refuse_nested_folders([str(HydraConfig.get().sweep.subdir)])
+        except UserError:
+            sweep.remove_if_bare(out_dir, (".hydra", "cli.log"))  # what Hydra made there for the point
+            sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))  # and for the sweep
+            raise
         try:
             current = sweep.fingerprint(cfg, unfingerprinted())
         except Exception:  # a config that does not resolve: the schema check below says why
@@ -1054,6 +1059,8 @@ def main(argv: list[str] | None = None) -> None:
         line = sweeper_params_line(err, [split_override(o)[0] for o in parsed.overrides]) or hydra_line(err)
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
+        if sweep_dir:  # a sweep refused before its first point leaves no folder behind
+            sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
         exit_with(UserError(line) if line is not None else err)
     finally:
         sweep.SweepLock.release_all()

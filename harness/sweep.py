@@ -97,6 +97,22 @@ def _read_rows(metrics: Path) -> list[dict]:
     return pd.read_csv(metrics, dtype=str, keep_default_na=False).to_dict("records")
 
 
+def remove_if_bare(folder: Path, made: tuple[str, ...]) -> None:
+    """Remove `folder` where it holds nothing but `made` (what this process made there before it
+    refused to go on: Hydra's files, the sweep's lock); anything else in it, it stays."""
+    import shutil
+
+    folder = Path(folder)
+    try:
+        if folder.is_dir() and {entry.name for entry in folder.iterdir()} <= set(made):
+            for name in made:
+                entry = folder / name
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:  # in use, or not ours to remove: left as it is
+        pass
+
+
 def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
     """(skip, why): whether an earlier run of the sweep already finished this point as it is now."""
     metrics = Path(point_dir) / "metrics.csv"

@@ -217,6 +217,7 @@ def test_a_subdir_that_puts_points_outside_the_sweep_as_they_launch_is_refused(t
         "error: hydra.sweep.subdir gives a point the folder '../x0', not a folder directly in the sweep's"
     )
     assert not list(tmp_path.glob("*/metrics.csv")) and not (tmp_path / "x1").exists()
+    assert not (tmp_path / "x0").exists() and not (tmp_path / "sweep").exists()  # Hydra's files for them: removed
 
 
 def test_a_range_sweep_runs_one_point_per_value(tmp_path, monkeypatch):
