@@ -896,6 +896,9 @@ POLICIES = {  # file -> (its text, what the error line says)
 }
 COMPARE_CASES = [
     ([], "give BASELINE and CURRENT (got 0 input(s)), or --against REF"),
+    # made REF's worktree, then every run failed: exit 1, the error on stdout
+    (["--against", "HEAD", "model=nope"], "the bench overrides model=nope would not run: unknown model 'nope'"),
+    (["--against", "HEAD", "--repeats", "100000"], "--repeats 100000 must be at most 100"),
     (["one.csv"], "give BASELINE and CURRENT (got 1 input(s)), or --against REF"),
     (["FILES/good.csv", "FILES/good.csv", "--bogus"], "unrecognized arguments: --bogus"),
     (["FILES/missing.csv", "FILES/good.csv"], "missing.csv does not exist"),

@@ -251,6 +251,32 @@ def confirm(sides, bench_overrides, suspects, repeats, ref, ref_tree, policy, ke
     return code
 
 
+MOST_REPEATS = 100
+
+
+def refuse_bench_overrides(tree: Path, overrides: list[str], extra: dict) -> None:
+    """The sweep's first point checked as `bench --cfg job` checks a config, before REF's
+    worktree is made and minutes are spent (a bad override failed every run, exit 1)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        first = [
+            f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else o.input_line
+            for o in parsed
+        ]
+    except Exception:  # noqa: BLE001 (a sweep it cannot expand here, glob(): each run says what is wrong)
+        return
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}, **extra}
+    checked = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "--cfg", "job", *first], cwd=tree, env=env, capture_output=True, text=True
+    )
+    if checked.returncode != 0:
+        said = (checked.stderr.strip().splitlines() or ["no message"])[-1].removeprefix("error: ")
+        said = said.removesuffix(" (the config printed above is one a run refuses)")
+        raise UserError(f"the bench overrides {' '.join(overrides)} would not run: {said}")
+
+
 def run_ab(
     ref: str,
     repeats: int,
@@ -267,6 +293,8 @@ def run_ab(
             f"--repeats {repeats}: the significance test needs at least 2 runs a side "
             f"(5 or more to detect a change on a noisy host)"
         )
+    if repeats > MOST_REPEATS:  # each run a side is a whole process: 100,000 of them is days
+        raise UserError(f"--repeats {repeats} must be at most {MOST_REPEATS} (5 to 20 tell a change on a noisy host)")
     bench_overrides = [w for w in what if "=" in w and not w.startswith("-")]
     targets = [w for w in what if w not in bench_overrides] or HOT_PATHS
     tree = source_tree()
@@ -284,6 +312,8 @@ def run_ab(
             raise UserError(f"--current-env {item!r}: give KEY=VALUE")
         extra[key] = value
     sha = resolve_ref(tree, ref)
+    if bench_overrides:
+        refuse_bench_overrides(tree, bench_overrides, extra)
     if repeats < fewest_runs(policy.test):  # exact metrics (work counts) are still judged
         print(
             f"note: with {repeats} runs a side, {policy.test.method} at alpha={policy.test.alpha:g} cannot flag a "
