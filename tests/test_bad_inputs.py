@@ -937,12 +937,15 @@ REPORT_CASES = [
     (["FILES/good.csv", "--out", "FILES/good.csv"], "good.csv: a file is where a directory should be"),
     (["FILES/good.csv", "--out", "/proc/kvbench-report"], "/proc/kvbench-report"),
     (["FILES/good.csv", "--bogus"], "unrecognized arguments: --bogus"),
+    # read as CSV: "line 2: 1 fields, but its header has 1"
+    (["FILES/multirun.yaml", "--out", "FILES/out-y"], "multirun.yaml is a run's config (YAML), not a result table"),
 ]
 
 
 @pytest.fixture(scope="module")
 def result_files(files):
     (files / "good.csv").write_text(GOOD)
+    (files / "multirun.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
     (files / "other.csv").write_text(GOOD.replace("opt-13b", "llama-3-8b"))
     (files / "rated.csv").write_text(GOOD.replace("\n", ",workload.rate\n", 1).replace(",1.5\n", ",1.5,4\n"))
     (files / "far.csv").write_text("input_len,output_len,arrival_s\n10,20,1\n10,20,1e300\n")

@@ -78,6 +78,18 @@ WRITTEN = ("summary.csv", "report.html")
 PLOTS = ("kv_breakdown.png", "throughput_latency.png", "latency_vs_rate.png", "latency_vs_context.png")
 
 
+# the files a run or sweep writes beside its tables
+NOT_TABLES = {
+    ".yaml": "config (YAML)",
+    ".yml": "config (YAML)",
+    ".html": "report (HTML)",
+    ".jsonl": "per-request log (JSON lines)",
+    ".png": "plot",
+    ".log": "log",
+    ".gz": "profiler trace",
+}
+
+
 def load_rows(path: Path) -> pd.DataFrame:
     """A sweep's point rows (fresh from */metrics.csv), a run's metrics.csv, or a summary.csv."""
     return _load_rows(path)[0]
@@ -86,6 +98,11 @@ def load_rows(path: Path) -> pd.DataFrame:
 def _load_rows(path: Path) -> tuple[pd.DataFrame, list[Path]]:
     """load_rows' rows and the files they were read from."""
     path = Path(path)
+    if path.is_file() and path.suffix.lower() in NOT_TABLES:  # a run's other files, read as CSV: "line 2: 3 fields"
+        raise UserError(
+            f"{path} is a run's {NOT_TABLES[path.suffix.lower()]}, not a result table: give a summary.csv or "
+            f"metrics.csv, or the sweep or run folder"
+        )
     if path.is_file():
         return read_csv(path), [path]
     if not path.is_dir():
