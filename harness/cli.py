@@ -1057,6 +1057,12 @@ def main(argv: list[str] | None = None) -> None:
         )
     except Exception as err:
         line = sweeper_params_line(err, [split_override(o)[0] for o in parsed.overrides]) or hydra_line(err)
+        if type(err).__name__ == "TerminatedWorkerError" and sweep_dir:  # joblib's: a worker killed (OOM?)
+            line = (
+                f"a worker process of the joblib launcher died while it ran a point (killed, or out of memory: see "
+                f"dmesg); the points that finished keep their rows in {sweep_dir}, and the same command with "
+                f"hydra.sweep.dir={sweep_dir} runs only the rest"
+            )
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
         if sweep_dir:  # a sweep refused before its first point leaves no folder behind

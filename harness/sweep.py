@@ -114,7 +114,17 @@ def remove_if_bare(folder: Path, made: tuple[str, ...]) -> None:
 
 
 def resume(point_dir: Path, current: dict) -> tuple[bool, str]:
-    """(skip, why): whether an earlier run of the sweep already finished this point as it is now."""
+    """(skip, why): whether an earlier run of the sweep already finished this point as it is now.
+    A point that runs again first loses the temporary files a killed run of it left (a
+    half-written requests.jsonl spool: files are written to .NAME.*.tmp and renamed)."""
+    skip, why = _resume(point_dir, current)
+    if not skip:
+        for stale in Path(point_dir).glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+    return skip, why
+
+
+def _resume(point_dir: Path, current: dict) -> tuple[bool, str]:
     metrics = Path(point_dir) / "metrics.csv"
     if not metrics.exists():
         return False, ""

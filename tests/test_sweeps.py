@@ -86,6 +86,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, sto
 
     result = bench(tmp_path, *args)  # the killed sweep's lock went with its process
     assert result.returncode == 0, result.stderr
+    assert not [p for p in sweep.rglob("*") if p.name.endswith(".tmp")]  # a killed point's spool: gone as it reran
     assert result.stdout.count("skipped") + result.stderr.count("skipped") == 2
     assert {p: p.stat().st_mtime_ns for p in finished} == mtimes
     rows = summary(sweep)
@@ -600,3 +601,21 @@ def test_a_dirty_checkout_marks_its_rows_and_a_resume_reruns_points_its_edits_ch
         assert {r["git_sha"] for r in summary(tmp_path / "sweep")} == {"0123456789ab"}
     finally:
         results.environment.cache_clear()
+
+
+def test_a_dead_launcher_worker_is_one_line_naming_what_was_kept(tmp_path, monkeypatch, capsys):
+    """joblib's TerminatedWorkerError (a worker killed, or out of memory) was a 50-line traceback."""
+
+    class TerminatedWorkerError(Exception):  # joblib.externals.loky's, by name
+        pass
+
+    def killed(cfg, out_dir, multirun):
+        raise TerminatedWorkerError("A worker process managed by the executor was unexpectedly terminated.")
+
+    monkeypatch.setattr(cli, "run_point_and_record", killed)
+    with pytest.raises(SystemExit) as stop:
+        sweep_in_process(tmp_path, monkeypatch, "seed=0,1", "workload.num_requests=5")
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: a worker process of the joblib launcher died while it ran a point")
+    assert "the same command with hydra.sweep.dir=sweep runs only the rest" in line
