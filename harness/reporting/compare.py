@@ -408,7 +408,8 @@ def main(argv: list[str] | None = None) -> None:
         epilog="With --against REF the inputs are what to run on both trees: nothing (the hot-path "
         "benchmarks, tests/benchmarks), pytest paths, or bench overrides (scenario=serve ...). A measured "
         "metric flagged there is measured again, in twice --repeats fresh runs a side, and fails only if "
-        "the fresh runs show the regression too.",
+        "the fresh runs show the regression too. Exit codes: 0 nothing regressed; 1 a metric regressed, a "
+        "point failed or a baseline point is missing; 2 bad input; 130 interrupted.",
     )
     parser.add_argument(
         "inputs",
