@@ -626,3 +626,16 @@ def test_a_prefix_hit_on_pages_a_live_holder_has_passed_counts_them_as_token_sta
     allocator.free(a)  # A's pages B does not hold go; B's window stays token state
     assert allocator.accounting().token == 31 * token_bytes
     recount(allocator)
+
+
+def test_a_group_a_preemption_brings_back_whole_is_sized_at_its_one_step_prefill():
+    """A request of 3 samples comes back from a preemption whole, each sequence prefilled in one
+    step (not in the budget's chunks), which a window layer holds entire: the check sized it at
+    3 x 93 slots, passed, and the run stopped mid-way: 'no sequence can run'."""
+    at = ["model=tiny-gemma3", "+allocator=hybrid", "workload=fixed", "workload.input_len=200"]
+    at += ["workload.output_len=50", "workload.n=3", "workload.num_requests=6", "workload.rate=inf"]
+    at += ["scheduler.chunked_prefill=true", "scheduler.max_num_batched_tokens=16"]
+    with pytest.raises(UserError, match=r"cannot hold the 3 sequences of one request \(266 slots each with hybrid"):
+        run_point(compose_point([*at, "engine.kv_cache_bytes=1200000"]))
+    (row,) = run_point(compose_point([*at, "engine.kv_cache_bytes=1300000"]))
+    assert row["completed"] == 6

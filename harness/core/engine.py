@@ -96,9 +96,10 @@ class Engine:
                 f"never allows; raise it to at least {widest}"
             )
         if not allocator.can_ever_admit(final, widest):  # a preempted request comes back whole
+            each = getattr(allocator, "group_footprint", allocator.footprint)(final)
             raise UserError(
                 f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
-                f"sequences of one request ({allocator.footprint(final)} slots each with "
+                f"sequences of one request ({each} slots each with "
                 f"{allocator.name}, and its admission watermark kept free); lower workload.n / "
                 f"workload.beam_width or {self.more_memory}"
             )

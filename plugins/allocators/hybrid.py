@@ -206,13 +206,14 @@ class HybridAllocator(KVAllocator):
         return pages * self.pages.page_bytes // self.slot_bytes
 
     def _pages_at_end(self, request_len: int, width: int = 1) -> dict:
-        """Pages a request of `request_len` tokens and `width` sequences may hold at once: its
-        longest step is a prefill of all of them (a preempted request's recompute), then forks."""
-        step = min(request_len, self.max_step_tokens or request_len)
+        """Pages a request of `request_len` tokens and `width` sequences may need at once: a
+        preempted request comes back whole, each of its sequences admitted with a prefill of all
+        its tokens (a window layer holding every token that step writes): in one step for a
+        group (Scheduler._admit_group does not chunk it), in steps of the budget for one."""
+        step = request_len if width > 1 else min(request_len, self.max_step_tokens or request_len)
         need: dict = {}
         for m in self.attention:
-            pages = m.blocks_for(request_len, step) + (width - 1) * m.blocks_for(request_len)
-            need[id(m.pool)] = need.get(id(m.pool), 0) + pages
+            need[id(m.pool)] = need.get(id(m.pool), 0) + width * m.blocks_for(request_len, step)
         if self.linear:
             pool = id(self.linear.pool)
             need[pool] = need.get(pool, 0) + width * self.pages.pages_per_state
@@ -220,6 +221,12 @@ class HybridAllocator(KVAllocator):
 
     def footprint(self, request_len: int) -> int:
         pages = sum(self._pages_at_end(request_len).values())
+        return pages * self.pages.page_bytes // self.slot_bytes
+
+    def group_footprint(self, request_len: int) -> int:
+        """footprint() of one sequence of a request of several, which a preemption brings back
+        prefilled in one step: more than a lone sequence's where a window layer holds the step."""
+        pages = sum(self._pages_at_end(request_len, 2).values()) // 2
         return pages * self.pages.page_bytes // self.slot_bytes
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:

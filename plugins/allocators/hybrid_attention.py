@@ -26,7 +26,8 @@ class AttentionManager:
     is counted once, except in `num_named`: the live (not released) entries of every table, a
     shared page once per table. A token of a shared page is stale once every holder has passed
     it: a prefix hit puts a sequence whose window still reads a page beside one that has moved
-    on, so each page keeps its holders' stale counts (`holders`) and is as stale as the least.
+    on, so a shared page keeps its holders' stale counts (`holders`; None for a page one sequence
+    holds, whose count is its `page_stale`) and is as stale as the least.
     """
 
     def __init__(
@@ -50,7 +51,7 @@ class AttentionManager:
         self.hashes: dict[int, list] = {}  # seq -> chained hashes of its cached full blocks
         self.root_hash = ROOT_HASH + LAYER_KINDS.index(kind)
         self.page_stale = [0] * len(pool.ref_count)  # per page: tokens no layer will read again
-        self.holders: list[dict[int, int]] = [{} for _ in pool.ref_count]  # per page: stale count -> holders
+        self.holders: list[dict[int, int] | None] = [None] * len(pool.ref_count)  # a shared page: stale -> holders
         self.num_pages = self.filled = self.stale = self.reserved = self.num_copies = 0
         self.num_named = 0
 
@@ -59,7 +60,7 @@ class AttentionManager:
         self.num_pages += 1
         page = self.pool.take()
         self.page_stale[page] = 0
-        self.holders[page] = {0: 1}
+        self.holders[page] = None
         return page
 
     def _drop(self, page: int, stale: int) -> None:
@@ -69,7 +70,7 @@ class AttentionManager:
             self.filled -= self.pool.fill[page]
             self.stale -= self.page_stale[page]
             self.page_stale[page] = 0
-            self.holders[page] = {}
+            self.holders[page] = None
         else:
             self._restale(page, stale, None)
 
@@ -77,6 +78,8 @@ class AttentionManager:
         """One holder's stale tokens on `page` go from `old` to `new` (None: not a holder); the
         page is as stale as its least stale holder."""
         holders = self.holders[page]
+        if holders is None:  # held by one sequence: its count is the page's
+            holders = self.holders[page] = {self.page_stale[page]: 1}
         if old is not None:
             if holders[old] == 1:
                 del holders[old]
@@ -135,7 +138,7 @@ class AttentionManager:
             self.num_pages += 1
             self.filled += pool.fill[dst]
             self.page_stale[dst] = stale
-            self.holders[dst] = {stale: 1}
+            self.holders[dst] = None
             self.stale += stale
             self.log_copy(src, dst)
             self.num_copies += 1
@@ -155,10 +158,14 @@ class AttentionManager:
         start = self.stale_end[seq_id]
         if frontier <= start:
             return
-        table, bs = self.tables[seq_id], self.block_size
+        table, bs, holders, page_stale = self.tables[seq_id], self.block_size, self.holders, self.page_stale
         for index in range(max(start // bs, self.first_live[seq_id]), (frontier - 1) // bs + 1):
-            old = min(bs, max(0, start - index * bs))
-            self._restale(table[index], old, min(bs, frontier - index * bs))
+            page, new = table[index], min(bs, frontier - index * bs)
+            if holders[page] is None:  # its one holder: the page is as stale as it
+                self.stale += new - page_stale[page]
+                page_stale[page] = new
+            else:
+                self._restale(page, min(bs, max(0, start - index * bs)), new)
         self.stale_end[seq_id] = frontier
 
     def _update_reserved(self, seq_id: int, num_tokens: int, final_len: int) -> None:
@@ -174,8 +181,7 @@ class AttentionManager:
         first = self.first_live[parent]
         for index in range(first, len(table)):  # the child has passed what its parent has
             self.pool.hold(table[index])
-            stale, holders = self._stale_of(parent, index), self.holders[table[index]]
-            holders[stale] = holders.get(stale, 0) + 1
+            self._restale(table[index], None, self._stale_of(parent, index))
         self.add(child, table)
         self.first_live[child] = first
         self.num_named += len(table) - first
@@ -255,7 +261,7 @@ class AttentionManager:
             if self.pool.hold(page):  # revived from the free pages: held again, by it alone
                 self.num_pages += 1
                 self.filled += self.pool.fill[page]
-                self.holders[page] = {0: 1}
+                self.holders[page] = None
             else:
                 self._restale(page, None, 0)
         self.add(seq_id, table)
