@@ -193,3 +193,25 @@ def test_a_request_fits_a_pool_by_the_tokens_it_stores_not_one_more(prompt, outp
         return
     row = engine.run([Request(0, 0.0, prompt, output)])
     assert row["completed"] == 1 and row["preemptions"] == 0
+
+
+@pytest.mark.parametrize("slots, fits", [(1104, True), (1024, False)])
+def test_a_reserving_allocator_is_sized_by_each_request_s_own_reservation(slots, fits):
+    """pow2 first-fit reserves 1000 + 32 (in blocks of 16: 1,040) for a 1000 + 24-token request;
+    the check before the run took the worst split of 1,024 tokens (1,536) and refused 1,104 slots."""
+    from kvbench.core.engine import Engine
+    from kvbench.core.recorder import Recorder
+    from kvbench.core.scheduler import Scheduler
+    from kvbench.core.sequence import Request
+    from kvbench.errors import UserError
+    from kvbench.plugins.allocators.pow2 import Pow2Allocator
+
+    from helpers.decisions import Totals
+
+    allocator = Pow2Allocator(slots, 2048, block_size=16, placement="first_fit")
+    engine = Engine(Scheduler(allocator, 8, 4096), Totals(False), Recorder(), progress=False)
+    if fits:
+        assert engine.run([Request(0, 0.0, 1000, 24)])["completed"] == 1
+    else:
+        with pytest.raises(UserError, match="pow2 sets aside 1040 slots for a 1000 \\+ 24-token request"):
+            engine.run([Request(0, 0.0, 1000, 24)])

@@ -62,7 +62,10 @@ class Engine:
         # must hold of it; `longest`, prompt + output, is how the messages name the request
         final = max(r.final_len for r in requests)
         longest = final + 1
-        if not self.allocator.can_ever_admit(final):
+        exact = getattr(self.allocator, "footprint_of", None)  # a reserving allocator's own reservations
+        if exact is not None:
+            self._check_reservations(requests, exact)
+        elif not self.allocator.can_ever_admit(final):
             kept = getattr(self.allocator, "watermark_blocks", 0) * self.allocator.block_size
             if kept and self.allocator.footprint(final) <= self.allocator.num_slots:
                 raise UserError(
@@ -95,7 +98,7 @@ class Engine:
                 f"a step, which scheduler.max_num_batched_tokens={self.scheduler.max_num_batched_tokens} "
                 f"never allows; raise it to at least {widest}"
             )
-        if not allocator.can_ever_admit(final, widest):  # a preempted request comes back whole
+        if exact is None and not allocator.can_ever_admit(final, widest):  # a preempted request comes back whole
             each = getattr(allocator, "group_footprint", allocator.footprint)(final)
             raise UserError(
                 f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
@@ -111,6 +114,20 @@ class Engine:
                     f"tokens) cannot hold one {longest}-token request ({blocks} blocks); "
                     f"raise {self.swap_pool_key.format(longest=blocks * allocator.block_size)}"
                 )
+
+    def _check_reservations(self, requests: list[Request], footprint_of) -> None:
+        """Each request's own reservation, all its sequences', within the pool (a reserving
+        allocator reserves by the request's lengths, not by its total)."""
+        sizes = {(r.prompt_len, r.output_len, r.width): r for r in requests}
+        worst = max(sizes.values(), key=lambda r: footprint_of(r) * r.width)
+        need = footprint_of(worst) * worst.width
+        if need > self.allocator.num_slots:
+            of = f" for its {worst.width} sequences" if worst.width > 1 else ""
+            raise UserError(
+                f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
+                f"{self.allocator.name} sets aside {need} slots{of} for a {worst.prompt_len} + "
+                f"{worst.output_len}-token request; {self.more_memory}"
+            )
 
     def _in_chunks(self, longest: int) -> str:
         """Where the longest sequence (`longest` tokens stored) fits if prefilled in smaller steps

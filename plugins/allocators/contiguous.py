@@ -66,6 +66,13 @@ class ReservingAllocator(KVAllocator):
         wanted = min(request.prompt_len + self.estimate(request.output_len), self.max_model_len)
         return max(0, wanted - request.max_tokens)
 
+    def footprint_of(self, request: Request) -> int:
+        """The slots this policy sets aside for one sequence of `request`: its own reservation as
+        placed, where footprint() takes the worst split of its length (the check before a run
+        asks this of every request: pow2 first-fit set a 1000 + 24-token request at 1,536
+        slots, the worst split's, not its 1,040)."""
+        return self._space.held(self.reservation(request.prompt_len, request.output_len))
+
     def footprint(self, final_len: int) -> int:
         # the most any split of the request (final_len + 1 tokens, its last output token never
         # stored) into prompt + output holds (once per run)
