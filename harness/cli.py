@@ -439,8 +439,9 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         try:
             refuse_nested_folders([str(HydraConfig.get().sweep.subdir)])
         except UserError:
-            sweep.remove_if_bare(out_dir, (".hydra", "cli.log"))  # what Hydra made there for the point
-            sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))  # and for the sweep
+            sweep.remove_made(out_dir, (".hydra", "cli.log"))  # what Hydra made there for the point
+            if Path(sweep_dir).resolve() not in folders_before:  # and the sweep's folder, if it made it
+                sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
             raise
         try:
             current = sweep.fingerprint(cfg, unfingerprinted())
@@ -997,6 +998,9 @@ def missing_package_is_bad_input(parsed):
         sys.stderr.write(said.getvalue() if "not found in config" not in said.getvalue() else "")
 
 
+folders_before: set[Path] = set()  # the sweep folders named on the command line that existed before it ran
+
+
 def main(argv: list[str] | None = None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
     kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
@@ -1006,6 +1010,11 @@ def main(argv: list[str] | None = None) -> None:
 
     global single_run_done, sweep_dir
     single_run_done, sweep_dir = False, None
+    folders_before.clear()  # a hydra.sweep.dir that exists already is the user's: never removed
+    folders_before.update(
+        Path(value).resolve() for key, value in map(split_override, argv or sys.argv[1:]) if key == "hydra.sweep.dir"
+    )
+    folders_before.intersection_update(path for path in list(folders_before) if path.exists())
     args = sys.argv[1:] if argv is None else list(argv)
     if "--version" in args:  # kvbench's, where Hydra's flag would print only its own
         print(f"kvbench {kvbench.__version__} (Hydra {hydra.__version__})")
@@ -1065,7 +1074,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
-        if sweep_dir:  # a sweep refused before its first point leaves no folder behind
+        if sweep_dir and Path(sweep_dir).resolve() not in folders_before:  # a refused sweep's new folder goes
             sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
         exit_with(UserError(line) if line is not None else err)
     finally:

@@ -369,7 +369,7 @@ RUN_CASES = [
     # refused after 11 s of measuring, the profile lost
     (
         ["scenario=profile", "model=tiny", "scenario.out_dir=FILES/empty.csv"],
-        "empty.csv cannot be written: cannot use",
+        "empty.csv cannot be written: ",
     ),
     # two lines: Hydra's "Error executing job with overrides: [...]", then one naming no key
     (["seed=${nope}"], "seed=${nope}: Interpolation key 'nope' not found"),

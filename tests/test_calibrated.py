@@ -570,3 +570,21 @@ def test_one_measured_run_has_no_spread_rather_than_none():
     from kvbench.scenarios.validate_simulator import spread
 
     assert math.isnan(spread([5.0])) and spread([1.0, 3.0]) == 1.0
+
+
+def test_a_profile_that_counted_prompts_square_is_refused(tmp_path):
+    """Written before a prompt's attention pairs were counted causally (L x L): its per-pair
+    cost would predict prefills at about half their measured time."""
+    profile(tmp_path)
+    path = tmp_path / "profile.csv"
+    rows = read_rows(path)
+    for row in rows:
+        if row["phase"] == "prefill":
+            n, length = int(row["prefill_seqs"]), int(row["prefill_len"])
+            row["attention_pairs"] = str(n * length * length)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(UserError, match="counts 1 prompt\\(s\\) of 16 tokens as 256 attention pairs, where a causal"):
+        load_profile(str(path))

@@ -639,3 +639,13 @@ def test_a_group_a_preemption_brings_back_whole_is_sized_at_its_one_step_prefill
         run_point(compose_point([*at, "engine.kv_cache_bytes=1200000"]))
     (row,) = run_point(compose_point([*at, "engine.kv_cache_bytes=1300000"]))
     assert row["completed"] == 6
+
+
+def test_without_chunked_prefill_a_recompute_longer_than_the_budget_is_sized_whole():
+    """Without chunking, a preempted 500-token sequence is recomputed in one step, alone; the
+    check sized its window layers at the 120-token budget's step, and the run stopped mid-way."""
+    at = ["model=tiny-gemma3", "+allocator=hybrid", "workload=fixed", "workload.input_len=100"]
+    at += ["workload.output_len=400", "workload.num_requests=6", "workload.rate=inf"]
+    at += ["scheduler.chunked_prefill=false", "scheduler.max_num_batched_tokens=120", "engine.kv_cache_bytes=400000"]
+    with pytest.raises(UserError, match="needs 520 slots for a 500-token request in one 499-token step"):
+        run_point(compose_point(at))

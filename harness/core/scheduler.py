@@ -85,7 +85,9 @@ class Scheduler(LazyDecode):
             raise UserError(f"engine.preemption={preemption!r} is not one of {', '.join(PREEMPTION_MODES)}")
         self.preemption = preemption
         self.allocator = allocator
-        allocator.max_step_tokens = max_num_batched_tokens
+        # the most tokens one grow asks for: the budget when prompts are chunked; without chunking
+        # a prompt or a recompute is prefilled whole (one longer than the budget runs alone)
+        allocator.max_step_tokens = max_num_batched_tokens if chunked_prefill else None
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill

@@ -163,9 +163,29 @@ def load_profile(path: str, key: str = "executor.profile") -> Profile:
         raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least {len(FEATURES) + 1}")
     # the split scenario=profile scored the fit on, so the reload reproduces its choice and error
     held = [i for i, r in enumerate(rows) if r["heldout"] == "True"]
+    refuse_square_pairs(path, rows)
     report = fit(rows, [r[fit_column(r)] for r in rows], held)
     refuse_edited(path, rows, report)
     return Profile(str(file), hashlib.sha256(data).hexdigest(), identity, rows, report)
+
+
+def refuse_square_pairs(path: str, rows: list[dict]) -> None:
+    """A profile written when a prompt's attention pairs were counted L x L, not the causal
+    L(L+1)/2 the scheduler counts now: its per-pair cost, fitted to the old count, would predict
+    a prefill at about half its time. Told by its prefill-only shapes (n prompts of L tokens)."""
+    for line, row in enumerate(rows, start=2):
+        if row.get("phase") != "prefill" or not row.get("prefill_seqs") or not row.get("prefill_len"):
+            continue
+        try:
+            seqs, length = int(row["prefill_seqs"]), int(row["prefill_len"])
+        except ValueError:
+            continue
+        if length > 1 and row["attention_pairs"] == seqs * length * length:
+            raise UserError(
+                f"profile {path} row {line} counts {seqs} prompt(s) of {length} tokens as {seqs * length * length} "
+                f"attention pairs, where a causal prefill computes {seqs * length * (length + 1) // 2}: it was "
+                f"written by an earlier kvbench; profile again (bench scenario=profile)"
+            )
 
 
 def refuse_edited(path: str, rows: list[dict], report: FitReport) -> None:

@@ -1,10 +1,11 @@
 """A step-time model fitted to measured steps: its form, its coefficients, its held-out error.
 
 The features are the roofline's own (kvbench.executors.cost_model): tokens fed to the model,
-sequences scheduled, context tokens the attention reads, and attention pairs (new tokens x
-context). A step on any device is a sum of work proportional to each: a fixed cost (launches,
-host work), per-token matmuls, per-sequence metadata / attention calls / sampling, KV reads and
-attention FLOPs. So the candidate forms are linear in them:
+sequences scheduled, context tokens the attention reads, and attention pairs (the (query,
+key) pairs causal attention computes: arith.causal_pairs). A step on any device is a sum of
+work proportional to each: a fixed cost (launches, host work), per-token matmuls,
+per-sequence metadata / attention calls / sampling, KV reads and attention FLOPs. So the
+candidate forms are linear in them:
 
 - `linear`: one set of coefficients for every step;
 - `per_phase`: decode-only steps (one new token per sequence) and steps that carry a prompt

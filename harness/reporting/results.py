@@ -279,6 +279,11 @@ def _version(dist: str) -> str:
         return "none"
 
 
+# what kvbench runs (pathspecs from the checkout's root): a run's own output written inside the
+# checkout (bench from scripts/, a hydra.sweep.dir there) does not make it dirty, nor do the docs
+SOURCES = (":/harness", ":/plugins", ":/kernels", ":/conf", ":/pyproject.toml")
+
+
 def _git(*args: str) -> str | None:
     """A git command's output in kvbench's own checkout; None where there is none (an install)."""
     try:
@@ -292,11 +297,11 @@ def _git(*args: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def environment() -> dict:
-    """What produced a row. `git_sha` ends in `-dirty` where the checkout has changes not
-    committed (untracked files included; git-ignored ones, results/ among them, not), as
-    `git describe --dirty` marks it: a row is then not reproducible from its sha alone."""
+    """What produced a row. `git_sha` ends in `-dirty` where kvbench's sources in the checkout
+    (SOURCES) have changes not committed, untracked files included, as `git describe --dirty`
+    marks it: a row is then not reproducible from its sha alone."""
     sha = (_git("rev-parse", "--short=12", "HEAD") or "").strip() or "unknown"
-    if sha != "unknown" and _git("status", "--porcelain"):
+    if sha != "unknown" and _git("status", "--porcelain", "--", *SOURCES):
         sha += "-dirty"
     return {
         "kvbench_version": kvbench.__version__,
@@ -307,9 +312,9 @@ def environment() -> dict:
 
 
 def source_changes() -> str | None:
-    """The sha256 of the checkout's changes not committed (a diff against HEAD, and the names of
+    """The sha256 of the sources' changes not committed (a diff against HEAD, and the names of
     untracked files); None for a clean checkout or an install."""
     if not environment()["git_sha"].endswith("-dirty"):
         return None
-    changes = (_git("diff", "HEAD") or "") + (_git("status", "--porcelain") or "")
+    changes = (_git("diff", "HEAD", "--", *SOURCES) or "") + (_git("status", "--porcelain", "--", *SOURCES) or "")
     return hashlib.sha256(changes.encode()).hexdigest()

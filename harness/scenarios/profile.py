@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import math
-import tempfile
+import os
 import time
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from kvbench.errors import UserError, one_line
+from kvbench.errors import UserError
 from kvbench.executors.calibrated import device_name, fit_column, model_shape
 from kvbench.executors.step_fit import FEATURES, fit, heldout_split
 from kvbench.reporting.results import write_atomic, write_csv
@@ -56,11 +56,13 @@ def refuse_replacing(scenario: DictConfig, names: tuple[str, ...]) -> None:
             f"scenario.out_dir={folder} holds an earlier run's {held[0]}, which this run would replace: give a "
             f"new folder (or scenario.out_dir=null, the run's own)"
         )
-    try:  # before measuring, not after: a profile measured for minutes is lost where it cannot be written
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as err:
-        raise UserError(f"scenario.out_dir={folder} cannot be written: {one_line(err)}") from None
+    # before measuring, not after: a profile measured for minutes is lost where it cannot be written
+    # (asked without writing: --cfg job and a sweep's check run this too)
+    existing = next((p for p in [folder, *folder.absolute().parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"scenario.out_dir={folder} cannot be written: {existing} is a file, not a folder")
+    if existing is None or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"scenario.out_dir={folder} cannot be written: permission denied; give a folder you can write")
 
 
 def lengths(scenario: DictConfig, key: str, max_model_len: int) -> list[int]:

@@ -4,7 +4,8 @@ Prefix caching (vLLM's scheme, per kind): a full block is named by the chained h
 parent block's hash and its own token ids (block_pool), chained from a root of its own per layer
 kind, so kinds that share a pool never find each other's pages. Across kinds a hit must suit
 every kind: full attention needs every block of the prefix, a window layer only the blocks its
-next query reads (the last W tokens), and the hit length is a multiple of every kind's block size.
+next query reads (the W - 1 tokens before it), and the hit length is a multiple of every kind's
+block size.
 """
 
 from __future__ import annotations
