@@ -1057,6 +1057,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (errors.Terminated)
         if user_setting == "1":
             raise
+        if sweep_dir and Path(sweep_dir).resolve() not in folders_before:  # stopped before any point: no folder
+            sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
         exit_interrupted(
             f"the points that finished keep their rows in {sweep_dir}; the same command with "
             f"hydra.sweep.dir={sweep_dir} runs only the rest"

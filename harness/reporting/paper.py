@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -338,7 +339,7 @@ def capacity_note(row) -> str:
     """The console's and the report's words for a capacity above what its system served."""
     if not getattr(row, "over_served", False):
         return ""
-    low, high = row.between_req_s.split("-")
+    low, high = re.fullmatch(r"(.+?(?:e-\d+)?)-(.+)", row.between_req_s).groups()  # 1e-05-2e-05 too
     most = f"{row.served_max_req_s:.3g}"
     return f"; above the {most} req/s it served at most: a finer sweep between {low} and {high} places it lower"
 
