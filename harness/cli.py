@@ -439,7 +439,7 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         try:
             refuse_nested_folders([str(HydraConfig.get().sweep.subdir)])
         except UserError:
-            sweep.remove_made(out_dir, (".hydra", "cli.log"))  # what Hydra made there for the point
+            sweep.remove_if_bare(out_dir, (".hydra", "cli.log"))  # what Hydra made there for the point
             if Path(sweep_dir).resolve() not in folders_before:  # and the sweep's folder, if it made it
                 sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
             raise

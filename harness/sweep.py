@@ -97,12 +97,6 @@ def _read_rows(metrics: Path) -> list[dict]:
     return pd.read_csv(metrics, dtype=str, keep_default_na=False).to_dict("records")
 
 
-def remove_made(folder: Path, made: tuple[str, ...]) -> None:
-    """Remove the entries `made` of `folder` (what Hydra wrote there for a point refused before
-    it ran), and the folder too where nothing else is left; a folder holding anything else stays."""
-    remove_if_bare(folder, made)
-
-
 def remove_if_bare(folder: Path, made: tuple[str, ...]) -> None:
     """Remove `folder` where it holds nothing but `made` (what this process made there before it
     refused to go on: Hydra's files, the sweep's lock); anything else in it, it stays."""

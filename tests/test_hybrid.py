@@ -37,6 +37,7 @@ from kvbench.registry import default_registry
 from kvbench.scenarios.run import run_point
 
 from helpers.cli import refused
+from helpers.engine import SPEC
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
@@ -598,20 +599,7 @@ def test_beams_of_a_model_with_linear_layers_reserve_their_states_at_admission()
 def test_a_prefix_hit_on_pages_a_live_holder_has_passed_counts_them_as_token_state_again():
     """A (200 tokens) has moved its window past blocks that B (101 tokens, a prefix hit) still
     reads: they were stale for both, so B's 31 window tokens read as internal fragmentation."""
-    spec = ModelSpec(
-        name="w",
-        num_layers=2,
-        hidden_size=32,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        num_params=1e4,
-        max_model_len=512,
-        dtype="fp16",
-        vocab_size=64,
-        layer_pattern=("window",),
-        window=32,
-    )
+    spec = dataclasses.replace(SPEC, max_model_len=512, layer_pattern=("window",), window=32)
     allocator = hybrid(spec, num_slots=4096, block_size=4, watermark=0.0, prefix_caching=True)
     tokens = [t % 50 for t in range(200)]
     a = Sequence(0, Request(0, 0.0, 200, 10, tokens), 200, token_ids=list(tokens))

@@ -25,14 +25,10 @@ class HalfOracleAllocator(OracleAllocator):
         super().__init__(num_slots // 2, max_model_len, block_size, **options)
 
 
-def plugin_module(*classes):
+def plugin_module(*classes, hook: str = "kvbench_allocators"):
+    """A third-party plugin module whose `hook` returns `classes`."""
     module = types.ModuleType("third_party_kv")
-
-    @hookimpl
-    def kvbench_allocators():
-        return list(classes)
-
-    module.kvbench_allocators = kvbench_allocators
+    setattr(module, hook, hookimpl(specname=hook)(lambda: list(classes)))
     return module
 
 
@@ -315,13 +311,7 @@ def test_a_backend_is_built_with_its_options(monkeypatch):
         def __init__(self, note: str = "default"):
             built.append(note)
 
-    module = types.ModuleType("noted_kv")
-
-    @hookimpl
-    def kvbench_backends():
-        return [Noted]
-
-    module.kvbench_backends = kvbench_backends
+    module = plugin_module(Noted, hook="kvbench_backends")
     registry = default_registry()
     registry.register(module)
     try:
@@ -360,15 +350,8 @@ def test_an_installed_plugin_without_a_config_file_is_named_installed_with_the_w
 def test_a_misspelt_hook_and_an_allocator_without_the_reader_of_its_layout_are_refused():
     """A `kvbench_allocator` hook (one letter short) was ignored: 'unknown allocator'; a paged
     allocator without block_table(seq) ran its simulation and died in serve: AttributeError."""
-    module = types.ModuleType("typo_kv")
-
-    @hookimpl
-    def kvbench_allocator():
-        return [HalfOracleAllocator]
-
-    module.kvbench_allocator = kvbench_allocator
     registry = Registry(load_entry_points=False)
-    registry.register(module, name="typo_kv")
+    registry.register(plugin_module(HalfOracleAllocator, hook="kvbench_allocator"), name="typo_kv")
     with pytest.raises(
         UserError, match="the kvbench plugin typo_kv defines a hook kvbench has not .*kvbench_allocator"
     ):
