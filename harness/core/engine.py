@@ -99,7 +99,7 @@ class Engine:
                 f"never allows; raise it to at least {widest}"
             )
         if exact is None and not allocator.can_ever_admit(final, widest):  # a preempted request comes back whole
-            each = getattr(allocator, "group_footprint", allocator.footprint)(final)
+            each = allocator.group_footprint(final)
             raise UserError(
                 f"the KV pool ({allocator.num_slots} token slots) cannot hold the {widest} "
                 f"sequences of one request ({each} slots each with "

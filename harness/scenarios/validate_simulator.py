@@ -309,22 +309,23 @@ def refuse_a_pool_too_small(cfg: DictConfig, model, hardware) -> None:
     engine.check_fits(requests)
 
 
-def preflight(cfg: DictConfig) -> None:
+def preflight(cfg: DictConfig) -> tuple:
     """What a run refuses before it measures anything (scenarios.run.preflight): its settings, its
-    folder, a pool too small for the workload, a given profile that is missing or malformed."""
+    folder, a pool too small for the workload, a given profile that is missing or malformed.
+    Returns check()'s (runs, load)."""
     scenario = cfg.scenario
-    check(scenario)
+    checked = check(scenario)
     check_serve_clock(cfg)
     refuse_replacing(scenario, ("validation.csv", "profile.csv"))
     refuse_a_pool_too_small(cfg, *load_specs(cfg))
     if scenario.get("profile"):
         load_profile(str(scenario.profile), key="scenario.profile")
+    return checked
 
 
 def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
-    runs, load = check(scenario)
-    preflight(cfg)
+    runs, load = preflight(cfg)
     folder = out_dir(scenario)
     model, hardware = load_specs(cfg)
     changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}

@@ -236,6 +236,11 @@ class KVAllocator(ABC):
         (its prompt and every output token but the last, which is sampled and never stored)."""
         return final_len
 
+    def group_footprint(self, final_len: int) -> int:
+        """footprint() of one sequence of a request of several, which a preemption brings back
+        together: where it differs (a window layer that holds a whole prefill step), larger."""
+        return self.footprint(final_len)
+
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
         """False when `width` sequences of `final_len` tokens (a request's samples or beams, which
         a preempted request brings back together) would not fit even in an empty pool."""

@@ -205,12 +205,12 @@ class HybridAllocator(KVAllocator):
             pages += self.pages.pages_per_state * (1 + len(self.linear.spares[seq.seq_id]))
         return pages * self.pages.page_bytes // self.slot_bytes
 
-    def _pages_at_end(self, request_len: int, width: int = 1) -> dict:
-        """Pages a request of `request_len` tokens and `width` sequences may need at once: a
-        preempted request comes back whole, each of its sequences admitted with a prefill of all
-        its tokens (a window layer holding every token that step writes): in one step for a
-        group (Scheduler._admit_group does not chunk it), in steps of the budget for one."""
-        step = request_len if width > 1 else min(request_len, self.max_step_tokens or request_len)
+    def _pages_at_end(self, request_len: int, width: int = 1, whole: bool = False) -> dict:
+        """Pages `width` sequences of `request_len` tokens may need at once, each admitted with a
+        prefill of all its tokens (a window layer holds every token that step writes): in one
+        step where `whole` (a preempted group comes back so: Scheduler._admit_group does not
+        chunk it), else in steps of the budget."""
+        step = request_len if whole else min(request_len, self.max_step_tokens or request_len)
         need: dict = {}
         for m in self.attention:
             need[id(m.pool)] = need.get(id(m.pool), 0) + width * m.blocks_for(request_len, step)
@@ -220,17 +220,13 @@ class HybridAllocator(KVAllocator):
         return need
 
     def footprint(self, request_len: int) -> int:
-        pages = sum(self._pages_at_end(request_len).values())
-        return pages * self.pages.page_bytes // self.slot_bytes
+        return sum(self._pages_at_end(request_len).values()) * self.pages.page_bytes // self.slot_bytes
 
     def group_footprint(self, request_len: int) -> int:
-        """footprint() of one sequence of a request of several, which a preemption brings back
-        prefilled in one step: more than a lone sequence's where a window layer holds the step."""
-        pages = sum(self._pages_at_end(request_len, 2).values()) // 2
-        return pages * self.pages.page_bytes // self.slot_bytes
+        return sum(self._pages_at_end(request_len, whole=True).values()) * self.pages.page_bytes // self.slot_bytes
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
-        need = self._pages_at_end(final_len, width)
+        need = self._pages_at_end(final_len, width, whole=width > 1)
         kept = (lambda p: 0) if self.watermark_exempt else (lambda p: p.watermark_blocks)  # as paged's
         return all(need.get(id(p), 0) <= p.num_blocks - kept(p) for p in self.pools)
 
