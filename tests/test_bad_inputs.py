@@ -380,9 +380,9 @@ RUN_CASES = [
     (["executor.name={a:1}"], 'executor.name={"a": 1} must be one of roofline, calibrated'),
     (["workload=trace", "workload.path=FILES/empty.csv"], "empty.csv: header must have input_len,output_len"),
     (["workload=trace", "workload.path=FILES/header.csv"], "header.csv has no rows"),
-    (["workload=trace", "workload.path=FILES/words.csv"], "words.csv row 2"),
-    (["workload=trace", "workload.path=FILES/negative.csv"], "negative.csv row 2: lengths must be >= 1"),
-    (["workload=trace", "workload.path=FILES/nan.csv"], "nan.csv row 2"),
+    (["workload=trace", "workload.path=FILES/words.csv"], "words.csv line 2"),
+    (["workload=trace", "workload.path=FILES/negative.csv"], "negative.csv line 2: lengths must be >= 1"),
+    (["workload=trace", "workload.path=FILES/nan.csv"], "nan.csv line 2"),
     (["workload=trace", "workload.path=FILES/long.csv"], "more than max_model_len=2048"),
     (["workload=fixed", "workload.input_len=2000", "workload.output_len=100"], "more than max_model_len=2048"),
     # it ran, with duration_s=inf and a request throughput of 0

@@ -58,13 +58,19 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
     [
         (None, "does not exist"),
         ("input_len,output_len\n", "no rows"),
-        ("input_len,output_len\n10,5\nten,5\n", "row 3"),
+        ("input_len,output_len\n10,5\nten,5\n", "line 3"),
         ("prompt,output\n1,2\n", "has no column for input_len: input_len or prompt_len"),
-        ("input_len,output_len\n10,5\n20,6,7\n", "row 3: 3 field\\(s\\), but the header has 2"),
-        ("input_len,output_len,arrival_s\n10,5,0\n20\n", "row 3: 1 field\\(s\\), but the header has 3"),
-        ("input_len,output_len\n10.5,5\n", "row 2: lengths must be whole numbers"),
-        ("input_len,output_len,arrival_s\n10,5,0.0\n20,6,\n", "row 3: no arrival_s; give every row"),
-        ("input_len,output_len\n10,nan\n", "row 2: lengths must be whole numbers"),
+        ("input_len,output_len\n10,5\n20,6,7\n", "line 3: 3 field\\(s\\), but the header has 2"),
+        ("input_len,output_len,arrival_s\n10,5,0\n20\n", "line 3: 1 field\\(s\\), but the header has 3"),
+        ("input_len,output_len\n10.5,5\n", "line 2: lengths must be whole numbers"),
+        ("input_len,output_len,arrival_s\n10,5,0.0\n20,6,\n", "line 3: no arrival_s; give every row"),
+        ("input_len,output_len\n10,nan\n", "line 2: lengths must be whole numbers"),
+        ("input_len,output_len\n\n\n\n10,20\n-1,5\n", "line 6: lengths must be >= 1"),  # the file's line, blanks too
+        ("input_len,output_len\r\n10,20\r\n\r\n-1,5\r\n", "line 4: lengths must be >= 1"),
+        (
+            "num_prefill_tokens,num_decode_tokens,arrived_at\n10,5,inf\n",  # Vidur's names, its own in the message
+            "line 2: lengths must be >= 1 and arrived_at a finite number >= 0",
+        ),
     ],
 )
 def test_a_bad_trace_says_what_is_wrong(tmp_path, text, message):
@@ -161,7 +167,7 @@ def test_a_burstgpt_trace_s_failed_requests_are_skipped_other_zero_lengths_refus
     with pytest.raises(UserError, match="all 2 rows are failed requests"):
         generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
     path = trace(tmp_path, "input_len,output_len\n10,5\n300,0\n")
-    with pytest.raises(UserError, match="row 3: lengths must be >= 1"):
+    with pytest.raises(UserError, match="line 3: lengths must be >= 1"):
         generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
 
 
@@ -204,7 +210,7 @@ def test_an_over_long_trace_row_is_dropped_and_counted(tmp_path):
 
 def test_a_strict_trace_names_its_over_long_row(tmp_path):
     path = trace(tmp_path, "input_len,output_len\n10,5\n2000,100\n")
-    with pytest.raises(UserError, match="row 3: 2000 input \\+ 100 output tokens exceed max_model_len=2048"):
+    with pytest.raises(UserError, match="line 3: 2000 input \\+ 100 output tokens exceed max_model_len=2048"):
         generate({"kind": "trace", "path": path, "rate": 1.0, "strict": True}, seed=0, max_model_len=2048)
 
 

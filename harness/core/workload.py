@@ -199,28 +199,32 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
     columns = _trace_columns(path, reader.fieldnames)
     width = len(reader.fieldnames)
     failed = 0  # BurstGPT's failed requests
-    for line, row in enumerate(reader, start=2):
+    for row in reader:
+        line = reader.line_num  # the file's line (blank lines are skipped, not counted as rows)
         if None in row or None in row.values():  # DictReader's extra fields, or missing ones
             fields = width + len(row.get(None, ())) - sum(v is None for v in row.values())
-            raise UserError(f"trace {path} row {line}: {fields} field(s), but the header has {width}")
+            raise UserError(f"trace {path} line {line}: {fields} field(s), but the header has {width}")
         try:
             i, o = (float(row[columns[c]]) for c in ("input_len", "output_len"))
             a = row.get(columns.get("arrival_s", "arrival_s"))
             a = float(a) if a not in (None, "") else None
         except ValueError:
             raise UserError(
-                f"trace {path} row {line}: {row} is not numbers (input_len, output_len, arrival_s)"
+                f"trace {path} line {line}: {row} is not numbers (input_len, output_len, arrival_s)"
             ) from None
         if not (i.is_integer() and o.is_integer()):
-            raise UserError(f"trace {path} row {line}: lengths must be whole numbers of tokens, got {row}")
+            raise UserError(f"trace {path} line {line}: lengths must be whole numbers of tokens, got {row}")
         if o == 0 and columns["output_len"] == "Response tokens":  # BurstGPT logs its failed requests so
             failed += 1
             continue
         if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
-            raise UserError(f"trace {path} row {line}: lengths must be >= 1 and arrival_s >= 0, got {row}")
+            arrival = columns.get("arrival_s", "arrival_s")
+            raise UserError(
+                f"trace {path} line {line}: lengths must be >= 1 and {arrival} a finite number >= 0, got {row}"
+            )
         if "arrival_s" in columns and a is None:
             raise UserError(
-                f"trace {path} row {line}: no {columns['arrival_s']}; give every row its arrival "
+                f"trace {path} line {line}: no {columns['arrival_s']}; give every row its arrival "
                 f"time, or drop the column to have requests arrive at workload.rate"
             )
         rows.append((int(i), int(o), a, line))
@@ -268,7 +272,7 @@ def trace_requests(
     if cfg.get("strict") and too_long:
         i, o, _, line = too_long[0]
         raise UserError(
-            f"trace {path} row {line}: {i} input + {o} output tokens exceed {limit} "
+            f"trace {path} line {line}: {i} input + {o} output tokens exceed {limit} "
             f"(workload.strict=true; false drops such rows and counts them)"
         )
     kept = [r for r in rows if r[0] + r[1] <= max_len]
@@ -276,7 +280,7 @@ def trace_requests(
         i, o, _, line = min(rows, key=lambda r: r[0] + r[1])
         raise UserError(
             f"trace {path}: every row has more than {limit} tokens "
-            f"(the shortest, row {line}: {i} input + {o} output); raise model.max_model_len"
+            f"(the shortest, line {line}: {i} input + {o} output); raise model.max_model_len"
         )
     if count is not None and count > len(kept):  # with or without arrival times
         raise UserError(f"workload.num_requests={count} but trace {path} has only {len(kept)} rows that fit {limit}")
