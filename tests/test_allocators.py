@@ -1,5 +1,7 @@
 """The lecture's sizing and reservation examples, and each allocator's accounting."""
 
+import random
+
 import pytest
 
 from kvbench.arith import cdiv
@@ -8,6 +10,7 @@ from kvbench.errors import UserError
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.hybrid import HybridAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
+from kvbench.plugins.allocators.placement import BuddySpace
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
 
 OPT_13B = ModelSpec("opt-13b", 40, 5120, 40, 40, 128, 12.85e9, 2048, "fp16")
@@ -128,6 +131,34 @@ def test_buddy_blocks_merge_back_into_one_arena(seq_factory):
     assert allocator._space.free_lists[6] == {0}  # one free block of 2^6 blocks again
     whole = seq_factory(1000, 24)
     assert allocator.admit(whole)
+
+
+def test_the_buddy_system_takes_the_lowest_free_chunk_as_a_scan_of_its_free_list_would():
+    """Its free chunks are heaps with stale entries (chunks merged away) popped late: it must hand
+    out what min() over each free list would, through merges, splits and heap rebuilds."""
+
+    class Scanning(BuddySpace):
+        def _lowest(self, order):
+            block = min(self.free_lists[order])
+            self.free_lists[order].remove(block)
+            return block
+
+    rng = random.Random(0)
+    spaces = [BuddySpace(300, 16, 7), Scanning(300, 16, 7)]
+    held = []
+    for _ in range(20_000):
+        if held and (rng.random() < 0.5 or len(held) > 60):
+            start, length = held.pop(rng.randrange(len(held)))
+            for space in spaces:
+                space.release(start, length)
+        else:
+            length = 16 * rng.choice([1, 1, 1, 2, 3, 5, 8, 20, 64, 128])
+            starts = [space.allocate(length) for space in spaces]
+            assert starts[0] == starts[1]
+            if starts[0] is not None:
+                held.append((starts[0], length))
+    assert spaces[0].free_lists == spaces[1].free_lists
+    assert max(map(len, spaces[0]._heaps)) <= 2 * max(map(len, spaces[0].free_lists)) + 65  # stale entries bounded
 
 
 def test_paged_allocates_a_block_only_when_the_last_one_is_full(seq_factory):
