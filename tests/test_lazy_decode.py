@@ -111,6 +111,58 @@ def test_long_decodes_in_a_tight_pool_preempt_as_the_eager_loop(
     assert lazy == eager
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(
+        st.tuples(
+            st.floats(0.0, 0.3),  # arrival: long prompts arrive while others decode
+            st.sampled_from([2, 9, 30, 60, 150, 240]),  # prompt: many fed in chunks
+            st.integers(1, 90),  # output
+            st.sampled_from([(1, 1)] * 6 + [(2, 1), (1, 2)]),  # (n, beam_width)
+            st.integers(-1, 1),  # shared prefix group, -1 = none
+        ),
+        min_size=10,
+        max_size=50,
+    ),
+    block_size=st.sampled_from([1, 4, 16]),
+    prefix_caching=st.booleans(),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    num_slots=st.integers(300, 2000),
+    max_num_seqs=st.integers(4, 48),
+    budget=st.integers(4, 48),
+)
+def test_prompts_fed_in_chunks_beside_steady_decodes_are_fed_as_the_eager_loop_feeds_them(
+    shapes, block_size, prefix_caching, preemption, num_slots, max_num_seqs, budget
+):
+    """Chunked prefill with a budget that the decodes and a prompt's chunk overrun: the prompts
+    fed in chunks take what the steady decodes ahead of them leave (none where the decodes take it
+    all), where they are the newest running; elsewhere the eager loop decides. The random workloads
+    above reach such steps rarely; these reach them in most examples."""
+    made = [
+        Request(
+            i,
+            arrival,
+            prompt,
+            output,
+            np.array([(7 * p + prefix) % 13 if prefix >= 0 else (i * 31 + p) % 97 for p in range(prompt)]),
+            n=n,
+            beam_width=beam,
+            prefix_id=prefix,
+        )
+        for i, (arrival, prompt, output, (n, beam), prefix) in enumerate(sorted(shapes))
+    ]
+    sides = []
+    for lazy in (False, True):
+        allocator = PagedAllocator(num_slots, 512, block_size=block_size, watermark=0.01, prefix_caching=prefix_caching)
+        allocator.enable_swap(num_slots)
+        scheduler = Scheduler(allocator, max_num_seqs, budget, chunked_prefill=True, preemption=preemption)
+        sides.append(decisions(scheduler, made, lazy))
+    eager, lazy = sides
+    if not isinstance(eager, str):
+        event(f"preempted: {bool(eager[3]['preemptions'])}")
+    assert lazy == eager
+
+
 def count_calls(scheduler, allocator, *names) -> dict:
     """Count the calls of the scheduler's or allocator's methods `names`; "grow_steady" counts
     the blocks steady crossings take: grow_steady's, grow_steady_all's (one call for several

@@ -157,16 +157,30 @@ class LazyDecode:
         quiet = self.allocator.quiet_room
         if active:
             self._become_steady(step)
+        chunk_budget = budget  # what a prompt fed in chunks may take: all of it, unless counted below
         if self.chunked_prefill or self.num_running_seqs > budget:
             # Without chunked prefill every running sequence decodes one token: its request's
-            # width bounds what they need. Otherwise count; where the budget may run out part-way,
-            # the eager loop decides who runs.
-            need = self._num_steady
+            # width bounds what they need. Otherwise count; where the budget runs out part-way,
+            # the eager loop decides who runs, unless the sequences fed in chunks are the newest
+            # running (as a prompt fed in chunks mostly is): every decode ahead of them runs,
+            # and they take what it leaves, in running order (_meet), as the eager loop gives it.
+            need, chunked = self._num_steady, []
             for seq in active:
-                need += len(seq.group) if seq.group is not None else seq.num_tokens - seq.num_computed
+                if seq.group is not None:
+                    need += len(seq.group)
+                else:
+                    n = seq.num_tokens - seq.num_computed
+                    need += n
+                    if n > 1:
+                        chunked.append(seq)
             if need > budget:
-                self.settle()
-                return self._schedule_running(batch, budget)
+                running = self.running
+                decodes = need - sum(seq.num_tokens - seq.num_computed for seq in chunked)
+                newest = set(running[-len(chunked) :]) if chunked else ()
+                if decodes > budget or newest != set(chunked):
+                    self.settle()
+                    return self._schedule_running(batch, budget)
+                chunk_budget = budget - decodes
         # Met this step: the sequences not steady, and the steady ones whose expiry is now. A
         # step that meets none (an Orca allocator's, mostly) is the bulk count below alone.
         due = expiry.pop(step, None)
@@ -183,7 +197,9 @@ class LazyDecode:
                     if seq.stride_start + seq.stride_len * period >= step:
                         touched.append(seq)
             touched += active
-            num_tokens, context_tokens, attention_pairs, took, crossed = self._meet(batch, touched, step, quiet)
+            num_tokens, context_tokens, attention_pairs, took, crossed = self._meet(
+                batch, touched, step, quiet, chunk_budget
+            )
         else:
             num_tokens = context_tokens = attention_pairs = took = crossed = 0
         steady = self._num_steady  # the steady sequences still running: one token each
@@ -359,10 +375,14 @@ class LazyDecode:
             return True  # a prompt over the budget left waits for a step of its own
         return self.allocator.refuses_again(seq, steps)
 
-    def _meet(self, batch: Batch, touched: list, step: int, quiet: bool) -> tuple[int, int, int, int, int]:
+    def _meet(
+        self, batch: Batch, touched: list, step: int, quiet: bool, chunk_budget: int
+    ) -> tuple[int, int, int, int, int]:
         """Schedule the running sequences met this step, in running order, into `batch`: (their
         tokens fed, context tokens and attention pairs, except those of decodes into room; the
-        decodes into room; the steady again after crossing into a new block)."""
+        decodes into room; the steady again after crossing into a new block). Those with more
+        than one token to feed (a prompt in chunks: the newest running, behind every decode)
+        share `chunk_budget` in running order."""
         touched.sort(key=RUN_ORDER)
         allocator, running, active, expiry = self.allocator, self.running, self._active, self._expiry
         seqs = batch.seqs
@@ -439,13 +459,19 @@ class LazyDecode:
                 num_tokens += len(group)
                 continue
             n = seq.num_tokens - seq.num_computed
+            if n > 1:  # fed in chunks: what the decodes ahead of it and the chunks before it left
+                if chunk_budget <= 0:
+                    continue  # the eager loop stops at the spent budget; it and those behind wait
+                n = min(n, chunk_budget)
             while not allocator.grow(seq, n):
                 victim = running[-1]  # newest first
                 self.preempt(victim, batch)
                 if victim is seq:
                     break
             else:
-                if quiet and n == 1 and seq.room and seq.width == 1 and seq.max_tokens - seq.num_tokens > 1:
+                if seq.num_tokens - seq.num_computed > 1:
+                    chunk_budget -= n
+                elif quiet and seq.room and seq.width == 1 and seq.max_tokens - seq.num_tokens > 1:
                     # A quiet allocator gave it a new block with room: steady again from this
                     # step, whose token grow placed (room + 1 as of the step's start). Nothing
                     # processed after it in this step can preempt it: victims are newer. Not a
