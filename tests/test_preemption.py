@@ -19,6 +19,7 @@ from kvbench.core.sequence import Request
 from kvbench.core.spec import Hardware
 from kvbench.errors import UserError
 from kvbench.executors.cost_model import copies_per_block, swap_time_s
+from kvbench.reporting.console import run_table
 from kvbench.scenarios.run import run_point
 
 from helpers.engine import GREEDY, SPEC, alone, make_requests, outputs, run_engine
@@ -36,7 +37,7 @@ def test_lecture_swap_out_of_1000_tokens_takes_about_6_ms():
 
 def test_swap_counts_every_block_it_moves_and_recomputes_nothing():
     row, engine = run_engine(make_requests(6), num_slots=96, preemption="swap", swap_slots=400)
-    assert row["preemptions"] > 0 and row["recomputed_tokens"] == 0
+    assert row["preemptions"] > 0 and row["recomputed_tokens"] == 0 and row["swap_fallbacks"] == 0
     # every swapped-out block comes back: out and in are counted alike
     assert row["swapped_blocks"] % 2 == 0 and row["swapped_blocks"] > 0
     assert engine.executor.swap_s > 0
@@ -47,6 +48,11 @@ def test_a_full_swap_pool_falls_back_to_recompute_without_losing_tokens():
     one_request = cdiv(max(r.max_tokens for r in requests), 4) * 4
     row, engine = run_engine(requests, num_slots=96, preemption="swap", swap_slots=one_request)
     assert row["swapped_blocks"] > 0 and row["recomputed_tokens"] > 0
+    # some preemptions found the pool full and recomputed (nothing else recomputes under swap); the console says so
+    assert 0 < row["swap_fallbacks"] < row["preemptions"]
+    assert f"swap pool full: {row['swap_fallbacks']} of {row['preemptions']} preemptions recomputed" in run_table(
+        {**row, "scenario": "serve"}
+    )
     got = outputs(engine)
     for r in requests:
         assert got[r.request_id][0][1] == alone(r, GREEDY)

@@ -223,6 +223,7 @@ class Engine:
         row.update(
             preemptions=scheduler.num_preemptions,
             recomputed_tokens=scheduler.recomputed_tokens,
+            swap_fallbacks=scheduler.swap_fallbacks,
             swapped_blocks=self.allocator.swapped_blocks,
             kv_capacity_tokens=self.allocator.num_slots,
             **self.allocator.stats(),

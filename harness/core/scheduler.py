@@ -98,6 +98,7 @@ class Scheduler(LazyDecode):
         self.num_running_seqs = 0  # sequences of the running requests, each counted at its width
         self.num_preemptions = 0
         self.recomputed_tokens = 0
+        self.swap_fallbacks = 0  # preemptions by swap that recomputed: the swap pool was full
         self.recomputed_pairs = 0  # sum over recomputed sequences of L(L+1)/2: their attention work
         self.last_admit_s = 0.0
         self.lazy = False  # lazy decode (core/lazy_decode.py): set before the first step
@@ -126,6 +127,8 @@ class Scheduler(LazyDecode):
         self.num_running_seqs -= seq.request.width
         members = seq.group or (seq,)
         swapped = self.preemption == "swap" and self.allocator.swap_out(members)
+        if not swapped and self.preemption == "swap" and self.allocator.supports_swap:
+            self.swap_fallbacks += 1
         for member in members:
             if swapped:
                 member.status = SeqStatus.SWAPPED

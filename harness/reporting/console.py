@@ -127,6 +127,12 @@ def run_table(row: dict) -> str:
     lines.append("=" * WIDTH)
     if row.get("interpreted") in (True, "True"):  # serve logs it; a kernel's console said nothing
         lines.append("interpreted: Triton's interpreter ran the kernels (TRITON_INTERPRET=1): times are not a GPU's")
+    fallbacks = _value(row, "swap_fallbacks", "{:.0f}")
+    if fallbacks not in (None, "0"):
+        lines.append(
+            f"swap pool full: {fallbacks} of {_value(row, 'preemptions', '{:.0f}')} preemptions recomputed instead "
+            f"(engine.swap_space_bytes; serve: scenario.swap_space_tokens): raise it to swap them all"
+        )
     if scenario == "profile" and row.get("profile"):  # what executor=calibrated reads
         lines.append(f"profile: {row['profile']} (bench executor=calibrated executor.profile=PATH)")
     return "\n".join(lines)
