@@ -196,7 +196,7 @@ COMPOSE_CASES = [
         ["+experiment=fig14_15", "fig14_15.sharing=beams"],
         "workload.n reads fig14_15.knobs.beams.n, but fig14_15.knobs has no 'beams': its keys are parallel, beam",
     ),
-    (["+experiment=fig12", "fig12.point=r9"], "but fig12.rates.sharegpt has no 'r9': its keys are r1, r2, r3"),
+    (["+experiment=fig12", "fig12.point=r11"], "but fig12.rates.sharegpt has no 'r11': its keys are r1, r2, r3"),
     (
         ["model.window=8"],
         "model.window is a model key that this model config does not set: add it with +model.window=8",

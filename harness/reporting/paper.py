@@ -365,12 +365,18 @@ def fig12(found: dict, slo: float) -> list[dict]:
     for (system, other), paper in FIG12.items():
         if ("sharegpt", system) in found and ("sharegpt", other) in found:
             ratio = found[("sharegpt", system)] / found[("sharegpt", other)]
+            over = [
+                SYSTEMS[s]
+                for s in (system, other)
+                if capacity_row("sharegpt", s, found[("sharegpt", s)])["over_served"]
+            ]
             out.append(
                 comparison_row(
                     "fig12",
                     "sharegpt",
                     f"{SYSTEMS[system]} / {SYSTEMS[other]}",
-                    f"capacity ratio at {slo:g} s/token",
+                    f"capacity ratio at {slo:g} s/token"
+                    + (f" ({' and '.join(over)} above what it served: capacity.csv, over_served)" if over else ""),
                     paper,
                     ratio,
                     1,
