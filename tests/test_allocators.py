@@ -10,7 +10,7 @@ from kvbench.errors import UserError
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator, OracleAllocator
 from kvbench.plugins.allocators.hybrid import HybridAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
-from kvbench.plugins.allocators.placement import BuddySpace
+from kvbench.plugins.allocators.placement import BuddySpace, FirstFitSpace
 from kvbench.plugins.allocators.pow2 import Pow2Allocator
 
 OPT_13B = ModelSpec("opt-13b", 40, 5120, 40, 40, 128, 12.85e9, 2048, "fp16")
@@ -159,6 +159,32 @@ def test_the_buddy_system_takes_the_lowest_free_chunk_as_a_scan_of_its_free_list
                 held.append((starts[0], length))
     assert spaces[0].free_lists == spaces[1].free_lists
     assert max(map(len, spaces[0]._heaps)) <= 2 * max(map(len, spaces[0].free_lists)) + 65  # stale entries bounded
+
+
+def test_first_fit_refuses_by_its_largest_hole_as_a_walk_of_every_hole_would():
+    """Its holes by length are a heap with stale entries (holes split or merged since): whatever
+    it places or refuses, a walk over every hole places or refuses the same."""
+
+    class Walking(FirstFitSpace):
+        def _largest(self):
+            return float("inf")
+
+    rng = random.Random(1)
+    spaces = [FirstFitSpace(4000), Walking(4000)]
+    held = []
+    for _ in range(20_000):
+        if held and (rng.random() < 0.45 or len(held) > 80):
+            start, length = held.pop(rng.randrange(len(held)))
+            for space in spaces:
+                space.release(start, length)
+        else:
+            length = rng.choice([1, 7, 16, 40, 100, 333, 900])
+            starts = [space.allocate(length) for space in spaces]
+            assert starts[0] == starts[1]
+            if starts[0] is not None:
+                held.append((starts[0], length))
+    assert spaces[0].lengths == spaces[1].lengths
+    assert len(spaces[0]._by_length) <= 2 * len(spaces[0].lengths) + 65  # stale entries bounded
 
 
 def test_paged_allocates_a_block_only_when_the_last_one_is_full(seq_factory):

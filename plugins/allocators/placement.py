@@ -21,18 +21,41 @@ PLACEMENTS = ("buddy", "first_fit")
 
 
 class FirstFitSpace:
-    """Holes of a linear space of `size` slots; allocation takes the lowest hole that fits."""
+    """Holes of a linear space of `size` slots; allocation takes the lowest hole that fits.
+
+    It walks the holes from the lowest, O(holes) where the one that fits lies far up; a request
+    that no hole fits is refused in O(log n) from a heap of the holes by length (the queue's head
+    is such a request while the pool is full, asked again after every release)."""
 
     def __init__(self, size: int):
         self.starts = [0]  # sorted hole starts
         self.lengths = {0: size}
         self.version = 0
+        # (-length, start) of every hole, and of holes since split or merged: an entry holds while
+        # `lengths` still says so (_largest); rebuilt when mostly such
+        self._by_length = [(-size, 0)]
+
+    def _hole(self, start: int, length: int) -> None:
+        self.lengths[start] = length
+        if len(self._by_length) > 2 * len(self.lengths) + 64:
+            self._by_length = [(-n, s) for s, n in self.lengths.items()]
+            heapq.heapify(self._by_length)
+        else:
+            heapq.heappush(self._by_length, (-length, start))
+
+    def _largest(self) -> int:
+        heap, lengths = self._by_length, self.lengths
+        while heap and lengths.get(heap[0][1]) != -heap[0][0]:
+            heapq.heappop(heap)
+        return -heap[0][0] if heap else 0
 
     def held(self, length: int) -> int:
         return length
 
     def allocate(self, length: int) -> int | None:
-        for start in self.starts:  # one entry per hole: O(live reservations)
+        if length > self._largest():
+            return None
+        for start in self.starts:  # one entry per hole, from the lowest
             hole = self.lengths[start]
             if hole >= length:
                 i = bisect.bisect_left(self.starts, start)
@@ -40,7 +63,7 @@ class FirstFitSpace:
                 del self.lengths[start]
                 if hole > length:
                     self.starts.insert(i, start + length)
-                    self.lengths[start + length] = hole - length
+                    self._hole(start + length, hole - length)
                 self.version += 1
                 return start
         return None
@@ -54,10 +77,10 @@ class FirstFitSpace:
         if i > 0:
             prev = self.starts[i - 1]
             if prev + self.lengths[prev] == start:  # merge with the previous hole
-                self.lengths[prev] += length
+                self._hole(prev, self.lengths[prev] + length)
                 return
         self.starts.insert(i, start)
-        self.lengths[start] = length
+        self._hole(start, length)
 
 
 class BuddySpace:
