@@ -90,7 +90,7 @@ class Case:
     arrivals_per_step: float | None = None
     max_model_len: int = 2048
     seed: int = 0
-    vllm_watermark: float | None = None  # None: vLLM's default
+    vllm_watermark: float | None = None  # None: vLLM's default; kvbench gets the same blocks kept
     overrides: tuple = ()  # kvbench config overrides the case needs (before --set)
 
 
@@ -141,9 +141,29 @@ CASES = {
             num_blocks=121,
             arrivals_per_step=0.02,
             vllm_watermark=0.25,
-            overrides=("allocator.watermark=0.25",),
+        ),
+        Case(
+            "repeated-blocks",
+            "64-token prompts that repeat whole blocks, prefix caching, a 20-block pool: several "
+            "blocks hold the same content, and a lookup takes the oldest once the first is evicted",
+            workload=(("kind", "fixed"), ("input_len", 0), ("output_len", 30)),
+            num_requests=60,
+            num_blocks=20,
+            prefix_caching=True,
+            prefix_len=64,
+            arrivals_per_step=0.3,
         ),
     )
+}
+# Settings each case gives both sides: a --set of one of them would change kvbench's side alone
+CASE_KEYS = {
+    "allocator.block_size": "block_size",
+    "allocator.prefix_caching": "prefix_caching",
+    "scheduler.max_num_seqs": "max_num_seqs",
+    "scheduler.max_num_batched_tokens": "max_num_batched_tokens",
+    "scheduler.chunked_prefill": "chunked prefill (on on both sides)",
+    "engine.preemption": "preemption (vLLM's v1 scheduler recomputes)",
+    "seed": "seed",
 }
 
 
@@ -255,16 +275,21 @@ class VllmSide:
             model=model_dir, skip_tokenizer_init=True, max_model_len=case.max_model_len, dtype="float16"
         )
         watermark = {} if case.vllm_watermark is None else {"watermark": case.vllm_watermark}
-        sched = SchedulerConfig(
-            max_num_seqs=case.max_num_seqs,
-            max_num_batched_tokens=case.max_num_batched_tokens,
-            max_model_len=case.max_model_len,
-            is_encoder_decoder=False,
-            enable_chunked_prefill=True,
-            async_scheduling=False,
-            **watermark,
-        )
-        cache = CacheConfig(block_size=case.block_size, enable_prefix_caching=case.prefix_caching)
+        try:
+            sched = SchedulerConfig(
+                max_num_seqs=case.max_num_seqs,
+                max_num_batched_tokens=case.max_num_batched_tokens,
+                max_model_len=case.max_model_len,
+                is_encoder_decoder=False,
+                enable_chunked_prefill=True,
+                async_scheduling=False,
+                **watermark,
+            )
+            cache = CacheConfig(block_size=case.block_size, enable_prefix_caching=case.prefix_caching)
+        except ValueError as err:  # pydantic's ValidationError is one: e.g. fewer batched tokens than seqs
+            errors = err.errors() if hasattr(err, "errors") else [{"msg": str(err)}]
+            why = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in errors) or str(err)
+            raise UserError(f"{case.name}: vLLM refuses the case's settings: {why}") from None
         cache.num_gpu_blocks = case.num_blocks
         config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched)
         spec = FullAttentionSpec(
@@ -359,6 +384,15 @@ def kvbench_config(case: Case, preset: str | None, overrides: list):
     ]
     if preset is None:
         base.append("scheduler.chunked_prefill=true")
+    if case.vllm_watermark is not None:
+        base.append(f"allocator.watermark={kvbench_watermark(case)!r}")
+    for override in overrides:
+        key = str(override).split("=", 1)[0].lstrip("+~")
+        if key in CASE_KEYS:
+            raise UserError(
+                f"--set {override}: the case sets {CASE_KEYS[key]} for both sides, and an override would change "
+                f"kvbench's alone; define a Case with it (scripts/vllm_conformance.py CASES) instead"
+            )
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("kvbench.conf", version_base="1.3"):
@@ -367,6 +401,17 @@ def kvbench_config(case: Case, preset: str | None, overrides: list):
         raise UserError(hydra_line(err) or f"bad override: {str(err).strip().splitlines()[0]}") from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def kvbench_watermark(case: Case) -> float:
+    """kvbench's allocator.watermark that keeps as many blocks free as vLLM's `vllm_watermark`:
+    vLLM takes its fraction of `num_blocks`, null block included (int(w * N)), kvbench of the
+    N - 1 blocks it is given."""
+    kept, usable = int(case.vllm_watermark * case.num_blocks), case.num_blocks - 1
+    fraction = kept / usable
+    while int(fraction * usable) < kept:  # a float a hair under kept / usable
+        fraction = math.nextafter(fraction, 1.0)
+    return fraction
 
 
 def presets() -> list[str]:
@@ -598,8 +643,13 @@ def run_case(
         report.preemptions += len(kv.preempted)
         report.max_batch = max(report.max_batch, len(kv.scheduled))
         report.idle_admissions += before["kvbench_running"] == 0  # this step admitted into an idle pool
-        if not kv.scheduled:
-            raise RuntimeError(f"{case.name}: step {step} scheduled nothing on either side with work left")
+        if not kv.scheduled:  # both sides alike (else they diverged above): no request can ever run
+            waiting = min(kvside.scheduler.waiting, key=lambda seq: seq.request.request_id, default=None)
+            what = f"request {waiting.request.request_id} ({waiting.num_tokens} tokens)" if waiting else "a request"
+            raise UserError(
+                f"{case.name}: step {step} scheduled nothing on either side with work left: {what} never fits "
+                f"the {case.num_blocks}-block pool (both sides agree); give the case more blocks or shorter requests"
+            )
         if max_steps is not None and step >= max_steps:
             break
     return _finish(report, kvside)
@@ -646,10 +696,14 @@ def main(argv: list | None = None) -> int:
             json_file = Path(args.json)
             if not args.json.strip() or json_file.is_dir() or not json_file.parent.is_dir():
                 raise UserError(f"--json {args.json}: give a file name in an existing folder")
+        if args.max_steps is not None and args.max_steps < 1:
+            raise UserError(f"--max-steps {args.max_steps}: give a number of steps >= 1 (or leave it out: to the end)")
         preset = None if args.preset == "none" else args.preset
         if preset is not None:
             if preset not in presets():
                 raise UserError(f"unknown preset {preset!r}; known: {', '.join(presets())}, none")
+        for name in names:  # kvbench's side of every case first: a bad --set is refused before vLLM loads
+            KvbenchSide(CASES[name], kvbench_config(CASES[name], preset, args.set))
         vllm = import_vllm()
         print(
             f"vllm {vllm.__version__} (supported: {SUPPORTED_VLLM}); kvbench "

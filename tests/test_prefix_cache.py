@@ -160,6 +160,22 @@ def test_evicting_one_of_two_blocks_with_the_same_content_keeps_it_findable():
     assert admitted(pool, list(range(8)) + [9]).num_cached == 8
 
 
+def test_a_lookup_finds_the_oldest_copy_once_the_first_is_evicted():
+    """Three prompts alike leave three blocks holding tokens 4..7 (each recomputes the last); once
+    the first is evicted, a lookup takes the second, as vLLM's hash map gives its oldest surviving
+    entry (the newest diverged from vLLM where that copy was freed and the other kept)."""
+    pool = PagedAllocator(num_slots=20, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    first, second, third = (admitted(pool, range(8)) for _ in range(3))
+    copies = [pool.block_tables[seq.seq_id][1] for seq in (first, second, third)]
+    assert len(set(copies)) == 3
+    for seq in (first, second, third):
+        pool.free(seq)
+    other = admitted(pool, np.arange(100, 108))  # the never-named free block, then the first copy
+    assert copies[0] in pool.block_tables[other.seq_id]
+    again = admitted(pool, list(range(8)) + [9])
+    assert again.num_cached == 8 and pool.block_tables[again.seq_id][1] == copies[1]
+
+
 @pytest.mark.parametrize(
     "system",
     [

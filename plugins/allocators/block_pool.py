@@ -184,8 +184,8 @@ class BlockPool:
         self.block_hash[block] = None
         copies = self.copies.get(block_hash)
         if self.cached[block_hash] == block:
-            if copies:
-                self.cached[block_hash] = copies.pop()
+            if copies:  # the oldest copy, as vLLM's hash map gives its first surviving entry
+                self.cached[block_hash] = copies.pop(0)
             else:
                 del self.cached[block_hash]
         else:

@@ -34,6 +34,34 @@ def test_a_vllm_version_it_was_not_written_for_is_refused_naming_the_supported_o
     ]
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--max-steps", "0"], "error: --max-steps 0: give a number of steps >= 1"),
+        (["--case", "sharegpt", "--set", "allocator.block_size=7"], "the case sets block_size for both sides"),
+        (["--case", "sharegpt", "--set", "scheduler.chunked_prefill=false"], "sets chunked prefill (on on both"),
+        (["--case", "sharegpt", "--set", "allocator.watermark=1.5"], "allocator.watermark=1.5 must be in [0, 1)"),
+    ],
+)
+def test_what_would_change_one_side_alone_or_cannot_run_is_refused_before_vllm_loads(
+    capsys, installed_vllm, argv, said
+):
+    installed_vllm(None)  # refused before vLLM is imported (its import writes several lines to stderr)
+    code, err = run(capsys, *argv)
+    assert code == 2 and len(err) == 1 and said in err[0]
+
+
+@pytest.mark.parametrize(
+    "fraction, num_blocks, kept", [(0.1, 100, 10), (0.25, 121, 30), (0.3, 50, 15), (0.01, 2000, 20)]
+)
+def test_kvbench_keeps_as_many_blocks_free_as_vllms_watermark_of_a_pool_with_its_null_block(fraction, num_blocks, kept):
+    from kvbench.plugins.allocators.block_pool import BlockPool
+
+    case = conformance.Case("w", "", num_blocks=num_blocks, vllm_watermark=fraction)
+    assert int(fraction * num_blocks) == kept  # vLLM's count, null block included
+    assert BlockPool(num_blocks - 1, watermark=conformance.kvbench_watermark(case)).watermark_blocks == kept
+
+
 def test_no_vllm_at_all_is_one_line_too(capsys, installed_vllm):
     installed_vllm(None)
     code, err = run(capsys)

@@ -27,6 +27,8 @@ except ImportError as err:
 import vllm_conformance as conformance
 from vllm_conformance import CASES
 
+from kvbench.errors import UserError
+
 KVBENCH_WATERMARK = ["allocator.watermark=0.01", "scheduler.watermark_when_idle=true"]  # its defaults
 
 
@@ -72,3 +74,21 @@ def test_keeping_the_watermark_when_nothing_runs_diverges_at_the_first_admission
     d = report.divergence
     assert d is not None and d.step == 1 and d.kvbench.scheduled == [] and len(d.vllm.scheduled) == 1
     assert "while nothing runs: vLLM skips it, kvbench keeps 30 blocks free" in d.reason
+
+
+def test_a_case_whose_request_never_fits_either_side_is_one_line_naming_it():
+    case = conformance.Case(
+        "never",
+        "",
+        workload=(("kind", "fixed"), ("input_len", 2000), ("output_len", 40)),
+        num_blocks=100,
+        num_requests=2,
+    )
+    with pytest.raises(UserError, match="step 1 scheduled nothing on either side .* request 0 .* never fits"):
+        conformance.run_case(case)
+
+
+def test_settings_vllm_refuses_are_one_line_naming_its_reason():
+    case = conformance.Case("budget", "", max_num_batched_tokens=8, num_requests=2)
+    with pytest.raises(UserError, match=r"vLLM refuses the case's settings: max_num_batched_tokens \(8\) must be"):
+        conformance.run_case(case)
