@@ -584,3 +584,19 @@ def test_a_report_of_an_interrupted_sweep_says_which_share_of_its_points_it_hold
     assert f"note: {partial}'s sweep lists 2 points and 1 has a result" in said
     assert "the others were interrupted or never ran" in (partial / "report.html").read_text()
     assert report.missing_points(partial / "nosuch") is None
+
+
+def test_a_sweep_names_the_points_whose_swap_pool_filled_and_how_many_preemptions_recomputed():
+    from kvbench.reporting.console import sweep_table
+
+    rows = [
+        {"allocator": "paged", "workload.n": n, "status": "ok", "preemptions": p, "swap_fallbacks": f}
+        for n, p, f in ((2, 138, 0), (4, 590, 105), (6, 723, 137))
+    ]
+    full = [line for line in sweep_table(pd.DataFrame(rows)).splitlines() if line.startswith("swap pool full")]
+    assert full == [
+        "swap pool full: n=4: 105 of 590 preemptions recomputed instead (engine.swap_space_bytes; "
+        "serve: scenario.swap_space_tokens)",
+        "swap pool full: n=6: 137 of 723 preemptions recomputed instead (engine.swap_space_bytes; "
+        "serve: scenario.swap_space_tokens)",
+    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from kvbench.reporting.results import in_paper_order, ok_rows, point_labels
+from kvbench.reporting.results import in_paper_order, ok_rows, point_labels, varying_keys
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -182,6 +182,13 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
     body = table.to_string(index=False, justify="right")
     rule = "=" * max(WIDTH, len(body.splitlines()[0]))
     lines = [f" kvbench sweep: {len(frame)} point(s) ".center(len(rule), "="), body, rule]
+    if "swap_fallbacks" in ok:  # a preemption by swap that found the swap pool full recomputed
+        full = ok[pd.to_numeric(ok["swap_fallbacks"], errors="coerce").fillna(0) > 0]
+        for label, row in zip(point_labels(full, varying_keys(frame)), full.itertuples()):
+            lines.append(
+                f"swap pool full: {label}: {row.swap_fallbacks:.0f} of {row.preemptions:.0f} preemptions recomputed "
+                f"instead (engine.swap_space_bytes; serve: scenario.swap_space_tokens)"
+            )
     if slo is not None and METRIC in frame and frame[METRIC].notna().any():  # no kernel's or profile's
         found, unplaced = capacity(frame, slo, baseline)
         lines.append(f" capacity at {slo:g} s/token (req/s) ".center(len(rule), "-"))
