@@ -28,6 +28,8 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
         ("bench_simulator.py", ["--requests", "0"], "workload.num_requests=0 must be >= 1"),
         ("gpu_figures.py", ["{tmp}/missing", "{tmp}/out"], "is not a folder"),
         ("vllm_conformance.py", ["--json", "{file}/r.json"], "--json {file}/r.json: give a file name"),
+        ("bench_nano.py", ["--nano-vllm", "{tmp}"], "--nano-vllm {tmp}: no nanovllm/engine/scheduler.py there"),
+        ("bench_nano.py", ["--nano-vllm", "{tmp}", "--n", "64,0"], "--n 64,0: every value must be >= 1"),
         ("gate_trials.py", ["--slowdown", "nan"], "--slowdown nan: give a fraction >= 0"),  # an A/B started
         ("gate_trials.py", ["--slowdown", "-2"], "--slowdown -2.0: give a fraction >= 0"),
     ],
