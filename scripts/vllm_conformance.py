@@ -408,6 +408,11 @@ def kvbench_watermark(case: Case) -> float:
     vLLM takes its fraction of `num_blocks`, null block included (int(w * N)), kvbench of the
     N - 1 blocks it is given."""
     kept, usable = int(case.vllm_watermark * case.num_blocks), case.num_blocks - 1
+    if kept >= usable:
+        raise UserError(
+            f"{case.name}: vllm_watermark={case.vllm_watermark} keeps {kept} of {case.num_blocks} blocks free, "
+            f"every block kvbench's pool has ({usable}): give a watermark that leaves blocks to admit into"
+        )
     fraction = kept / usable
     while int(fraction * usable) < kept:  # a float a hair under kept / usable
         fraction = math.nextafter(fraction, 1.0)
@@ -644,7 +649,7 @@ def run_case(
         report.max_batch = max(report.max_batch, len(kv.scheduled))
         report.idle_admissions += before["kvbench_running"] == 0  # this step admitted into an idle pool
         if not kv.scheduled:  # both sides alike (else they diverged above): no request can ever run
-            waiting = min(kvside.scheduler.waiting, key=lambda seq: seq.request.request_id, default=None)
+            waiting = kvside.scheduler.waiting[0] if kvside.scheduler.waiting else None  # the one blocked
             what = f"request {waiting.request.request_id} ({waiting.num_tokens} tokens)" if waiting else "a request"
             raise UserError(
                 f"{case.name}: step {step} scheduled nothing on either side with work left: {what} never fits "

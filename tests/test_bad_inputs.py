@@ -707,7 +707,7 @@ RUN_CASES = [
     # OmegaConf's AssertionError ("Unexpected type for root: NoneType") and an AttributeError, as tracebacks
     (["-m", "+hydra.sweeper.params.seed='0,1'"], "hydra.sweeper.params is empty (null) unless an experiment"),
     (["-m", "hydra.sweeper.params={seed:'0,1'}"], "give the sweep on the command line instead, e.g. bench -m"),
-    # 16 points ran (450 s of arrivals each), then "no successful point ... is one the paper measured"
+    # 20 points ran (1,800 s of arrivals each), then "no successful point ... is one the paper measured"
     (["+experiment=fig12", "+allocator=paged", "hydra.sweep.dir=FILES/sweep-m"], "fig12's ratios compare paged with"),
     (["+experiment=fig12", "workload=alpaca", "hydra.sweep.dir=FILES/sweep-n"], "fig12's ratios are ShareGPT's"),
     # glob() made the check before the sweep fail (a Hydra warning), and fig12.point=r3 ran

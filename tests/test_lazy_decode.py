@@ -160,6 +160,8 @@ def test_prompts_fed_in_chunks_beside_steady_decodes_are_fed_as_the_eager_loop_f
     eager, lazy = sides
     if not isinstance(eager, str):
         event(f"preempted: {bool(eager[3]['preemptions'])}")
+        # a step that filled the budget with several sequences: decodes and a chunk shared it
+        event(f"budget shared: {any(num_tokens == budget and num_seqs > 1 for num_tokens, num_seqs, *_ in eager[0])}")
     assert lazy == eager
 
 

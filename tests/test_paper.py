@@ -534,13 +534,16 @@ def test_a_capacity_well_above_what_its_system_served_says_a_finer_sweep_would_p
     row = capacity_row("sharegpt", "paged", found)
     assert row["over_served"] and row["served_max_req_s"] == 2.221 and row["between_req_s"] == "2-4"
     assert capacity_note(pd.Series(row)) == (
-        "; above the 2.22 req/s it served at most: a finer sweep between 2 and 4 places it lower"
+        "; above the 2.22 req/s it served at most: a finer sweep between 2 and 4, or a longer "
+        "workload.duration_s, places it lower"
     )
     close = [{**r, "request_throughput": "2.14"} for r in curve("paged", {2.2: 0.2649, 2.4: 1.2291})]
     (found,) = capacities(close, slo=0.5).values()  # 2.28, within 10 % of the 2.14 served: the rates' own gap
     assert not capacity_row("sharegpt", "paged", found)["over_served"]
     tiny = {"over_served": True, "served_max_req_s": 1e-05, "between_req_s": "2e-05-4e-05"}
-    assert capacity_note(pd.Series(tiny)).endswith("a finer sweep between 2e-05 and 4e-05 places it lower")
+    assert capacity_note(pd.Series(tiny)).endswith(
+        "between 2e-05 and 4e-05, or a longer workload.duration_s, places it lower"
+    )
     (found,) = capacities(curve("paged", {1: 0.05, 2: 5.0}), slo=0.5).values()  # no throughput column
     assert not capacity_row("sharegpt", "paged", found)["over_served"] and capacity_note(pd.Series({})) == ""
 

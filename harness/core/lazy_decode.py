@@ -164,20 +164,19 @@ class LazyDecode:
             # the eager loop decides who runs, unless the sequences fed in chunks are the newest
             # running (as a prompt fed in chunks mostly is): every decode ahead of them runs,
             # and they take what it leaves, in running order (_meet), as the eager loop gives it.
-            need, chunked = self._num_steady, []
+            decodes, chunks, chunked = self._num_steady, 0, []  # tokens: decodes', chunks'
             for seq in active:
                 if seq.group is not None:
-                    need += len(seq.group)
+                    decodes += len(seq.group)
                 else:
                     n = seq.num_tokens - seq.num_computed
-                    need += n
                     if n > 1:
+                        chunks += n
                         chunked.append(seq)
-            if need > budget:
-                running = self.running
-                decodes = need - sum(seq.num_tokens - seq.num_computed for seq in chunked)
-                newest = set(running[-len(chunked) :]) if chunked else ()
-                if decodes > budget or newest != set(chunked):
+                    else:
+                        decodes += n
+            if decodes + chunks > budget:
+                if decodes > budget or not chunked or set(self.running[-len(chunked) :]) != set(chunked):
                     self.settle()
                     return self._schedule_running(batch, budget)
                 chunk_budget = budget - decodes
@@ -459,7 +458,8 @@ class LazyDecode:
                 num_tokens += len(group)
                 continue
             n = seq.num_tokens - seq.num_computed
-            if n > 1:  # fed in chunks: what the decodes ahead of it and the chunks before it left
+            in_chunks = n > 1
+            if in_chunks:  # what the decodes ahead of it and the chunks before it left
                 if chunk_budget <= 0:
                     continue  # the eager loop stops at the spent budget; it and those behind wait
                 n = min(n, chunk_budget)
@@ -469,7 +469,7 @@ class LazyDecode:
                 if victim is seq:
                     break
             else:
-                if seq.num_tokens - seq.num_computed > 1:
+                if in_chunks:
                     chunk_budget -= n
                 elif quiet and seq.room and seq.width == 1 and seq.max_tokens - seq.num_tokens > 1:
                     # A quiet allocator gave it a new block with room: steady again from this

@@ -126,9 +126,10 @@ class Scheduler(LazyDecode):
             self.running.remove(seq)
         self.num_running_seqs -= seq.request.width
         members = seq.group or (seq,)
-        swapped = self.preemption == "swap" and self.allocator.swap_out(members)
-        if not swapped and self.preemption == "swap" and self.allocator.supports_swap:
-            self.swap_fallbacks += 1
+        swapped = False
+        if self.preemption == "swap":  # an allocator that cannot swap is refused with it (scenarios.build)
+            swapped = self.allocator.swap_out(members)
+            self.swap_fallbacks += not swapped
         for member in members:
             if swapped:
                 member.status = SeqStatus.SWAPPED

@@ -218,10 +218,8 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
             failed += 1
             continue
         if i < 1 or o < 1 or (a is not None and (a < 0 or not math.isfinite(a))):
-            arrival = columns.get("arrival_s", "arrival_s")
-            raise UserError(
-                f"trace {path} line {line}: lengths must be >= 1 and {arrival} a finite number >= 0, got {row}"
-            )
+            arrival = f" and {columns['arrival_s']} a finite number >= 0" if "arrival_s" in columns else ""
+            raise UserError(f"trace {path} line {line}: lengths must be >= 1{arrival}, got {row}")
         if "arrival_s" in columns and a is None:
             raise UserError(
                 f"trace {path} line {line}: no {columns['arrival_s']}; give every row its arrival "

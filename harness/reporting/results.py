@@ -160,11 +160,11 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
 
 def curve_keys(frame: pd.DataFrame, keys: list[str]) -> list[str]:
     """Of `keys` (what tells points apart, the rate left out), those that tell curves over the rate
-    apart. A key that only renames the rate (fig12.point: r1..r8 name the rates of each workload's
+    apart. A key that only renames the rate (fig12.point: r1..r10 name the rates of each workload's
     curve) would cut every curve into single points, so it is left out: a key whose values and
     the rates pair one to one among points that share every other key. Where two keys pair so
     with the rate (fig12's point and workload, whose curves take different rates), the one with
-    more values per group goes first (point: 8 a workload; workload: 2 a point), and the rest are
+    more values per group goes first (point: 10 a workload; workload: 2 a point), and the rest are
     tested again. A key pairs so only with three values or more a group, on average: two values
     at two rates is what failed points can leave of a real key (seeds 0 and 1 at rates 1 and 2,
     each with one failure). The sweep, the allocator and the workload always stay (a curve is

@@ -14,7 +14,8 @@ before the head, which keeps a shared prefix findable longest. Every operation i
 
 The prefix cache maps a block hash to one block holding that content. Another block that
 holds the same content (computed twice, e.g. a prompt's last block, which a hit never covers)
-is registered as a copy; when the findable block is evicted, a copy takes over its hash, so
+is registered as a copy; when the findable block is evicted, the oldest copy takes over its
+hash (as vLLM's map, which keeps them in the order they were cached, gives its first), so
 content that is still in the pool stays findable.
 
 The block hash is `hash((parent_hash, tuple(token_ids)))`, chained from a fixed root. CPython
@@ -179,7 +180,7 @@ class BlockPool:
         return self.cached.get(block_hash)
 
     def _forget(self, block: int) -> None:
-        """An evicted block's content leaves the cache; a copy of it, if any, takes its hash."""
+        """An evicted block's content leaves the cache; its oldest copy, if any, takes its hash."""
         block_hash = self.block_hash[block]
         self.block_hash[block] = None
         copies = self.copies.get(block_hash)

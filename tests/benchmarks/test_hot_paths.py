@@ -183,9 +183,11 @@ def test_simulated_run_of_300_sharegpt_requests_on_paged(benchmark, monkeypatch)
     """The simulator's loop as a whole: 300 ShareGPT requests at 4 req/s on paged (OPT-13B on
     A100-40GB), with its admissions, preemptions, quiet stretches and striding blocks, the
     workload's generation and the run's summary included. The work per step is the marginal work
-    of a longer run (`Engine.run` of 300 requests against 150 of the same stream): the steps
-    differ, so no one step stands for the rest, and what a run does once (its checks before the
-    first step, its summary) cancels out, so that a line added there is not a per-step regression.
+    of a longer run (`Engine.run` of 300 requests against 150 from the same generator and seed:
+    the same arrival times, another draw of lengths): the steps differ, so no one step stands for
+    the rest, and what a run does once (its set-up, its summary) cancels out, so that a line
+    added there is not a per-step regression. Work per request (the pre-run check's, the
+    summary's) does not cancel: it is spread over the 1,348 steps more.
     The config's handling is left out of the count: OmegaConf's regular expressions go through
     `re`'s cache, whose hits and misses depend on what ran before in the process."""
     from kvbench.core.engine import Engine

@@ -124,6 +124,15 @@ def test_simulated_decode_step_beside_a_prompt_fed_in_chunks(benchmark, num_seqs
 
     for _ in range(3):
         simulated_decode_step(engine)
-    batch = benchmark.pedantic(simulated_decode_step, args=(engine,), setup=a_prompt_in_chunks, rounds=200)
-    assert batch.num_tokens == num_seqs + 512 or len(scheduler.running) > num_seqs  # a chunk filled the budget
-    assert batch.num_steady >= num_seqs * 3 // 4 and not batch.preempted  # the steady ones are counted, not touched
+    batches = []
+
+    def step():
+        batches.append(simulated_decode_step(engine))
+
+    benchmark.pedantic(step, setup=a_prompt_in_chunks, rounds=200)
+    for _ in range(8):  # two prompts more, whether the benchmark ran its rounds or one
+        a_prompt_in_chunks()
+        step()
+    # a prompt's chunk took the rest of the budget at most steps (its last chunk is shorter)
+    assert sum(b.num_tokens == scheduler.max_num_batched_tokens for b in batches) >= max(1, len(batches) * 2 // 3)
+    assert all(b.num_steady >= num_seqs * 3 // 4 and not b.preempted for b in batches)  # counted, not touched
