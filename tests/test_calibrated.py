@@ -182,6 +182,23 @@ def test_the_calibrated_executor_drives_the_same_scheduler_and_allocators(tiny_p
     assert row["duration_s"] != pytest.approx(roofline["duration_s"])
 
 
+def test_a_profile_timed_with_another_kv_layout_is_used_and_the_console_says_so(tmp_path):
+    """A paged gather and a contiguous read take different times (17 % apart with the eager
+    backend on a CPU): a contiguous run on a paged profile gets paged's step times, said after
+    it; one on a profile of its own layout says nothing."""
+    from kvbench.reporting.console import run_table
+
+    paged = synthetic_profile(tmp_path / "paged.csv", allocator="paged")
+    row, _ = calibrated(paged, "+allocator=contiguous")
+    assert (row["executor_profile_layout"], row["kv_layout"]) == ("paged", "contiguous")
+    said = run_table(row).splitlines()[-1]
+    assert said.startswith("profile: its steps were timed with the paged KV layout, this run's allocator keeps")
+    pow2 = synthetic_profile(tmp_path / "pow2.csv", allocator="pow2")  # the contiguous layout too
+    row, _ = calibrated(pow2, "+allocator=oracle")
+    assert row["executor_profile_layout"] == row["kv_layout"] == "contiguous"
+    assert "KV layout" not in run_table(row)
+
+
 def test_time_scale_stretches_every_step_and_changes_no_decision(tiny_profile):
     row, _ = calibrated(tiny_profile)
     slower, _ = calibrated(tiny_profile, "executor.time_scale=2")

@@ -133,6 +133,13 @@ def run_table(row: dict) -> str:
             f"swap pool full: {fallbacks} of {_value(row, 'preemptions', '{:.0f}')} preemptions recomputed instead "
             f"(engine.swap_space_bytes; serve: scenario.swap_space_tokens): raise it to swap them all"
         )
+    profiled, layout = row.get("executor_profile_layout"), row.get("kv_layout")
+    if profiled and layout and profiled != layout:
+        lines.append(
+            f"profile: its steps were timed with the {profiled} KV layout, this run's allocator keeps the {layout} "
+            f"one (a backend times the two apart: 17 % with eager on a CPU): profile with this allocator for "
+            f"its own step times"
+        )
     if scenario == "profile" and row.get("profile"):  # what executor=calibrated reads
         lines.append(f"profile: {row['profile']} (bench executor=calibrated executor.profile=PATH)")
     return "\n".join(lines)

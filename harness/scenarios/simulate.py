@@ -80,7 +80,20 @@ def make_executor(cfg: DictConfig, model, hardware) -> tuple:
         "executor_fit_heldout_median_err": report.heldout_median,
         "executor_fit_heldout_max_err": report.heldout_max,
         "executor_device": profile.identity["device"],
+        # the KV layout its steps were timed with, beside this run's (a paged gather is not a
+        # contiguous read: the eager backend on a CPU timed the contiguous layout's steps 17 %
+        # shorter, docs/simulator.md); a profile from another layout is used, and the console says so
+        "executor_profile_layout": _layout(profile.rows[0].get("allocator")),
+        "kv_layout": _layout(plugin_cfg(cfg, "allocator")["name"]),
     }
+
+
+def _layout(allocator: str | None) -> str:
+    """The KV layout allocator `allocator` keeps (its class's `layout`); "" where unknown."""
+    from kvbench.registry import default_registry
+
+    cls = default_registry().classes("allocator").get(allocator or "")
+    return getattr(cls, "layout", "") or ""
 
 
 def simulate(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
