@@ -284,8 +284,10 @@ def test_validation_checks_a_given_profile_before_any_served_run(tmp_path, monke
     import kvbench.scenarios.validate_simulator as validation
 
     monkeypatch.setattr(validation, "serve", lambda *a, **k: pytest.fail("served before the profile was checked"))
-    given = lambda profile: run_point(
-        compose_cfg("scenario=validate", "model=tiny", f"scenario.out_dir={tmp_path}", f"scenario.profile={profile}")
+    given = lambda profile, *more: run_point(
+        compose_cfg(
+            "scenario=validate", "model=tiny", f"scenario.out_dir={tmp_path}", f"scenario.profile={profile}", *more
+        )
     )
     with pytest.raises(UserError, match=r"^scenario.profile='.*none.csv': no such file"):
         given(tmp_path / "none.csv")
@@ -298,6 +300,21 @@ def test_validation_checks_a_given_profile_before_any_served_run(tmp_path, monke
         UserError, match="was measured with clock=wall, but the serve runs time their steps with clock=cpu"
     ):
         given(wall)
+    # an fp32 profile predicted bf16 serve runs, labelled a validation like any other
+    fp32 = synthetic_profile(tmp_path / "fp32.csv", clock="cpu")
+    with pytest.raises(UserError, match=r"measured in dtype=fp32, but the serve runs run in bf16"):
+        given(fp32, "+scenario.serve.dtype=bf16", "+scenario.profiling.dtype=bf16")
+    # a bf16 profile then refused its own simulation (fp32 from the model): one dtype for both sides
+    with pytest.raises(UserError, match=r"scenario.serve.dtype resolves to bf16 and scenario.profiling.dtype to fp32"):
+        given(fp32, "+scenario.serve.dtype=bf16")
+
+
+def test_validation_runs_both_sides_in_the_served_dtype_auto_being_fp32_on_a_cpu():
+    import kvbench.scenarios.validate_simulator as validation
+
+    cfg = compose_cfg("scenario=validate", "model=tiny", "+scenario.serve.dtype=bf16", "+scenario.profiling.dtype=bf16")
+    assert validation.validated_dtype(cfg) == "bf16"
+    assert validation.validated_dtype(compose_cfg("scenario=validate", "model=tiny")) == "fp32"  # auto on a CPU
 
 
 def test_a_malformed_profile_names_the_row(tiny_profile):

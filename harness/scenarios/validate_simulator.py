@@ -309,6 +309,25 @@ def refuse_a_pool_too_small(cfg: DictConfig, model, hardware) -> None:
     engine.check_fits(requests)
 
 
+def validated_dtype(cfg: DictConfig) -> str:
+    """The dtype the measured side runs in, which the profile is timed in and the simulated side
+    sizes its pool with: scenario.serve.dtype and scenario.profiling.dtype, resolved (auto: fp32
+    on a CPU), must agree."""
+    from kvbench.scenarios.serve import resolve_dtype
+
+    served, profiled = (
+        scenario_cfg(cfg, name, cfg.scenario.get(key)).scenario
+        for name, key in (("serve", "serve"), ("profile", "profiling"))
+    )
+    dtypes = [resolve_dtype(str(s.get("dtype", "auto")), resolve_device(str(s.device))) for s in (served, profiled)]
+    if dtypes[0] != dtypes[1]:
+        raise UserError(
+            f"scenario.serve.dtype resolves to {dtypes[0]} and scenario.profiling.dtype to {dtypes[1]}: the profile "
+            f"must time the dtype the serve runs run in; set both"
+        )
+    return dtypes[0]
+
+
 def preflight(cfg: DictConfig) -> tuple:
     """What a run refuses before it measures anything (scenarios.run.preflight): its settings, its
     folder, a pool too small for the workload, a given profile that is missing or malformed.
@@ -317,9 +336,16 @@ def preflight(cfg: DictConfig) -> tuple:
     checked = check(scenario)
     check_serve_clock(cfg)
     refuse_replacing(scenario, ("validation.csv", "profile.csv"))
-    refuse_a_pool_too_small(cfg, *load_specs(cfg))
+    model, hardware = load_specs(cfg)
+    dtype = validated_dtype(cfg)
+    refuse_a_pool_too_small(cfg, dataclasses.replace(model, dtype=dtype), hardware)
     if scenario.get("profile"):
-        load_profile(str(scenario.profile), key="scenario.profile")
+        given = load_profile(str(scenario.profile), key="scenario.profile")
+        if given.identity["dtype"] != dtype:  # else every simulated run would refuse it, after the first served one
+            raise UserError(
+                f"scenario.profile={scenario.profile} was measured in dtype={given.identity['dtype']}, but the serve "
+                f"runs run in {dtype} (scenario.serve.dtype): profile in {dtype}, or set scenario.serve.dtype"
+            )
     return checked
 
 
@@ -328,6 +354,8 @@ def run(cfg: DictConfig) -> list[dict]:
     runs, load = preflight(cfg)
     folder = out_dir(scenario)
     model, hardware = load_specs(cfg)
+    dtype = validated_dtype(cfg)
+    model = dataclasses.replace(model, dtype=dtype)  # both sides' pool in the served dtype's bytes
     changes = {**OmegaConf.to_container(scenario.profiling, resolve=True), "out_dir": str(folder)}
     profile_cfg = scenario_cfg(cfg, "profile", OmegaConf.create(changes))
     host = ModelProbe(profile_cfg, model.max_model_len)
@@ -345,6 +373,7 @@ def run(cfg: DictConfig) -> list[dict]:
     kv_bytes = int(scenario.kv_cache_tokens) * model.kv_bytes_per_token
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     base.engine.kv_cache_bytes = kv_bytes
+    base.model.dtype = dtype  # the simulated side's: the profile's and the pool's
     # requests.jsonl is the measured runs' (requests.K.jsonl for run K of several); the simulations write none
     sim_cfg = OmegaConf.merge(base, {"executor": None, "measure": {"save_requests": False}})
     sim_cfg.executor = {"name": "calibrated", "profile": str(profile), "device": "local"}
