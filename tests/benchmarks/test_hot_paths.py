@@ -1,12 +1,13 @@
 """Hot-path benchmarks (pytest-benchmark): what every simulated or served step pays on the host.
 
 CI measures them for this tree and for the commit of results/baseline/ on the same machine,
-interleaved (bench-compare --against REF), and judges each run's median with a significance
-test and a 10 % minimum change (conf/compare_policy.yaml, median_s). The scheduler steps also
+interleaved (bench-compare --against REF), and judges each run's fastest round with a
+significance test and a 10 % minimum change between the sides' best runs (conf/compare_policy.yaml:
+min_s, effect: best; median_s is reported). The scheduler steps also
 record the Python calls and lines one step executes (extra_info), which the gate compares
 exactly. Each benchmark also checks the work it timed was done.
 
-KVBENCH_TEST_SLOWDOWN=F makes every benchmarked call take (1 + F) times as long
+KVBENCH_TEST_SLOWDOWN=F makes every call this file's benchmarks time take (1 + F) times as long
 (tests/slowdown.py): a slower hot path without editing one, to check the gate end to end
 (bench-compare --against REF --current-env KVBENCH_TEST_SLOWDOWN=0.25 must report it).
 """
