@@ -579,8 +579,11 @@ def test_ab_does_not_rerun_a_work_count_that_changed(monkeypatch):
         return {"baseline": benchmark_rows(noise), "current": benchmark_rows([1.5 * n for n in noise], calls=200)}
 
     monkeypatch.setattr(ab, "measure", fake_measure)
-    assert ab.run_ab("HEAD", 5, [], load_policy(None), out=io.StringIO()) == 1
+    out = io.StringIO()
+    assert ab.run_ab("HEAD", 5, [], load_policy(None), out=out) == 1
     assert calls == [1]
+    # the measured flag beside it stands unconfirmed, and the output says so
+    assert "note: the 1 measured point(s) flagged above were not measured again" in out.getvalue()
 
 
 def test_ctrl_c_during_a_comparison_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):

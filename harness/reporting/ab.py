@@ -366,6 +366,12 @@ def run_ab(
         suspects = list({str(point): point for point, measured in flagged if measured}.values())
         if code and suspects and all(measured for _, measured in flagged):
             code = confirm(sides, bench_overrides, suspects, repeats, ref, ref_tree, policy, keep, out)
+        elif code and suspects:  # an exact metric failed: that needs no second look, so none is taken
+            print(
+                f"note: the {len(suspects)} measured point(s) flagged above were not measured again (an exact "
+                f"metric failed, which fails the A/B by itself); they are first-round flags, unconfirmed",
+                file=out,
+            )
         total = time.perf_counter() - started
         print(
             f"A/B against {ref} ({sha[:12]}): {total:.0f} s for {sides['current'].runs_done} runs a side "
