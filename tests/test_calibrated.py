@@ -191,6 +191,7 @@ def test_a_profile_timed_with_another_kv_layout_is_used_and_the_console_says_so(
     paged = synthetic_profile(tmp_path / "paged.csv", allocator="paged")
     row, _ = calibrated(paged, "+allocator=contiguous")
     assert (row["executor_profile_layout"], row["kv_layout"]) == ("paged", "contiguous")
+    assert row["executor_device"] in run_table(row).splitlines()[0]  # its steps' device, not the hardware YAML's
     said = run_table(row).splitlines()[-1]
     assert said.startswith("profile: its steps were timed with the paged KV layout, this run's allocator keeps")
     pow2 = synthetic_profile(tmp_path / "pow2.csv", allocator="pow2")  # the contiguous layout too

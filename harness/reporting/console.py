@@ -113,6 +113,8 @@ def run_table(row: dict) -> str:
     """One run's result, one line per headline number."""
     scenario = row.get("scenario")
     where = "hardware" if scenario == "simulate" else "device"
+    if row.get("executor") == "calibrated" and row.get("executor_device"):  # its steps are that device's
+        where = "executor_device"
     if scenario == "kernel":  # a backend timed on one batch: no workload
         named = ("scenario", "backend", "allocator", "model", where, "batch_spec")
     else:
