@@ -326,6 +326,16 @@ def test_a_malformed_profile_names_the_row(tiny_profile):
         load_profile(tiny_profile)
 
 
+def test_a_profile_that_measures_a_shape_twice_names_both_rows(tiny_profile):
+    """A row copied, or two profiles joined: it said only that a row's prediction had changed."""
+    rows = read_rows(tiny_profile)
+    write_csv(tiny_profile, rows + [dict(rows[3])])
+    with pytest.raises(
+        UserError, match=rf"row {len(rows) + 2} repeats row 5's shape \(prefill, num_tokens=512, num_seqs=1"
+    ):
+        load_profile(tiny_profile)
+
+
 @pytest.mark.parametrize(
     "column, value, said",
     [

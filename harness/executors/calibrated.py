@@ -136,7 +136,7 @@ def load_profile(path: str, key: str = "executor.profile") -> Profile:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise UserError(f"profile {path} lacks column(s) {', '.join(missing)}; it is not a scenario=profile file")
-    rows, identity = [], None
+    rows, identity, shapes = [], None, {}
     for line, cells in enumerate(lines[1:], start=2):  # line 1 is the header
         if not cells:
             continue
@@ -159,6 +159,13 @@ def load_profile(path: str, key: str = "executor.profile") -> Profile:
         if row["heldout"] not in ("True", "False"):  # anything else read as False: a silent in-sample fit
             raise UserError(f"profile {path} row {line}: heldout={row['heldout']!r} must be True or False")
         rows.append({**row, **{c: _number(path, line, row, c) for c in FEATURES + (TIME_COLUMN, fit_column(row))}})
+        shape = (row["phase"], *(rows[-1][c] for c in FEATURES))
+        if shape in shapes:  # scenario=profile measures each shape once: a row copied, or files joined
+            raise UserError(
+                f"profile {path} row {line} repeats row {shapes[shape]}'s shape ({row['phase']}, "
+                f"{', '.join(f'{c}={rows[-1][c]:.0f}' for c in FEATURES)}); a profile measures each shape once"
+            )
+        shapes[shape] = line
     if len(rows) < len(FEATURES) + 1:
         raise UserError(f"profile {path} has {len(rows)} measured shape(s); fitting needs at least {len(FEATURES) + 1}")
     # the split scenario=profile scored the fit on, so the reload reproduces its choice and error
