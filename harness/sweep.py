@@ -231,8 +231,8 @@ def deadline(seconds: float):
         raise PointTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    try:  # armed inside: a limit of a microsecond fires before the next line, and the finally must
+        signal.setitimer(signal.ITIMER_REAL, seconds)  # cancel its retry (else SIGALRM kills the process)
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

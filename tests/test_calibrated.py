@@ -424,13 +424,17 @@ def test_a_grid_longer_than_the_model_is_refused(tmp_path):
         profile(tmp_path, "scenario.decode_context=[16,4096]")
 
 
-def test_a_grid_too_small_to_fit_says_how_many_shapes_the_fit_needs(tmp_path):
+def test_a_grid_too_small_to_fit_says_how_many_shapes_the_fit_needs_before_measuring_any(tmp_path, monkeypatch):
+    import kvbench.scenarios.profile as profiling
+
+    # it measured every shape first, then threw the measurements away
+    monkeypatch.setattr(profiling, "measure", lambda *a, **k: pytest.fail("measured a grid too small to fit"))
     small = ["scenario.prefill_len=[16]", "scenario.prefill_seqs=[1]", "scenario.decode_batch=[1]"]
-    with pytest.raises(UserError, match=r"needs at least 5 measured shapes, and 3 of the grid's 3 ran; give"):
+    with pytest.raises(UserError, match=r"needs at least 5 measured shapes, and 3 of the grid's 3 can run; give"):
         profile(tmp_path, *small, "scenario.decode_context=[16]")
     # the shapes the limits ruled out count in the grid (it said "3 of the grid's 3 ran")
     limited = [*small, "scenario.decode_batch=[1,8]", "scenario.decode_context=[16]", "scheduler.max_num_seqs=4"]
-    with pytest.raises(UserError, match=r"and 3 of the grid's 4 ran \(1 exceeds scheduler.max_num_seqs or"):
+    with pytest.raises(UserError, match=r"and 3 of the grid's 4 can run \(1 exceeds scheduler.max_num_seqs or"):
         profile(tmp_path, *limited)
 
 

@@ -121,6 +121,13 @@ def test_a_report_of_a_table_without_results_is_refused(tmp_path, text, said):
     assert not (tmp_path / "out" / "report.html").exists()
 
 
+def test_a_folder_whose_table_has_a_header_and_no_row_names_that_table(tmp_path):
+    # it said the folder had "no */metrics.csv, metrics.csv or summary.csv in it", beside its summary.csv
+    (tmp_path / "summary.csv").write_text("scenario,allocator,status,request_throughput\n")
+    message = refused(lambda: report.main([str(tmp_path), "--out", str(tmp_path / "out")]))
+    assert message.endswith(f"{tmp_path / 'summary.csv'} has no result rows")
+
+
 @pytest.mark.parametrize("slo, said", [("inf", "--slo inf must be a finite number"), ("0", "must be a number > 0")])
 def test_an_infinite_latency_target_is_refused_as_the_sweep_setting_is(tmp_path, slo, said):
     source = sweep(tmp_path / "s", RATES)

@@ -425,6 +425,18 @@ def test_a_deadline_that_expires_inside_a_finalizer_still_stops_the_point():
             del doomed  # the old deadline let the body end normally from here
 
 
+def test_a_deadline_too_short_to_enter_leaves_no_alarm_behind():
+    """A limit of a nanosecond fired before the body was entered, and its retry alarm then killed
+    the process (SIGALRM, exit 142) with the sweep's summary unwritten."""
+    before = signal.getsignal(signal.SIGALRM)
+    for _ in range(20):
+        with pytest.raises(PointTimeout, match="ran longer than sweep.point_timeout_s=1e-09 s"):
+            with deadline(1e-9):
+                time.sleep(0.01)
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) is before
+    time.sleep(0.1)  # a retry left armed would fire here, with the default handler: the process would end
+
+
 def test_a_full_disk_at_the_end_of_a_sweep_exits_2_and_keeps_the_finished_points(tmp_path, monkeypatch, capsys):
     real_replace = os.replace
 

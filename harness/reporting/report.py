@@ -111,6 +111,8 @@ def _load_rows(path: Path) -> tuple[pd.DataFrame, list[Path]]:
     for name in ("metrics.csv", "summary.csv"):
         if frame.empty and (path / name).is_file():
             frame, read = read_csv(path / name), [path / name]
+    if frame.empty and read:  # a header and no row
+        raise UserError(f"{read[0]} has no result rows")
     if frame.empty:
         raise UserError(f"{path} has no results (no */metrics.csv, metrics.csv or summary.csv in it)")
     return frame, read

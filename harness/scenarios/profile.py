@@ -178,6 +178,28 @@ def step_timer(cfg: DictConfig, kv_cache_tokens: int | None = None) -> tuple[Ste
     return timer, real
 
 
+def too_few(count: int, shapes: list, ruled_out: int, scenario) -> None:
+    """Refuse a grid of which `count` shapes (those it has, or those that ran) are too few to fit."""
+    if count >= len(FEATURES) + 1:
+        return
+    unheld = len(shapes) - count
+    why = [
+        f"{ruled_out} {'exceeds' if ruled_out == 1 else 'exceed'} scheduler.max_num_seqs or max_num_batched_tokens"
+        if ruled_out
+        else "",
+        f"{unheld} {'does' if unheld == 1 else 'do'} not fit the KV pool of scenario.kv_cache_tokens="
+        f"{scenario.kv_cache_tokens}"
+        if unheld
+        else "",
+    ]
+    why = "; ".join(w for w in why if w)
+    raise UserError(
+        f"the step-time fit needs at least {len(FEATURES) + 1} measured shapes, and {count} of "
+        f"the grid's {len(shapes) + ruled_out} {'ran' if unheld else 'can run'}{f' ({why})' if why else ''}; give "
+        f"the grid more values (scenario.prefill_len, scenario.decode_batch, ...) or raise those limits"
+    )
+
+
 def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[dict], int]:
     """Measure the grid on the configured model and device; one row per shape it could hold."""
     scenario = cfg.scenario
@@ -189,24 +211,9 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     spec, allocator = real.spec, timer.allocator
     burst = int(scenario.get("burst", 1))
     statistic = str(scenario.get("fit_to", "mean"))
+    too_few(len(shapes), shapes, ruled_out, scenario)  # before minutes of measuring, where it can tell
     measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between, statistic=statistic)
-    if len(measured) < len(FEATURES) + 1:
-        unheld = len(shapes) - len(measured)
-        why = [
-            f"{ruled_out} {'exceeds' if ruled_out == 1 else 'exceed'} scheduler.max_num_seqs or max_num_batched_tokens"
-            if ruled_out
-            else "",
-            f"{unheld} {'does' if unheld == 1 else 'do'} not fit the KV pool of scenario.kv_cache_tokens="
-            f"{scenario.kv_cache_tokens}"
-            if unheld
-            else "",
-        ]
-        why = "; ".join(w for w in why if w)
-        raise UserError(
-            f"the step-time fit needs at least {len(FEATURES) + 1} measured shapes, and {len(measured)} of "
-            f"the grid's {len(shapes) + ruled_out} ran{f' ({why})' if why else ''}; give the grid more values "
-            f"(scenario.prefill_len, scenario.decode_batch, ...) or raise those limits"
-        )
+    too_few(len(measured), shapes, ruled_out, scenario)
     identity = {
         "model": spec.name,
         "model_shape": model_shape(spec),
