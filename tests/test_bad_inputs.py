@@ -360,6 +360,12 @@ def test_a_rule_across_fields_or_files_is_one_line(args, message, files):
 
 FAST = ["progress=false", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
 RUN_CASES = [
+    # 3 GPUs split opt-13b's 40 heads unevenly, and 100,000 (the schema's most) took 19 GB to simulate
+    (["hardware.num_gpus=3"], "hardware.num_gpus=3 is a tensor-parallel degree, and it does not divide model=opt-13b"),
+    (
+        ["hardware.num_gpus=100000"],
+        "divide model=opt-13b's 40 attention heads among its GPUs; give one that does: 1, 2",
+    ),
     # a traceback: AttributeError ('str' object has no attribute 'get'), TypeError (unhashable type: 'list')
     (["report=5"], "report=5 must be a section: set its keys, report.KEY=VALUE"),
     # wrote the run's files into the current folder; a multi-line warning, then the run

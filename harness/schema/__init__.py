@@ -342,6 +342,7 @@ def validate(cfg: DictConfig | dict) -> dict:
             f"max_model_len={model.max_model_len} (model.max_model_len)"
         )
     refuse_pool_beyond_the_gpu(checked)
+    refuse_uneven_tensor_parallelism(checked)
     refuse_shapes_the_real_model_cannot_run(checked)
     refuse_if_too_big(
         checked["root"], model, checked["hardware"], workload, checked["scenario"], checked.get("allocator") or {}
@@ -405,6 +406,20 @@ def refuse_shapes_the_real_model_cannot_run(checked: dict) -> None:
             "allocator=hybrid keeps a pool per layer kind; scenario=kernel times one attention layer's kernel on "
             "one block table: choose allocator=paged or contiguous (bench scenario=serve runs hybrid models whole)"
         )
+
+
+def refuse_uneven_tensor_parallelism(checked: dict) -> None:
+    """hardware.num_gpus is a tensor-parallel degree: each GPU takes an equal share of every
+    layer's attention heads, so it must divide their number (vLLM refuses such a degree too)."""
+    hardware, model = checked["hardware"], checked["model"]
+    if hardware.num_gpus == 1 or checked["scenario"].name != "simulate" or model.num_heads % hardware.num_gpus == 0:
+        return
+    divisors = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0]
+    shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+    raise UserError(
+        f"hardware.num_gpus={hardware.num_gpus} is a tensor-parallel degree, and it does not divide "
+        f"model={model.name}'s {model.num_heads} attention heads among its GPUs; give one that does: {shown}"
+    )
 
 
 def refuse_pool_beyond_the_gpu(checked: dict) -> None:
