@@ -109,6 +109,14 @@ def _value(row, column: str, fmt: str) -> str | None:
     return None if math.isnan(number) else fmt.format(number)
 
 
+def swap_note(label: str, fallbacks: str, preemptions: str) -> str:
+    """A run's or a sweep point's preemptions by swap that found the swap pool full."""
+    return (
+        f"swap pool full: {label}{fallbacks} of {preemptions} preemptions recomputed instead "
+        f"(engine.swap_space_bytes; serve: scenario.swap_space_tokens)"
+    )
+
+
 def run_table(row: dict) -> str:
     """One run's result, one line per headline number."""
     scenario = row.get("scenario")
@@ -131,10 +139,7 @@ def run_table(row: dict) -> str:
         lines.append("interpreted: Triton's interpreter ran the kernels (TRITON_INTERPRET=1): times are not a GPU's")
     fallbacks = _value(row, "swap_fallbacks", "{:.0f}")
     if fallbacks not in (None, "0"):
-        lines.append(
-            f"swap pool full: {fallbacks} of {_value(row, 'preemptions', '{:.0f}')} preemptions recomputed instead "
-            f"(engine.swap_space_bytes; serve: scenario.swap_space_tokens): raise it to swap them all"
-        )
+        lines.append(swap_note("", fallbacks, _value(row, "preemptions", "{:.0f}")) + ": raise it to swap them all")
     profiled, layout = row.get("executor_profile_layout"), row.get("kv_layout")
     if profiled and layout and profiled != layout:
         lines.append(
@@ -194,10 +199,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
     if "swap_fallbacks" in ok:  # a preemption by swap that found the swap pool full recomputed
         full = ok[pd.to_numeric(ok["swap_fallbacks"], errors="coerce").fillna(0) > 0]
         for label, row in zip(point_labels(full, varying_keys(frame)), full.itertuples()):
-            lines.append(
-                f"swap pool full: {label}: {row.swap_fallbacks:.0f} of {row.preemptions:.0f} preemptions recomputed "
-                f"instead (engine.swap_space_bytes; serve: scenario.swap_space_tokens)"
-            )
+            lines.append(swap_note(f"{label}: ", f"{row.swap_fallbacks:.0f}", f"{row.preemptions:.0f}"))
     if slo is not None and METRIC in frame and frame[METRIC].notna().any():  # no kernel's or profile's
         found, unplaced = capacity(frame, slo, baseline)
         lines.append(f" capacity at {slo:g} s/token (req/s) ".center(len(rule), "-"))
