@@ -149,7 +149,7 @@ def test_the_buddy_system_takes_the_lowest_free_chunk_as_a_scan_of_its_free_list
     for _ in range(20_000):
         most = [max(m, len(free)) for m, free in zip(most, spaces[0].free_lists)]
         # chunks merged away stay in a heap until popped or rebuilt: bounded by the most it held
-        assert all(len(heap) <= 2 * m + 65 for heap, m in zip(spaces[0]._heaps, most))
+        assert all(len(heap.heap) <= 2 * m + 65 for heap, m in zip(spaces[0]._heaps, most))
         if held and (rng.random() < 0.5 or len(held) > 60):
             start, length = held.pop(rng.randrange(len(held)))
             for space in spaces:
@@ -176,7 +176,7 @@ def test_first_fit_refuses_by_its_largest_hole_as_a_walk_of_every_hole_would():
     held, most = [], 0  # the most holes so far
     for _ in range(20_000):
         most = max(most, len(spaces[0].lengths))
-        assert len(spaces[0]._by_length) <= 2 * most + 65  # holes split or merged since: bounded
+        assert len(spaces[0]._by_length.heap) <= 2 * most + 65  # holes split or merged since: bounded
         if held and (rng.random() < 0.45 or len(held) > 80):
             start, length = held.pop(rng.randrange(len(held)))
             for space in spaces:

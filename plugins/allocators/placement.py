@@ -20,6 +20,30 @@ from kvbench.errors import UserError
 PLACEMENTS = ("buddy", "first_fit")
 
 
+class LazyHeap:
+    """A min-heap whose entries may go stale (what they name changed since they were pushed):
+    `top` skips the stale ones it meets, as `live(entry)` tells, and `push` rebuilds the heap
+    from `entries()` once it is mostly stale, so it stays O(live entries) and every change costs
+    O(log n) amortized. Both placements keep their free space's smallest entry so."""
+
+    def __init__(self, live, entries):
+        self.live, self.entries = live, entries
+        self.heap = sorted(entries())
+
+    def push(self, entry, num_live: int) -> None:
+        if len(self.heap) > 2 * num_live + 64:  # mostly stale: rebuilt from the live ones
+            self.heap = sorted(self.entries())
+        else:
+            heapq.heappush(self.heap, entry)
+
+    def top(self):
+        """The smallest live entry; None where there is none."""
+        heap, live = self.heap, self.live
+        while heap and not live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+
 class FirstFitSpace:
     """Holes of a linear space of `size` slots; allocation takes the lowest hole that fits.
 
@@ -31,23 +55,19 @@ class FirstFitSpace:
         self.starts = [0]  # sorted hole starts
         self.lengths = {0: size}
         self.version = 0
-        # (-length, start) of every hole, and of holes since split or merged: an entry holds while
-        # `lengths` still says so (_largest); rebuilt when mostly such
-        self._by_length = [(-size, 0)]
+        # the holes by length, as (-length, start): an entry holds while `lengths` still says so
+        lengths = self.lengths
+        self._by_length = LazyHeap(
+            lambda entry: lengths.get(entry[1]) == -entry[0], lambda: [(-n, s) for s, n in lengths.items()]
+        )
 
     def _hole(self, start: int, length: int) -> None:
         self.lengths[start] = length
-        if len(self._by_length) > 2 * len(self.lengths) + 64:
-            self._by_length = [(-n, s) for s, n in self.lengths.items()]
-            heapq.heapify(self._by_length)
-        else:
-            heapq.heappush(self._by_length, (-length, start))
+        self._by_length.push((-length, start), len(self.lengths))
 
     def _largest(self) -> int:
-        heap, lengths = self._by_length, self.lengths
-        while heap and lengths.get(heap[0][1]) != -heap[0][0]:
-            heapq.heappop(heap)
-        return -heap[0][0] if heap else 0
+        top = self._by_length.top()
+        return -top[0] if top else 0
 
     def held(self, length: int) -> int:
         return length
@@ -96,8 +116,8 @@ class BuddySpace:
         self.free_lists: list[set[int]] = [set() for _ in range(max_order + 1)]
         # each order's free chunks as a heap too, for the lowest in O(log n) rather than a scan of
         # the set (min() of 262,144 free chunks took 4 ms an admission); a chunk merged away stays
-        # in its heap until popped, or until the heap is rebuilt when mostly such chunks (_free)
-        self._heaps: list[list[int]] = [[] for _ in range(max_order + 1)]
+        # in its heap, stale, until met or rebuilt
+        self._heaps = [LazyHeap(free.__contains__, lambda free=free: free) for free in self.free_lists]
         self.arena_order: dict[int, int] = {}  # arena start block -> its order
         self.version = 0
         start = 0
@@ -116,20 +136,14 @@ class BuddySpace:
         self.arena_order[start] = order
 
     def _free(self, block: int, order: int) -> None:
-        free, heap = self.free_lists[order], self._heaps[order]
+        free = self.free_lists[order]
         free.add(block)
-        if len(heap) > 2 * len(free) + 64:  # mostly chunks merged away: rebuilt, O(1) a change amortized
-            heap[:] = sorted(free)
-        else:
-            heapq.heappush(heap, block)
+        self._heaps[order].push(block, len(free))
 
     def _lowest(self, order: int) -> int:
         """The lowest free chunk of `order` (there is one), taken off its free list."""
-        free, heap = self.free_lists[order], self._heaps[order]
-        while heap[0] not in free:
-            heapq.heappop(heap)
-        block = heapq.heappop(heap)
-        free.remove(block)
+        block = self._heaps[order].top()
+        self.free_lists[order].remove(block)  # its entry, stale now, goes when next met
         return block
 
     def _order(self, length: int) -> int:
