@@ -32,30 +32,20 @@ import time
 import types
 from pathlib import Path
 
-from kvbench.core.engine import Engine
-from kvbench.core.scheduler import Scheduler
-from kvbench.core.sequence import Request, Sequence
-from kvbench.errors import UserError
-from kvbench.plugins.allocators.paged import PagedAllocator
+from bench_step import PROMPT, decoding_engine
 
-PROMPT = 100  # prompts of 100..115 tokens: block boundaries on different steps
-SLOTS_PER_SEQ = 2048  # room for every sequence to decode for the whole run
+from kvbench.errors import UserError
+
+SLOTS_PER_SEQ = 2048  # nano-vllm's pool: room for every sequence to decode for the whole run
 
 
 def prompt(i: int) -> list[int]:
     return [(i * 7919 + t) % 50_000 for t in range(PROMPT + i % 16)]
 
 
-def kvbench_step(num_seqs: int, block_size: int):
-    allocator = PagedAllocator(num_seqs * SLOTS_PER_SEQ, 1 << 20, block_size=block_size, prefix_caching=True)
-    scheduler = Scheduler(allocator, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * (PROMPT + 16))
-    engine = Engine(scheduler, executor=None, progress=False)
-    for i in range(num_seqs):
-        tokens = prompt(i)
-        scheduler.add(Sequence(i, Request(i, 0.0, len(tokens), output_len=1 << 30), len(tokens), token_ids=tokens))
-    batch = scheduler.schedule()  # every prompt at once
-    scheduler.step_clocks.append(0.0)
-    engine._advance(batch, [0] * num_seqs, 0.0)
+def kvbench_step(num_seqs: int, block_size: int, steps: int):
+    """bench_step's decode set-up, prefix caching on, as a step to time."""
+    scheduler, engine, _ = decoding_engine(num_seqs, True, block_size=block_size, steps=steps)
 
     def step():
         batch = scheduler.schedule()
@@ -166,7 +156,8 @@ def main(argv: list | None = None) -> int:
     gc.disable()  # a collection inside one side's round would be charged to it
     for block_size in blocks:
         for n in sizes:
-            sides = {"kvbench": kvbench_step(n, block_size), "nano-vllm": nano_step(nano, n, block_size)}
+            steps = args.rounds * args.steps  # room for every round's steps
+            sides = {"kvbench": kvbench_step(n, block_size, steps), "nano-vllm": nano_step(nano, n, block_size)}
             times = {name: [] for name in sides}
             ratios = []
             for r in range(args.rounds):

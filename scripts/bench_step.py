@@ -102,22 +102,26 @@ def opcode_tracer():
     return tracer, total
 
 
-def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, opcodes: bool = False) -> list[float]:
+def decoding_engine(
+    num_seqs: int, prefix_caching: bool, simulated: bool = False, block_size: int = 16, steps: int = DECODE_STEPS
+):
+    """(scheduler, engine, step clocks) with `num_seqs` sequences past their prompts of 100..115
+    tokens (they cross block boundaries on different steps), room for `steps` decode steps more;
+    scripts/bench_nano.py times the same set-up."""
     scheduler_mod = find("kvbench.core.scheduler", "kvbench.scheduler")
     engine_mod = find("kvbench.core.engine", "kvbench.engine")
     seq_mod = find("kvbench.core.sequence", "kvbench.sequence")
     paged = importlib.import_module("kvbench.plugins.allocators.paged")
-    steps = DECODE_STEPS
-    tracer, counted = opcode_tracer()
     slots = num_seqs * (PROMPT + 16 + 2 * steps + 32)
-    allocator = paged.PagedAllocator(slots, 4096, block_size=16, prefix_caching=prefix_caching)
+    max_model_len = max(4096, PROMPT + 16 + 10 * steps)
+    allocator = paged.PagedAllocator(slots, max_model_len, block_size=block_size, prefix_caching=prefix_caching)
     scheduler = scheduler_mod.Scheduler(
         allocator, max_num_seqs=num_seqs, max_num_batched_tokens=max(8192, num_seqs * (PROMPT + 16))
     )
     engine = engine_mod.Engine(scheduler, executor=None, progress=False)
     scheduler.lazy = simulated  # a tree without lazy decode ignores it
     clocks = getattr(scheduler, "step_clocks", [])  # the engine's step clock, one per schedule()
-    for i in range(num_seqs):  # prompts of 100..115 tokens: sequences cross block boundaries on different steps
+    for i in range(num_seqs):
         prompt = PROMPT + i % 16
         request = seq_mod.Request(i, 0.0, prompt, output_len=10 * steps)
         tokens = [(i * 7919 + t) % 50_000 for t in range(prompt)]
@@ -126,6 +130,13 @@ def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, op
     clocks.append(0.0)
     engine._advance(batch, None if simulated else [1] * len(batch.seqs), 0.0)
     assert len(scheduler.running) == num_seqs
+    return scheduler, engine, clocks
+
+
+def decode_case(num_seqs: int, prefix_caching: bool, simulated: bool = False, opcodes: bool = False) -> list[float]:
+    steps = DECODE_STEPS
+    tracer, counted = opcode_tracer()
+    scheduler, engine, clocks = decoding_engine(num_seqs, prefix_caching, simulated)
     times = []
     for step in range(steps):
         start = time.perf_counter()
