@@ -3,7 +3,8 @@ a time limit per point.
 
 A finished point's directory holds metrics.csv and fingerprint.json: the hash of its resolved
 config (less the keys that do not change what it measures), the kvbench version and git sha
-that ran it, and in a checkout with uncommitted changes, a hash of them. Re-running a sweep into
+that ran it, the files it reads and a third-party plugin's source file, and in a checkout with
+uncommitted changes, a hash of them. Re-running a sweep into
 its directory skips a point only when its rows are all ok and its fingerprint is today's;
 anything else (failed, unreadable, produced by another config or another kvbench) is run again,
 and the log says why.
@@ -58,6 +59,39 @@ def fingerprint(cfg: DictConfig, not_measured=()) -> dict:
     files = input_files(resolved)
     if files:  # only where the point reads one: a fingerprint of before stays the same
         found["input_files"] = files
+    plugins = plugin_sources(resolved)
+    if plugins:  # only where a plugin from outside kvbench runs: its code is not in kvbench's sha
+        found["plugin_sources"] = plugins
+    return found
+
+
+def plugin_sources(resolved: dict) -> dict[str, str]:
+    """kind -> `module sha256` of the file that defines the point's allocator, backend or graph
+    mode, for each one a package other than kvbench contributes: a plugin edited, or upgraded in
+    place, between two runs is run again rather than its old row kept. kvbench's own plugins are
+    named by its git sha (and a dirty checkout's changes) already. A name the registry does not
+    know is left to the run to refuse."""
+    import inspect
+
+    from kvbench.registry import KINDS, default_registry
+
+    found = {}
+    for kind in KINDS:
+        name = (resolved.get(kind) or {}).get("name") if isinstance(resolved.get(kind), dict) else None
+        if not isinstance(name, str):
+            continue
+        try:
+            cls = default_registry().classes(kind).get(name)
+            path = inspect.getsourcefile(cls) if cls is not None else None
+        except (UserError, TypeError):
+            continue
+        if cls is None or cls.__module__.split(".")[0] == "kvbench":
+            continue
+        try:
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else "no source file"
+        except OSError:
+            digest = "unreadable"
+        found[kind] = f"{cls.__module__} {digest}"
     return found
 
 
@@ -149,6 +183,9 @@ def _resume(point_dir: Path, current: dict) -> tuple[bool, str]:
         if key == "input_files":
             old = stored.get(key) or {}
             return "the file at " + ", ".join(k for k in value if old.get(k) != value[k])
+        if key == "plugin_sources":
+            old = stored.get(key) or {}
+            return ", ".join(f"the {k} plugin's code ({value[k].split()[0]})" for k in value if old.get(k) != value[k])
         return f"{key} {stored.get(key)} -> {value}"
 
     changed = [what(key, value) for key, value in current.items() if stored.get(key) != value]

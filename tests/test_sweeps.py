@@ -284,6 +284,48 @@ def test_a_resume_reruns_the_points_of_a_trace_rewritten_in_place(tmp_path, monk
     assert {r["total_input_tokens"] for r in summary(tmp_path / "sweep")} == {"2000"}
 
 
+PLUGIN = """
+from kvbench.hookspecs import hookimpl
+from kvbench.plugins.allocators.contiguous import OracleAllocator
+
+
+class ThirdPartyOracle(OracleAllocator):
+    name = "third_party_oracle"
+
+
+@hookimpl
+def kvbench_allocators():
+    return [ThirdPartyOracle]
+"""
+
+
+def test_a_resume_reruns_the_points_of_a_third_party_plugin_edited_in_place(tmp_path, monkeypatch, capsys):
+    """kvbench's git sha names its own plugins' code, not another package's: that one's source
+    file is in the fingerprint, so an edit (or an upgrade in place) runs its points again."""
+    import importlib
+
+    from kvbench.registry import default_registry
+
+    (tmp_path / "third_party_alloc.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("third_party_alloc")
+    default_registry().register(module)
+    try:
+        args = ("+allocator=oracle", "allocator.name=third_party_oracle", "workload.rate=1,2")
+        args = (*args, "workload.num_requests=20")
+        sweep_in_process(tmp_path, monkeypatch, *args)
+        sweep_in_process(tmp_path, monkeypatch, *args)
+        assert capsys.readouterr().out.count("skipped ") == 2
+        (tmp_path / "third_party_alloc.py").write_text(PLUGIN + "# a fix\n")
+        sweep_in_process(tmp_path, monkeypatch, *args)
+        log = capsys.readouterr().out
+        assert log.count("changed since it ran: the allocator plugin's code (third_party_alloc)") == 2
+        assert "skipped " not in log
+    finally:
+        default_registry().unregister(module)
+    assert sorted(r["allocator"] for r in summary(tmp_path / "sweep")) == ["third_party_oracle"] * 2
+
+
 def test_a_sweep_into_a_folder_holding_another_sweep_s_points_is_refused_before_its_first(
     tmp_path, monkeypatch, capsys
 ):
