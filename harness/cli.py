@@ -138,6 +138,9 @@ UNREAD_HINTS = {
 # the roofline's step-time knobs (cost_model); a calibrated executor times steps from its profile
 # (the peak FLOP/s still models what recomputing the preempted tokens would cost)
 ROOFLINE_STEP_KEYS = ("hardware.hbm_bytes_per_s", "hardware.hbm_efficiency", "hardware.step_overhead_s")
+# what times the roofline's tensor-parallel all-reduces, read only with hardware.num_gpus > 1
+ALLREDUCE_KEYS = ("hardware.allreduce_latency_s", "hardware.allreduce_bytes_per_s")
+ROOFLINE_STEP_KEYS += ALLREDUCE_KEYS
 # what times a swap, read (as the swap pool's size) only with engine.preemption=swap
 SWAP_KEYS = ("hardware.pcie_bytes_per_s", "hardware.copy_latency_s")
 # scenario=kernel's timing knobs by device: do_bench on cuda, torch's Timer on cpu
@@ -145,7 +148,8 @@ KERNEL_CUDA_KEYS = ("scenario.warmup_ms", "scenario.rep_ms", "scenario.cuda_grap
 # what validate's host-speed probe reads of scenario.profiling where a profile is given
 PROBE_KEYS = ("clock", "cpu_threads", "device")
 # the real model's shape beyond what the roofline reads (cost_model: num_params, layers, heads,
-# head_dim, window, state): a simulated run with executor=roofline would record them unread
+# head_dim, window, state; the hidden size under tensor parallelism, as the all-reduces' message):
+# a simulated run with executor=roofline would record them unread
 ROOFLINE_UNREAD = ("model.hidden_size", "model.intermediate_size", "model.rope_theta", "model.vocab_size")
 # read at a sweep's end (summary, report, paper comparison): a single run would ignore them
 SWEEP_END_KEYS = ("report.paper", "report.baseline", "report.slo_s_per_token")
@@ -190,12 +194,20 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
             f"engine.preemption={cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set "
             f"engine.preemption=swap"
         )
-    roofline_unread = [k for k in ROOFLINE_UNREAD if k in overridden]
-    if scenario == "simulate" and roofline_unread and cfg.get("executor", {}).get("name") == "roofline":
+    parallel = int(cfg.hardware.get("num_gpus") or 1) > 1
+    roofline_unread = [k for k in ROOFLINE_UNREAD if k in overridden and not (parallel and k == "model.hidden_size")]
+    roofline = scenario == "simulate" and cfg.get("executor", {}).get("name") == "roofline"
+    unread = next((k for k in ALLREDUCE_KEYS if k in overridden), None)
+    if roofline and unread and not parallel:
+        raise UserError(
+            f"{unread} times the tensor-parallel all-reduces, read only with hardware.num_gpus > 1; "
+            f"hardware.num_gpus=1 has none: drop it, or set hardware.num_gpus"
+        )
+    if roofline and roofline_unread:
         raise UserError(
             f"{roofline_unread[0]} is not read by the roofline (executor=roofline), which times a step from "
-            f"model.num_params, the layers, heads and head_dim: it shapes the real model (scenario=serve, "
-            f"profile, kernel) and executor=calibrated's profile; drop it"
+            f"model.num_params, the layers, heads and head_dim (and the hidden size on several GPUs): it shapes "
+            f"the real model (scenario=serve, profile, kernel) and executor=calibrated's profile; drop it"
         )
     if "workload.num_prefixes" in overridden and not cfg.workload.get("prefix_len"):
         raise UserError(

@@ -366,6 +366,12 @@ RUN_CASES = [
         ["hardware.num_gpus=100000"],
         "divide model=opt-13b's 40 attention heads among its GPUs; give one that does: 1, 2",
     ),
+    # 16 GPUs divide llama-3-70b's 64 heads, not its 8 K/V heads: vLLM copies each onto two GPUs
+    (
+        ["model=llama-3-70b", "hardware=h100-sxm", "hardware.num_gpus=16"],
+        "does not divide model=llama-3-70b's 8 K/V heads among its GPUs (more GPUs than K/V heads would copy "
+        "each one: not modelled); give one that does: 1, 2, 4, 8",
+    ),
     # a traceback: AttributeError ('str' object has no attribute 'get'), TypeError (unhashable type: 'list')
     (["report=5"], "report=5 must be a section: set its keys, report.KEY=VALUE"),
     # wrote the run's files into the current folder; a multi-line warning, then the run
@@ -669,6 +675,8 @@ RUN_CASES = [
     # recorded in the row, and the run was the default's to the last bit
     (["workload.num_prefixes=5"], "workload.num_prefixes is not read: workload.prefix_len=0"),
     (["model.hidden_size=1"], "model.hidden_size is not read by the roofline (executor=roofline)"),
+    # one GPU: no all-reduce to time, and the column would describe a run it did not shape
+    (["hardware.allreduce_latency_s=2e-5"], "hardware.allreduce_latency_s times the tensor-parallel all-reduces"),
     # Hydra's hint said "use 'override allocator: contiguous'", a defaults-list line
     (["+experiment=fig19", "+allocator=contiguous"], "write allocator=contiguous (without +) to choose another"),
     # refused once all 12 points had run (900 s of arrivals each by default)

@@ -52,6 +52,7 @@ def test_with_nobody_waiting_an_arrival_ends_the_stretch():
 
 
 SPECS = [("opt-13b", "a100-40gb"), ("llama-3-70b", "h100-sxm"), ("opt-175b", "a100-80gb"), ("small", "h200")]
+SPECS += [("opt-66b", "a100-40gb hardware.num_gpus=4")]  # tensor parallel: the all-reduces' terms too
 
 
 @pytest.mark.parametrize("model,hardware", SPECS)
@@ -65,13 +66,38 @@ def test_a_quiet_steps_time_is_the_bit_identical_float_step_time_gives(model, ha
     from kvbench.scenarios.build import load_specs
 
     with initialize_config_module("kvbench.conf", version_base="1.3"):
-        e = CostModelExecutor(*load_specs(compose("bench", overrides=[f"model={model}", f"hardware={hardware}"])))
+        overrides = [f"model={model}", *f"hardware={hardware}".split()]
+        e = CostModelExecutor(*load_specs(compose("bench", overrides=overrides)))
     rng = random.Random(0)
     cases = [(1, 0), (256, 0)] + [(rng.randint(1, 1024), rng.randint(0, 10 ** rng.randint(1, 8))) for _ in range(2000)]
     assert not [(n, c) for n, c in cases if e.quiet_step_s(n, c, c).hex() != e.step_time(n, c, c).hex()]
 
     def memory_s(n, c):
-        return (e.weight_bytes + e.kv_bytes_per_token * (c + n)) / e.bytes_per_s + e.step_overhead_s
+        s = (e.weight_bytes + e.kv_bytes_per_token * (c + n)) / e.bytes_per_s + e.step_overhead_s
+        return s + (e.allreduce_s + e.allreduce_s_per_token * n) if e.allreduce_s else s
 
     # steps on both sides of the roofline's knee
     assert {e.quiet_step_s(n, c, c) == memory_s(n, c) for n, c in cases} == {True, False}
+
+
+def test_tensor_parallel_steps_pay_two_all_reduces_a_layer_by_hand():
+    """OPT-66B on 4 x A100-40GB: a decode step of 32 tokens is the roofline of a quarter of the
+    weights and KV per GPU, plus 64 layers x 2 all-reduces of 32 x 9216 fp16 values, each
+    9 us + 2 x 3/4 x 589,824 bytes / 133 GB/s (conf/hardware/a100-40gb.yaml); on one GPU none."""
+    from kvbench.executors.cost_model import CostModelExecutor
+    from kvbench.scenarios.build import load_specs
+
+    def executor(*overrides):
+        with initialize_config_module("kvbench.conf", version_base="1.3"):
+            return CostModelExecutor(*load_specs(compose("bench", overrides=["model=opt-66b", *overrides])))
+
+    tp4, one = executor("hardware.num_gpus=4"), executor("hardware.num_gpus=1")
+    message = 32 * 9216 * 2
+    all_reduces = 2 * 64 * (9e-6 + 2 * 3 / 4 * message / 133e9)
+    assert tp4.step_time(32, 32 * 1000, 32 * 1000) - all_reduces == pytest.approx(
+        (tp4.weight_bytes + tp4.kv_bytes_per_token * 32 * 1001) / (4 * 1555e9 * 0.75) + 0.008, rel=1e-12
+    )
+    assert one.allreduce_s == one.allreduce_s_per_token == 0.0
+    # more GPUs: the roofline terms shrink, the all-reduces' grow (a ring sends 2(g-1)/g of each)
+    tp8 = executor("hardware.num_gpus=8")
+    assert tp8.allreduce_s == tp4.allreduce_s and tp8.allreduce_s_per_token > tp4.allreduce_s_per_token

@@ -113,11 +113,13 @@ class Hardware:
     step_overhead_s: float = 0.0
     gpu_memory_utilization: float = 0.9
     num_gpus: int = 1
+    allreduce_latency_s: float = 9e-6
+    allreduce_bytes_per_s: float = 200e9
 
     @classmethod
     def from_cfg(cls, cfg: dict) -> Hardware:
         hw = _from_cfg(cls, dict(cfg), f"hardware {cfg.get('name', '?')}")
-        for name in ("hbm_bytes_per_s", "peak_flops", "memory_bytes", "pcie_bytes_per_s"):
+        for name in ("hbm_bytes_per_s", "peak_flops", "memory_bytes", "pcie_bytes_per_s", "allreduce_bytes_per_s"):
             if getattr(hw, name) <= 0:
                 raise UserError(f"hardware.{name}={getattr(hw, name)} must be > 0")
         if not 0 < hw.gpu_memory_utilization <= 1:

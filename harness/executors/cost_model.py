@@ -6,6 +6,11 @@ params per token + the attention score and value products. Hybrid models: window
 most their window of KV, linear layers their fixed-size state. Achievable = datasheet peak x
 efficiency; every constant is in the hardware YAML and recorded with the results.
 
+Under tensor parallelism (hardware.num_gpus = g > 1) each GPU holds 1/g of the weights and the
+KV, and a step adds its all-reduces, which do not overlap compute: two a layer (after the
+attention's output projection and after the MLP), each a fixed latency plus 2(g-1)/g of its
+message (the step's tokens x hidden size x dtype bytes) at the all-reduce's bus bandwidth.
+
 Preemption by swapping adds its copies to the step (a fixed latency per copy plus the bytes
 over PCIe); recomputation costs the re-prefill's FLOPs, which the steps already contain.
 """
@@ -16,6 +21,17 @@ from kvbench.arith import causal_pairs
 from kvbench.core.scheduler import Batch
 from kvbench.core.spec import Hardware, ModelSpec
 from kvbench.executors.base import StepResult
+
+
+def allreduce_time(model: ModelSpec, hardware: Hardware) -> tuple[float, float]:
+    """A step's tensor-parallel all-reduces as (fixed seconds, seconds a token): zeros on one GPU."""
+    g = hardware.num_gpus
+    if g == 1:
+        return 0.0, 0.0
+    per_step = 2 * model.num_layers
+    ring = 2.0 * (g - 1) / g  # a ring all-reduce sends and receives this share of the message
+    per_token = ring * model.hidden_size * model.dtype_bytes / hardware.allreduce_bytes_per_s
+    return per_step * hardware.allreduce_latency_s, per_step * per_token
 
 
 def swap_time_s(hardware: Hardware, num_copies: int, num_bytes: float) -> float:
@@ -94,6 +110,7 @@ class CostModelExecutor:
         self.hybrid = bool(window or linear)
         self.needs_sequences = self.hybrid  # window layers read each sequence's context (executors/base.py)
         self.step_overhead_s = hardware.step_overhead_s
+        self.allreduce_s, self.allreduce_s_per_token = allreduce_time(model, hardware)
         if not self.hybrid:  # execute()'s duration for steady decodes alone (executors/base.py):
             # only a full-attention model's executor reads totals alone, so only it has one
             self.quiet_step_s = self._full_attention_step_s()
@@ -106,13 +123,22 @@ class CostModelExecutor:
         weights, per_token, bytes_per_s = self.weight_bytes, self.kv_bytes_per_token, self.bytes_per_s
         flops_per_token, per_pair, flops_per_s = self.flops_per_token, self.flops_per_attention_pair, self.flops_per_s
         overhead = self.step_overhead_s
+        allreduce_s, allreduce_s_per_token = self.allreduce_s, self.allreduce_s_per_token
 
         def quiet_step_s(num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
             memory_s = (weights + per_token * (context_tokens + num_tokens)) / bytes_per_s
             compute_s = (flops_per_token * num_tokens + per_pair * attention_pairs) / flops_per_s
             return (compute_s if compute_s > memory_s else memory_s) + overhead  # max(), inlined
 
-        return quiet_step_s
+        if not allreduce_s:  # one GPU: no all-reduce term, not even a zero added
+            return quiet_step_s
+
+        def parallel_step_s(num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
+            return quiet_step_s(num_tokens, context_tokens, attention_pairs) + (
+                allreduce_s + allreduce_s_per_token * num_tokens
+            )
+
+        return parallel_step_s
 
     def step_time(
         self,
@@ -135,7 +161,10 @@ class CostModelExecutor:
             + self.flops_per_attention_pair * attention_pairs
             + self.window_flops_per_pair * window_pairs
         ) / self.flops_per_s
-        return max(memory_s, compute_s) + self.step_overhead_s
+        step_s = max(memory_s, compute_s) + self.step_overhead_s
+        if self.allreduce_s:
+            step_s += self.allreduce_s + self.allreduce_s_per_token * num_tokens
+        return step_s
 
     def execute(self, batch: Batch) -> StepResult:
         if self.hybrid:  # O(scheduled sequences), only for models with window or linear layers

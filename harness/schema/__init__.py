@@ -410,16 +410,23 @@ def refuse_shapes_the_real_model_cannot_run(checked: dict) -> None:
 
 def refuse_uneven_tensor_parallelism(checked: dict) -> None:
     """hardware.num_gpus is a tensor-parallel degree: each GPU takes an equal share of every
-    layer's attention heads, so it must divide their number (vLLM refuses such a degree too)."""
+    layer's attention heads and of its K/V heads, so it must divide both numbers (vLLM refuses a
+    degree that does not divide the heads; one above the K/V heads it serves by copying each K/V
+    head onto several GPUs, which multiplies the KV a token takes and is not modelled here)."""
     hardware, model = checked["hardware"], checked["model"]
-    if hardware.num_gpus == 1 or checked["scenario"].name != "simulate" or model.num_heads % hardware.num_gpus == 0:
+    g = hardware.num_gpus
+    if g == 1 or checked["scenario"].name != "simulate":
         return
-    divisors = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0]
-    shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
-    raise UserError(
-        f"hardware.num_gpus={hardware.num_gpus} is a tensor-parallel degree, and it does not divide "
-        f"model={model.name}'s {model.num_heads} attention heads among its GPUs; give one that does: {shown}"
-    )
+    for count, what in ((model.num_heads, "attention heads"), (model.num_kv_heads, "K/V heads")):
+        if count % g:
+            divisors = [d for d in range(1, count + 1) if count % d == 0 and model.num_heads % d == 0]
+            shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+            copies = what == "K/V heads" and g > count
+            copied = " (more GPUs than K/V heads would copy each one: not modelled)" if copies else ""
+            raise UserError(
+                f"hardware.num_gpus={g} is a tensor-parallel degree, and it does not divide "
+                f"model={model.name}'s {count} {what} among its GPUs{copied}; give one that does: {shown}"
+            )
 
 
 def refuse_pool_beyond_the_gpu(checked: dict) -> None:

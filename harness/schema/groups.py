@@ -193,7 +193,13 @@ class Hardware(Section):
     flops_efficiency: Float = Field(1.0, ge=0.01, le=1, description="achievable / peak compute, in [0.01, 1]")
     step_overhead_s: Float = Field(0.0, ge=0, le=60.0)
     gpu_memory_utilization: Float = Field(0.9, gt=0, le=1)
-    num_gpus: Int = Field(1, ge=1, le=100_000)
+    num_gpus: Int = Field(1, ge=1, le=100_000, description="tensor-parallel degree: GPUs sharing each layer's heads")
+    allreduce_latency_s: Float = Field(
+        9e-6, ge=0, le=1.0, description="fixed cost of one tensor-parallel all-reduce in s (2 a layer a step)"
+    )
+    allreduce_bytes_per_s: Float = Field(
+        200e9, ge=1e6, le=1024 * TB, description="an all-reduce's bus bandwidth in bytes/s, e.g. 200e9 (NVLink)"
+    )
 
 
 # --- workload: one model per kind ---------------------------------------------------------------
