@@ -73,8 +73,8 @@ def test_a_quiet_steps_time_is_the_bit_identical_float_step_time_gives(model, ha
     assert not [(n, c) for n, c in cases if e.quiet_step_s(n, c, c).hex() != e.step_time(n, c, c).hex()]
 
     def memory_s(n, c):
-        s = (e.weight_bytes + e.kv_bytes_per_token * (c + n)) / e.bytes_per_s + e.step_overhead_s
-        return s + (e.allreduce_s + e.allreduce_s_per_token * n) if e.allreduce_s else s
+        s = (e.weight_bytes + e.kv_bytes_per_token * (c + n)) / e.bytes_per_s
+        return s + e.fixed_step_s + e.allreduce_s_per_token * n if e.allreduce_s else s + e.step_overhead_s
 
     # steps on both sides of the roofline's knee
     assert {e.quiet_step_s(n, c, c) == memory_s(n, c) for n, c in cases} == {True, False}

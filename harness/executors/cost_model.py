@@ -111,6 +111,7 @@ class CostModelExecutor:
         self.needs_sequences = self.hybrid  # window layers read each sequence's context (executors/base.py)
         self.step_overhead_s = hardware.step_overhead_s
         self.allreduce_s, self.allreduce_s_per_token = allreduce_time(model, hardware)
+        self.fixed_step_s = self.step_overhead_s + self.allreduce_s  # every step's, whatever it runs
         if not self.hybrid:  # execute()'s duration for steady decodes alone (executors/base.py):
             # only a full-attention model's executor reads totals alone, so only it has one
             self.quiet_step_s = self._full_attention_step_s()
@@ -132,11 +133,12 @@ class CostModelExecutor:
 
         if not allreduce_s:  # one GPU: no all-reduce term, not even a zero added
             return quiet_step_s
+        fixed_s = self.fixed_step_s
 
         def parallel_step_s(num_tokens: int, context_tokens: int, attention_pairs: int) -> float:
-            return quiet_step_s(num_tokens, context_tokens, attention_pairs) + (
-                allreduce_s + allreduce_s_per_token * num_tokens
-            )
+            memory_s = (weights + per_token * (context_tokens + num_tokens)) / bytes_per_s
+            compute_s = (flops_per_token * num_tokens + per_pair * attention_pairs) / flops_per_s
+            return (compute_s if compute_s > memory_s else memory_s) + fixed_s + allreduce_s_per_token * num_tokens
 
         return parallel_step_s
 
@@ -161,10 +163,8 @@ class CostModelExecutor:
             + self.flops_per_attention_pair * attention_pairs
             + self.window_flops_per_pair * window_pairs
         ) / self.flops_per_s
-        step_s = max(memory_s, compute_s) + self.step_overhead_s
-        if self.allreduce_s:
-            step_s += self.allreduce_s + self.allreduce_s_per_token * num_tokens
-        return step_s
+        # on one GPU the all-reduces' terms are zeros, which change no float
+        return max(memory_s, compute_s) + self.fixed_step_s + self.allreduce_s_per_token * num_tokens
 
     def execute(self, batch: Batch) -> StepResult:
         if self.hybrid:  # O(scheduled sequences), only for models with window or linear layers
