@@ -306,8 +306,12 @@ CROSS_CASES = [
             "+model.linear_state_dim=16",
             "+allocator=hybrid",
         ],
-        "model.layer_pattern=[linear] has no attention layer",
+        "model.layer_pattern=[linear] gives the model's 2 layer(s) no attention layer",
     ),
+    # simulated: a ZeroDivisionError in the memory check (a pool of 0 bytes a token)
+    (["+allocator=hybrid", "model=tiny-qwen3-next", "model.layer_pattern=[linear]"], "no attention layer"),
+    # [linear,linear,linear,full] over 3 layers has no full one: a ZeroDivisionError in serve's pool
+    (["scenario=serve", "model=tiny-qwen3-next", "model.num_layers=3"], "gives the model's 3 layer(s) no attention"),
     (["scenario=kernel", "model=tiny-gemma3", "+allocator=hybrid"], "allocator=hybrid keeps a pool per layer kind"),
     # it hung (capture_sizes=[1000000]) or padded every step of 4 tokens to 8192
     (["scenario=serve", "model=tiny", "+graph=piecewise", "graph.capture_sizes=[8192]"], "must stay <= scheduler.max"),

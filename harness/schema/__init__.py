@@ -386,11 +386,6 @@ def refuse_shapes_the_real_model_cannot_run(checked: dict) -> None:
                 f"model.head_dim={model.head_dim} must be even for scenario={scenario}: the real model's rotary "
                 f"embedding turns pairs of dimensions"
             )
-        if model.layer_pattern and not {"full", "window"} & set(model.layer_pattern):
-            raise UserError(
-                f"model.layer_pattern=[{','.join(model.layer_pattern)}] has no attention layer; scenario={scenario}'s "
-                f"model needs a full or window layer among its linear ones"
-            )
     graph = checked.get("graph") or {}
     limits = {"piecewise": "max_num_batched_tokens", "full": "max_num_seqs"}  # what a step's graph is sized by
     if graph.get("name") in limits and graph.get("capture_sizes"):

@@ -174,6 +174,13 @@ class Model(Section):
             raise ValueError(f"linear_state_dim={self.linear_state_dim} must be > 0 for linear layers")
         if self.num_active_params > self.num_params:
             raise ValueError(f"num_active_params={self.num_active_params:g} must be <= num_params={self.num_params:g}")
+        pattern = self.layer_pattern or ["full"]
+        kinds = {pattern[i % len(pattern)] for i in range(min(self.num_layers, len(pattern)))}  # the layers it has
+        if not {"full", "window"} & kinds:  # every pool is sized in K/V bytes a token: none would be no pool
+            raise ValueError(
+                f"layer_pattern=[{','.join(self.layer_pattern)}] gives the model's {self.num_layers} layer(s) no "
+                f"attention layer, whose K/V the KV pool holds: give it a full or window layer among the linear ones"
+            )
         return self
 
 
