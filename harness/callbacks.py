@@ -19,7 +19,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from kvbench.errors import UserError, exit_with, one_line, reportable
+from kvbench.errors import UserError, exit_crashed, exit_with, one_line, reportable
 from kvbench.sweep import SweepLock
 
 log = logging.getLogger("kvbench")
@@ -100,14 +100,16 @@ class SweepSummary(Callback):
         except UserError as err:  # bad input (report.baseline not in the sweep, ...): its own line
             exit_with(err)
         except Exception as err:
-            if not reportable(err):
-                raise
-            exit_with(
-                UserError(
-                    f"the sweep's summary, plots or report in {sweep_dir} could not be written "
-                    f"({one_line(err)}); its finished points are intact in */metrics.csv"
-                )
+            line = (
+                f"the sweep's summary, plots or report in {sweep_dir} could not be written "
+                f"({one_line(err) if reportable(err) else f'{type(err).__name__}: {one_line(err)}'}); its finished "
+                f"points are intact in */metrics.csv"
             )
+            if reportable(err):
+                exit_with(UserError(line))
+            # a bug: raised, Hydra would only warn and the sweep exit 0 with its points unsummarized
+            log.exception("the sweep's summary crashed")
+            exit_crashed(line)
         return done
 
 

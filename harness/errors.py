@@ -16,6 +16,7 @@ import sys
 from typing import NoReturn
 
 EXIT_BAD_INPUT = 2
+EXIT_CRASHED = 1  # what Python itself exits with on an uncaught exception
 EXIT_INTERRUPTED = 130
 
 
@@ -55,6 +56,11 @@ def one_line(err: BaseException) -> str:
 def exit_with(err: BaseException) -> NoReturn:
     """Print `error: ...` on a line of its own (after any progress bar) and exit 2."""
     _leave(f"error: {one_line(err)}", EXIT_BAD_INPUT)
+
+
+def exit_crashed(line: str) -> NoReturn:
+    """A bug, its traceback logged already: `error: ...` on a line of its own, and exit 1."""
+    _leave(f"error: {line}", EXIT_CRASHED)
 
 
 class Terminated(KeyboardInterrupt):

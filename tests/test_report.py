@@ -600,3 +600,60 @@ def test_a_sweep_names_the_points_whose_swap_pool_filled_and_how_many_preemption
         "swap pool full: n=6: 137 of 723 preemptions recomputed instead (engine.swap_space_bytes; "
         "serve: scenario.swap_space_tokens)",
     ]
+
+
+def many_settings() -> pd.DataFrame:
+    """24 points of contiguous and paged over three settings and two preemption modes, where
+    contiguous's swap points failed: a bar a point, named by three or four settings each."""
+    rows = []
+    for preemption in ("recompute", "swap"):
+        for seqs in (64, 256):
+            for tokens in (2560, 4096):
+                for duration in (120, 121):
+                    for i, allocator in enumerate(("contiguous", "paged")):
+                        ok = not (allocator == "contiguous" and preemption == "swap")
+                        rows.append(
+                            {
+                                "allocator": allocator,
+                                "engine.preemption": preemption,
+                                "scheduler.max_num_seqs": seqs,
+                                "scheduler.max_num_batched_tokens": tokens,
+                                "workload.duration_s": duration,
+                                "status": "ok" if ok else "failed",
+                                "request_throughput": 0.6 + i,
+                                "mean_batch_size": 7.0 + 25 * i,
+                                "median_ttft_ms": 240_000.0 - 220_000 * i,
+                                "median_tpot_ms": 33.0 + 12 * i,
+                                **{key: share for (key, _, _), share in zip(KV_PARTS, (0.2, 0.15, 0.55, 0, 0.1))},
+                            }
+                        )
+    return pd.DataFrame(rows)
+
+
+def test_bars_named_by_many_settings_lie_on_their_side_with_every_name_shown(tmp_path):
+    """Their names tilted under the bars overlapped, and the breakdown's layout then failed
+    (`bottom cannot be >= top`), which cost the sweep its plots, its report and its exit code."""
+    frame = many_settings()
+    drawn = plots.draw_all(frame, tmp_path)
+    assert {p.name for p in drawn} == {"kv_breakdown.png", "throughput_latency.png"}
+    ok = frame[frame["status"] == "ok"]
+    (panel,) = [ax for ax in plots.kv_breakdown(plots.in_paper_order(ok)).axes if ax.get_visible()]
+    names = [t.get_text() for t in panel.get_yticklabels()]
+    assert len(names) == len(ok) == 24 and all("max_num_seqs=" in name for name in names)
+    assert [t.get_text() for t in panel.get_xticklabels()][0] == "0"  # the shares run across
+    fig = plots.throughput_latency(plots.in_paper_order(ok))
+    groups = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(groups) == 16 and groups[0].startswith("preemption=recompute, max_num_batched_tokens=2560")
+    fig.canvas.draw()  # every name left of its bars, inside the figure
+    renderer = fig.canvas.get_renderer()
+    assert min(t.get_window_extent(renderer).x0 for t in fig.axes[0].get_yticklabels()) >= 0
+
+
+def test_a_figure_that_fails_to_draw_costs_only_itself(tmp_path, monkeypatch, caplog):
+    def broken(*args):
+        raise ValueError("bottom cannot be >= top")
+
+    monkeypatch.setattr(plots, "kv_breakdown", broken)
+    drawn = plots.draw_all(fig13_like(), tmp_path)
+    assert [p.name for p in drawn] == ["throughput_latency.png"]
+    assert "kv_breakdown.png was not drawn: ValueError: bottom cannot be >= top" in caplog.text

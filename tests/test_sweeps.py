@@ -673,3 +673,21 @@ def test_a_dead_launcher_worker_is_one_line_naming_what_was_kept(tmp_path, monke
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: a worker process of the joblib launcher died while it ran a point")
     assert "the same command with hydra.sweep.dir=sweep runs only the rest" in line
+
+
+def test_a_sweep_whose_summary_crashes_exits_1_with_one_line_and_its_points_intact(tmp_path, monkeypatch, capsys):
+    """A bug in the summary raised inside Hydra's callback, which only warns: the sweep exited 0
+    with no summary, no report and its failed points unsaid."""
+    from kvbench.reporting import report
+
+    def crash(sweep_dir, plots):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(report, "end_of_sweep", crash)
+    with pytest.raises(SystemExit) as stop:
+        sweep_in_process(tmp_path, monkeypatch, "+allocator=paged,oracle", "workload.num_requests=20")
+    assert stop.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: the sweep's summary, plots or report in sweep could not be written (")
+    assert "ZeroDivisionError: a bug); its finished points are intact in */metrics.csv" in err[-1]
+    assert len(list((tmp_path / "sweep").glob("*/metrics.csv"))) == 2

@@ -124,39 +124,61 @@ def _clear_of_title(fig) -> None:
     visible = [ax for ax in fig.axes if ax.get_visible()]
     reach = max(ax.get_tightbbox(renderer).y1 for ax in visible)  # pixels, titles of the top row included
     floor = title.get_window_extent(renderer).y0 - 0.1 * fig.dpi  # a tenth of an inch below the title
-    if reach > floor:
-        fig.subplots_adjust(top=fig.subplotpars.top - (reach - floor) / fig.bbox.height)
+    if reach > floor:  # never onto the bottom margin: panels a little under the title beat a crash
+        top = fig.subplotpars.top - (reach - floor) / fig.bbox.height
+        fig.subplots_adjust(top=max(top, fig.subplotpars.bottom + 0.05))
 
 
 def kv_figure(panels: list[tuple[str, list[str], list[list[float]]]], rates: bool, title: str):
     """Where KV memory goes, as stacked bars: a panel per (name, bar labels, the per-cent share of
     each of KV_PARTS per bar), two panels a row; `rates`: the bars are request rates, one panel
-    per system. A sweep's figure (plots.kv_breakdown) and a single run's (run_figure) both."""
-    cols = min(len(panels), 2)
-    rows_n = cdiv(len(panels), cols)
+    per system. A sweep's figure (plots.kv_breakdown) and a single run's (run_figure) both.
+
+    Bars whose names would not fit under them, tilted (more than a few settings each, such as
+    `max_num_batched_tokens=2560, max_num_seqs=64, preemption=swap`), lie on their side instead:
+    a bar a line, its name to its left, one panel a row, the figure as tall as its bars need."""
     # bars per panel: the rates swept, or every point in the one panel
     bars = len({label for _, labels, _ in panels for label in labels}) if rates else len(panels[0][1])
     one_bar = not rates and len(panels) == 1 and bars == 1
-    width = min(MAX_WIDTH_IN, max(KV_MIN_WIDTH_IN, (0.45 * bars + 1.5) * cols + 2))
-    fig, axes = subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
+    names = [label for _, labels, _ in panels for label in labels]
+    lying = not (rates or one_bar) and max(map(len, names), default=0) * 0.065 * 0.94 > 2.2  # tilted 20°: > 2.2 in
+    cols = 1 if lying else min(len(panels), 2)
+    rows_n = cdiv(len(panels), cols)
+    if lying:
+        heights = [0.3 * len(labels) + 0.9 for _, labels, _ in panels]
+        fig, axes = subplots(
+            rows_n, 1, figsize=(MAX_WIDTH_IN, sum(heights) + 1.4), squeeze=False, sharex=True,
+            gridspec_kw={"height_ratios": heights},
+        )  # fmt: skip
+    else:
+        width = min(MAX_WIDTH_IN, max(KV_MIN_WIDTH_IN, (0.45 * bars + 1.5) * cols + 2))
+        fig, axes = subplots(rows_n, cols, figsize=(width, 3.3 * rows_n + 1.2), squeeze=False, sharey=True)
     for ax, (name, labels, shares) in zip(axes.flat, panels):
-        at, bottom = range(len(labels)), [0.0] * len(labels)
+        at, start = range(len(labels)), [0.0] * len(labels)
         for (_, text, color), values in zip(KV_PARTS, shares):
-            stack = ax.bar(at, values, 0.8, bottom=bottom, color=color, label=text)
+            if lying:
+                stack = ax.barh(at, values, 0.8, left=start, color=color, label=text)
+            else:
+                stack = ax.bar(at, values, 0.8, bottom=start, color=color, label=text)
             shown = [f"{v:.0f}" if v >= 8 else "" for v in values]
             ax.bar_label(stack, labels=shown, label_type="center", fontsize=7, color="white")
-            bottom = [b + v for b, v in zip(bottom, values)]
+            start = [b + v for b, v in zip(start, values)]
+        ax.set_title(name, fontsize=10)
+        if lying:  # the first point on top, as a table reads
+            ax.set_yticks(at, labels, fontsize=8)
+            ax.set_ylim(len(labels) - 0.35, -0.65)
+            ax.set_xlim(0, 100)
+            continue
         level = rates or one_bar
         ax.set_xticks(at, labels, rotation=0 if level else 20, ha="center" if level else "right")
         ax.set_xlim(-0.65, len(labels) - 0.35)
         ax.set_ylim(0, 100)
-        ax.set_title(name, fontsize=10)
         if rates:
             ax.set_xlabel("request rate (req/s)")
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("% of KV slots (time-averaged)")
+    for ax in axes[-1, :] if lying else axes[:, 0]:
+        (ax.set_xlabel if lying else ax.set_ylabel)("% of KV slots (time-averaged)")
     fig.suptitle(
         f"Where KV memory goes: {title}\n"
         "(the five categories of docs/paper.md; the paper files rounding under external & other)",

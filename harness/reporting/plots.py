@@ -8,6 +8,7 @@ their printed label, so two sweeps of the same allocators draw as separate bars 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,8 @@ from kvbench.reporting.results import (
 )
 
 # (column, axis label, log scale) of the throughput / latency figure
+log = logging.getLogger("kvbench")
+
 PANELS = [
     ("request_throughput", "request throughput (req/s)", False),
     ("mean_batch_size", "mean batch size (sequences)", False),
@@ -76,25 +79,35 @@ def bar_table(frame: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str]
     return bars.pivot(index="group", columns="system", values=metric)[list(dict.fromkeys(frame["allocator"]))], names
 
 
-def _draw_bars(ax, frame: pd.DataFrame, metric: str) -> None:
+def _draw_bars(ax, frame: pd.DataFrame, metric: str, lying: bool = False) -> None:
     values, names = bar_table(frame, metric)
-    values.plot.bar(
-        ax=ax, width=0.8, legend=False, rot=0, color=[SYSTEM_COLORS.get(s, "#495057") for s in values.columns]
-    )
+    colors = [SYSTEM_COLORS.get(s, "#495057") for s in values.columns]
+    if lying:  # a group of bars a line, its name to its left (the left column's panels show them)
+        values.plot.barh(ax=ax, width=0.8, legend=False, color=colors)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_ylim(len(names) - 0.5, -0.5)  # the first setting on top, as a table reads
+        ax.set_ylabel("")
+        return
+    values.plot.bar(ax=ax, width=0.8, legend=False, rot=0, color=colors)
     ax.set_xlabel("")
     # A name a line per key, level, in a font small enough for its slot (rotated, long names
     # overlap and squeeze the axes); rotated only where even 5 pt would not fit (12 settings and more).
     # Up to three names get up to 9 pt: two sweeps' `x/a, hardware=a100-40gb` overlapped at 10.
     stacked = [name.replace(", ", "\n") for name in names]
-    widest = max(1, *(len(line) for name in stacked for line in name.split("\n")))
-    slot_in = ax.get_position().width * ax.figure.get_figwidth() / len(names)
-    size = min(9.0 if len(names) <= 3 else 7.0, 72 * slot_in / (0.62 * widest))  # a character: about 0.62 em
+    size = _name_size(names, ax.get_position().width * ax.figure.get_figwidth())
     if names == [""]:  # one group: its bars are the systems, which the legend names
         ax.set_xticks([])
     elif size >= 5:
         ax.set_xticks(range(len(names)), stacked, fontsize=size)
     else:
         ax.set_xticks(range(len(names)), names, fontsize=6.5, rotation=30, ha="right")
+
+
+def _name_size(names: list[str], panel_in: float) -> float:
+    """The font size (pt) at which each group's name, a setting a line, fits its slot of a panel
+    `panel_in` inches wide."""
+    widest = max(1, *(len(line) for name in names for line in name.split(", ")))
+    return min(9.0 if len(names) <= 3 else 7.0, 72 * panel_in / len(names) / (0.62 * widest))  # a character: ~0.62 em
 
 
 def kv_breakdown(frame: pd.DataFrame, curves=AUTO):
@@ -129,10 +142,18 @@ def throughput_latency(frame: pd.DataFrame, curves=AUTO):
     curves = rate_curves(frame) if curves is AUTO else curves
     x = curves is not None
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
+    names = [] if x else bar_table(frame, panels[0][0])[1]
     # bars of more than four settings get two panels a row: four a row leave each too narrow for their names
-    rows = 2 if not x and len(panels) > 2 and len(bar_table(frame, panels[0][0])[1]) > 4 else 1
+    rows = 2 if not x and len(panels) > 2 and len(names) > 4 else 1
     cols = -(-len(panels) // rows)
-    fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, 3.9 * rows), squeeze=False)
+    # names that would not fit under their bars even at 5 pt (rotated, they overlapped): the bars
+    # lie on their side, the names to the left of the left column's panels
+    lying = not x and names != [""] and _name_size(names, 0.8 * MAX_WIDTH_IN / cols) < 5
+    if lying:
+        height = 0.12 * len(names) * (1 + frame["allocator"].nunique()) + 1.2
+        fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, height * rows + 0.8), squeeze=False, sharey=True)
+    else:
+        fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, 3.9 * rows), squeeze=False)
     for ax, (metric, text, log) in zip(axes.flat, panels):
         values = pd.to_numeric(frame[metric], errors="coerce")
         shown = frame
@@ -142,14 +163,15 @@ def throughput_latency(frame: pd.DataFrame, curves=AUTO):
         if x:
             _lines(ax, shown, metric, curves, markersize=3)
         else:
-            _draw_bars(ax, shown, metric)
-        ax.set_ylabel(text)
+            _draw_bars(ax, shown, metric, lying)
+        axis = ax.xaxis if lying else ax.yaxis  # the values'
+        axis.set_label_text(text)
         if log and values.min() > 0 and values.max() > 20 * values.min():  # latencies that span decades
-            ax.set_yscale("log")
+            (ax.set_xscale if lying else ax.set_yscale)("log")
         elif values.abs().max() >= 10_000:  # ticks of 1.5M ms, not 1.5 under a "1e6" in the corner
             from matplotlib.ticker import EngFormatter
 
-            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+            axis.set_major_formatter(EngFormatter(sep=""))
     fig.suptitle(f"Throughput and latency: {context_title(frame)}", fontsize=11)
     legend_below(fig, axes.flat[0])
     return fig
@@ -185,19 +207,31 @@ def draw_all(rows, out: Path, slo: float | None = None) -> list[Path]:
     frame = ok_rows(table(rows))
     out = Path(out)
     written = []
+
+    def draw(name: str, figure) -> None:
+        """One figure; one that fails to draw is a warning, and the others, the summary and the
+        report are written without it (a layout error once lost a whole sweep's report)."""
+        try:
+            made = figure()  # a figure, or the path of one written already
+            written.append(made if isinstance(made, Path) else save_figure(made, out / name))
+        except OSError:
+            raise
+        except Exception as err:  # noqa: BLE001 (a drawing bug must not cost what was computed)
+            log.warning("%s was not drawn: %s: %s", name, type(err).__name__, err)
+
     if "kv_token_util" in frame:
         serving = in_paper_order(frame[frame["kv_token_util"].notna()])
         if len(serving):
             curves = rate_curves(serving)  # found once, for every figure
-            written.append(save_figure(kv_breakdown(serving, curves), out / "kv_breakdown.png"))
+            draw("kv_breakdown.png", lambda: kv_breakdown(serving, curves))
             if len(serving) > 1:  # one point's would be a bar per panel: the console table, drawn
-                written.append(save_figure(throughput_latency(serving, curves), out / "throughput_latency.png"))
+                draw("throughput_latency.png", lambda: throughput_latency(serving, curves))
             if curves is not None:
-                written.append(save_figure(latency_vs_rate(serving, curves, slo), out / "latency_vs_rate.png"))
+                draw("latency_vs_rate.png", lambda: latency_vs_rate(serving, curves, slo))
     if all(c in frame for c in KERNEL_COLUMNS):  # a figure the rows support: a hand-cut table may lack them
         kernel = frame[frame["latency_us_p50"].notna()]
         if len(kernel):
             from kvbench.reporting.kernel_plots import latency_vs_context
 
-            written.append(latency_vs_context(kernel, out))
+            draw("the kernel's figure", lambda: latency_vs_context(kernel, out))
     return written
