@@ -616,6 +616,30 @@ def test_a_prefix_hit_on_pages_a_live_holder_has_passed_counts_them_as_token_sta
     recount(allocator)
 
 
+@pytest.mark.parametrize("pattern", [("full",), ("window", "full")])
+def test_pages_an_undone_admission_named_are_not_found_by_the_next(pattern):
+    """free_unrun: an admission undone before its step ran named pages nobody computed; every
+    kind takes them out of its cache (a finished sequence's, freed, stay findable)."""
+    spec = dataclasses.replace(SPEC, max_model_len=512, layer_pattern=pattern, window=32)
+    allocator = hybrid(spec, num_slots=4096, block_size=4, watermark=0.0, prefix_caching=True)
+    tokens = [t % 50 for t in range(101)]
+
+    def seq(seq_id):
+        return Sequence(seq_id, Request(seq_id, 0.0, 101, 10, tokens), 101, token_ids=list(tokens))
+
+    undone = seq(0)
+    assert allocator.admit(undone) and allocator.grow(undone, 101)  # named, never computed
+    allocator.free_unrun([undone])
+    assert all(not m.pool.cached for m in allocator.attention)
+    again = seq(1)
+    assert allocator.admit(again) and again.num_computed == 0
+    assert step(allocator, again, 101)
+    allocator.free(again)
+    third = seq(2)
+    assert allocator.admit(third) and third.num_computed == 100
+    recount(allocator)
+
+
 def test_a_group_a_preemption_brings_back_whole_is_sized_at_its_one_step_prefill():
     """A request of 3 samples comes back from a preemption whole, each sequence prefilled in one
     step (not in the budget's chunks), which a window layer holds entire: the check sized it at

@@ -229,3 +229,18 @@ def test_blocks_swapped_back_in_are_found_by_a_later_prompt_once_their_first_cop
     d = seq(2, list(prompt))
     assert allocator.admit(d) and d.num_cached == 16
     assert allocator.block_table(d)[:4] == allocator.block_table(a)[:4]  # the swapped-in blocks, shared
+
+
+def test_blocks_an_undone_admission_named_are_not_found_by_the_next():
+    """The scheduler names a prompt's full blocks when it grows the sequence, before the forward
+    writes them. An admission undone before its step ran (a group whose last sample did not
+    fit) leaves blocks nobody computed: free_unrun takes them out of the cache, where free keeps
+    a finished sequence's blocks findable."""
+    pool = PagedAllocator(num_slots=64, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    undone = Sequence(1, Request(0, 0.0, 13, 4), 13, token_ids=list(range(13)))
+    assert pool.admit(undone) and pool.grow(undone, 13)  # names 3 blocks; num_computed stays 0
+    pool.free_unrun([undone])
+    assert not pool.pool.cached and len(pool.pool.free) == 16 and not pool.pool.evictable
+    assert admitted(pool, range(13)).num_cached == 0
+    pool.free(admitted(pool, range(100, 113)))  # a computed one's blocks stay findable
+    assert admitted(pool, range(100, 113)).num_cached == 12

@@ -114,6 +114,49 @@ def test_prefix_caching_with_samples_beams_and_preemption_keeps_tokens():
         assert sorted(t for _, t, _ in got[r.request_id]) == beams_alone(tuple(r.prompt_tokens), r.output_len, 2)
 
 
+def test_group_admissions_undone_by_a_tight_pool_leave_no_uncomputed_block_to_hit(monkeypatch):
+    """A preempted request's samples are admitted together; when the last one does not fit, the
+    others are freed again before their step ran. Their blocks, named when grown, were still
+    found by the next admission, which then skipped computing K/V nobody had written: 3 of 32
+    samples came out wrong."""
+    from kvbench.plugins.allocators.paged import PagedAllocator
+
+    undone = []
+    free_unrun = PagedAllocator.free_unrun
+    monkeypatch.setattr(PagedAllocator, "free_unrun", lambda self, seqs: undone.append(1) or free_unrun(self, seqs))
+    requests = make_requests(16, n=2, prefix=16, seed=2, output_len=30)
+    row, engine = run_engine(requests, num_slots=300, block_size=8, sampling=SAMPLED, prefix_caching=True)
+    assert row["preemptions"] > 0 and row["prefix_hit_rate"] > 0 and undone  # the undoing really happened
+    got = outputs(engine)
+    for r in requests:
+        for index, tokens, _ in got[r.request_id]:
+            assert tokens == alone(r, SAMPLED, index)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_recomputed_tokens_are_the_tokens_fed_again(prefix_caching, monkeypatch):
+    """recomputed_tokens is what preemption cost in forward work: the tokens the model was fed
+    beyond each request's prompt and output. With prefix caching a readmission finds its own
+    blocks again, and those are not recomputed (46 were counted where 18 were fed again)."""
+    from kvbench.executors.model_executor import ModelExecutor
+
+    fed = []
+    execute = ModelExecutor.execute
+    counted = lambda self, batch: fed.append(batch.num_tokens) or execute(self, batch)  # noqa: E731
+    monkeypatch.setattr(ModelExecutor, "execute", counted)
+    requests = make_requests(6, output_len=12, seed=4)
+    row, engine = run_engine(requests, num_slots=48, block_size=4, prefix_caching=prefix_caching)
+    assert row["preemptions"] > 0
+    needed = sum(r.prompt_len + r.output_len - 1 for r in requests)  # the last token is sampled, never fed
+    assert sum(fed) - needed == row["recomputed_tokens"] > 0
+    assert got_all(engine, requests)
+
+
+def got_all(engine, requests) -> bool:
+    got = outputs(engine)
+    return all(got[r.request_id][0][1] == alone(r, GREEDY) for r in requests)
+
+
 def test_serve_scenario_reports_the_host_time_split():
     overrides = [
         "scenario=serve",

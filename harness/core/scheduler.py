@@ -115,8 +115,9 @@ class Scheduler(LazyDecode):
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def preempt(self, seq: Sequence, batch: Batch) -> None:
-        """Preempt the request of running entry `seq`: swap its blocks out, or drop them to recompute."""
+    def preempt(self, seq: Sequence, batch: Batch, unrun: bool = False) -> None:
+        """Preempt the request of running entry `seq`: swap its blocks out, or drop them to
+        recompute. `unrun`: this round grew it, and that growth never runs (allocator.free_unrun)."""
         if seq.steady_since >= 0:
             self._unsteady(seq)
         self._active.discard(seq)
@@ -130,13 +131,17 @@ class Scheduler(LazyDecode):
         if self.preemption == "swap":  # an allocator that cannot swap is refused with it (scenarios.build)
             swapped = self.allocator.swap_out(members)
             self.swap_fallbacks += not swapped
+        if unrun and not swapped:
+            self.allocator.free_unrun(members)
         for member in members:
             if swapped:
                 member.status = SeqStatus.SWAPPED
             else:
-                self.allocator.free(member)
+                if not unrun:
+                    self.allocator.free(member)
                 self.recomputed_tokens += member.num_computed
                 self.recomputed_pairs += member.num_computed * (member.num_computed + 1) // 2
+                member.dropped = member.num_computed
                 member.num_computed = 0
                 member.status = SeqStatus.WAITING
             member.num_preemptions += 1
@@ -354,6 +359,8 @@ class Scheduler(LazyDecode):
                     seq.num_cached = 0
                 break
             waiting.popleft()
+            if seq.dropped and seq.num_computed:  # what its readmission found cached is not recomputed
+                self._found_again(seq)
             seq.status = SeqStatus.RUNNING
             self._run(seq)
             self.num_running_seqs += seq.request.width
@@ -369,7 +376,7 @@ class Scheduler(LazyDecode):
         for member in group:
             while not allocator.grow(member, 1):
                 victim = running[-1]
-                self.preempt(victim, batch)
+                self.preempt(victim, batch, unrun=victim is group[0])  # its members grew, and will not run
                 if victim is group[0]:
                     return False
         return True
@@ -390,13 +397,23 @@ class Scheduler(LazyDecode):
             tokens = sum(m.num_tokens - m.num_computed for m in group)
             if tokens <= budget or not len(batch):  # steady sequences count too
                 for member in group:
+                    if member.dropped and member.num_computed:
+                        self._found_again(member)
                     member.status = SeqStatus.RUNNING
                     self._add_to_batch(batch, member, member.num_tokens - member.num_computed)
                 return tokens
+        allocator.free_unrun(admitted)  # what their growth named was never computed
         for member in admitted:
-            allocator.free(member)
             member.num_computed = 0  # num_cached: its first admission's, kept
         return 0
+
+    def _found_again(self, seq: Sequence) -> None:
+        """A request its preemption dropped `seq.dropped` tokens of comes back with a prefix-cache
+        hit of `seq.num_computed`: those tokens (and their attention) are not recomputed."""
+        hit = min(seq.dropped, seq.num_computed)
+        self.recomputed_tokens -= hit
+        self.recomputed_pairs -= hit * (hit + 1) // 2
+        seq.dropped = 0
 
     @staticmethod
     def _add_to_batch(batch: Batch, seq: Sequence, n: int) -> None:

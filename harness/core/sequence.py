@@ -64,6 +64,7 @@ class Sequence:
     token_times: array = field(default_factory=partial(array, "d"))
     finish_s: float | None = None
     num_preemptions: int = 0
+    dropped: int = 0  # tokens its last preemption by recompute dropped (a hit on readmission finds some again)
     parent: Sequence | None = None
     cumulative_logprob: float = 0.0
     # A request of width > 1 forks when its prompt is done; from then on its live sequences,

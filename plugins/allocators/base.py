@@ -139,6 +139,14 @@ class KVAllocator(ABC):
     @abstractmethod
     def free(self, seq: Sequence) -> None: ...
 
+    def free_unrun(self, seqs) -> None:
+        """Free `seqs`, whose latest growth never ran: an admission or a group's step the
+        scheduler undid before its forward. What each holds beyond its `num_computed` tokens was
+        never written, so an allocator with a prefix cache must not leave it findable (a later
+        hit would read K/V nobody computed); one without frees as usual."""
+        for seq in seqs:
+            self.free(seq)
+
     @abstractmethod
     def capacity(self, seq: Sequence) -> int:
         """Slots set aside for `seq` now (its block table's slots, or its reservation)."""

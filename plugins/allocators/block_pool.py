@@ -176,6 +176,16 @@ class BlockPool:
         else:
             self.cached[block_hash] = block
 
+    def unname(self, block: int) -> None:
+        """Take `block`'s content out of the cache: it was named when scheduled, and the step
+        that would have written it never ran. A block nobody holds moves to the free queue."""
+        if self.block_hash[block] is None:
+            return
+        self._forget(block)
+        if not self.ref_count[block]:
+            del self.evictable[block]
+            self.free.append(block)
+
     def lookup(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 

@@ -376,6 +376,18 @@ class PagedAllocator(KVAllocator):
         self._release(seq)
         self._hashes.pop(seq.seq_id, None)
 
+    def free_unrun(self, seqs) -> None:
+        # the blocks each named past its computed tokens (a sibling's hit on them lies past the
+        # sibling's own count too: it was found in the same round), unnamed once nobody holds them
+        unrun, bs = [], self.block_size
+        for seq in seqs:
+            named = len(self._hashes.get(seq.seq_id, ()))
+            unrun += self.block_tables[seq.seq_id][seq.num_computed // bs : named]
+            self.free(seq)
+        for block in unrun:
+            if not self.ref_count[block]:
+                self.pool.unname(block)
+
     def _release(self, seq: Sequence) -> None:
         self._settle(seq)
         table = self.block_tables.pop(seq.seq_id)

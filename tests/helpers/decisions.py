@@ -64,9 +64,9 @@ def decisions(scheduler, requests, lazy: bool):
     preempted: dict[int, list] = {}
     preempt = scheduler.preempt
 
-    def logged_preempt(seq, batch):
+    def logged_preempt(seq, batch, unrun=False):
         preempted.setdefault(len(executor.steps), []).append(seq.seq_id)
-        preempt(seq, batch)
+        preempt(seq, batch, unrun)
 
     scheduler.preempt = logged_preempt
     try:
