@@ -178,6 +178,33 @@ def test_serve_scenario_reports_the_host_time_split():
     assert row["output_throughput"] == pytest.approx(5 * 6 / row["duration_s"])
 
 
+def test_check_tokens_compares_every_sequence_with_one_request_generation(monkeypatch):
+    overrides = ["scenario=serve", "model=tiny", "+allocator=paged", "workload=fixed", "workload.input_len=12"]
+    overrides += [
+        "workload.output_len=6",
+        "workload.n=2",
+        "scenario.num_requests=3",
+        "scenario.sampling.temperature=0.8",
+    ]
+    overrides += ["scenario.check_tokens=true", "progress=false"]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=overrides)
+    row = run_point(cfg)[0]
+    assert row["completed"] == 3 and row["tokens_checked"] == 6
+    from kvbench.model import reference
+
+    generate = reference.generate_alone  # a reference that differs at one sample's 4th token
+    monkeypatch.setattr(
+        reference,
+        "generate_alone",
+        lambda *a: (t := generate(*a)) and (t[:3] + [t[3] + 1] + t[4:] if a[4] == 2 and a[5] == 1 else t),
+    )
+    with pytest.raises(
+        UserError, match=r"1 of 6 sequences' tokens differ .* \(first: request 2 sample 1, from its out"
+    ):
+        run_point(cfg)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning to cores needs Linux's sched_setaffinity")
 def test_cpu_affinity_pins_exactly_the_listed_cores_or_refuses(monkeypatch):
     # [0, 99] ran pinned to core 0 and recorded [0, 99]; [] and [99] gave a bare errno

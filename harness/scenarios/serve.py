@@ -250,7 +250,18 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
         int(float(kv_bytes) // model_spec.kv_bytes_per_token) if kv_bytes is not None else int(scenario.kv_cache_tokens)
     )
     if num_slots < 1:
-        raise UserError(f"the serve KV pool must hold at least one token (scenario.kv_cache_tokens={num_slots})")
+        given = (
+            f"engine.kv_cache_bytes={kv_bytes} holds none of {model_spec.kv_bytes_per_token} bytes"
+            if kv_bytes is not None
+            else f"scenario.kv_cache_tokens={num_slots}"
+        )
+        raise UserError(f"the serve KV pool must hold at least one token ({given})")
+    checking = bool(scenario.get("check_tokens", False))
+    if checking and device.type != "cpu":
+        raise UserError(
+            "scenario.check_tokens=true compares tokens bit for bit with one-request generation, which a batch "
+            "gives on a CPU only (a GPU kernel's rounding depends on the batch): run it with scenario.device=cpu"
+        )
     swap_slots = int(scenario.swap_space_tokens)
 
     def make_executor(allocator):
@@ -268,6 +279,8 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
     warm_up(cfg, real, int(scenario.get("warmup_steps", 0)))
     if prepare is not None:
         prepare(engine)
+    if checking:
+        engine.recorder.keep_sequences = True
     if async_scheduling:
         check_async_supported(requests, engine.allocator)
         engine.executor = AsyncScheduling(engine.executor, engine.recorder, len(requests))
@@ -308,7 +321,43 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
         clock=str(scenario.get("clock", "wall")),
         sampling="greedy" if sampling.greedy else f"t={sampling.temperature},top_p={sampling.top_p}",
     )
+    if checking:
+        row["tokens_checked"] = check_tokens(real, engine.recorder.finished)
     return row, engine
+
+
+def check_tokens(real: RealModel, finished) -> int:
+    """Every finished sequence's tokens against one-request generation (kvbench.model.reference:
+    the same model alone, each token recomputed from the whole sequence, no cache, no batch);
+    the number of sequences checked. One that differs is an error: the allocator, backend or
+    graph mode under test computed a wrong token, and the run's numbers are of a wrong engine."""
+    from kvbench.model.reference import beam_search_alone, generate_alone
+
+    requests: dict = {}
+    for seq in finished:
+        requests.setdefault(seq.request.request_id, (seq.request, []))[1].append(seq)
+    log.info("checking %d sequences against one-request generation", len(finished))
+    wrong, checked = [], 0
+    with torch.inference_mode():
+        for rid, (request, seqs) in sorted(requests.items()):
+            prompt, start = request.prompt_tokens, request.prompt_len
+            checked += len(seqs)
+            if request.beam_width > 1:
+                beams = beam_search_alone(real.model, prompt, request.output_len, request.beam_width)
+                if sorted(s.token_ids[start:] for s in seqs) != sorted(tokens for tokens, _ in beams):
+                    wrong.append(f"request {rid}'s beams")
+                continue
+            for s in seqs:
+                alone = generate_alone(real.model, prompt, request.output_len, real.sampling, rid, s.sample_index)
+                if list(s.token_ids[start:]) != alone:
+                    at = next((i for i, (a, b) in enumerate(zip(s.token_ids[start:], alone)) if a != b), len(alone))
+                    wrong.append(f"request {rid} sample {s.sample_index}, from its output token {at}")
+    if wrong:
+        raise UserError(
+            f"{len(wrong)} of {checked} sequences' tokens differ from one-request generation (first: {wrong[0]}): "
+            f"the engine computed a wrong token with these settings"
+        )
+    return checked
 
 
 def run(cfg: DictConfig) -> list[dict]:

@@ -318,6 +318,7 @@ class Serve(Section):
     clock: Literal["wall", "cpu"] = "wall"
     cpu_affinity: list[Annotated[Int, Field(ge=0, le=65535)]] | None = None
     warmup_steps: Int = Field(3, ge=0, le=10_000)
+    check_tokens: Bool = Field(False, description="check every sequence's tokens against one-request generation")
 
 
 Length = Annotated[Int, Field(ge=1, le=100_000_000)] | Literal["max"]
