@@ -133,12 +133,15 @@ class Recorder:
                 )
         self._finishing.clear()
 
-    def window(self, last_admit_s: float) -> tuple[float, float]:
+    def window(self, last_admit_s: float, first_arrival_s: float = 0.0) -> tuple[float, float]:
+        """The measurement window: from `warmup_frac` of the run (which starts at the first
+        arrival, as duration_s does) to the last admission, or to the end where that came first."""
         end = self.step_end[-1] if self.step_end else 0.0
-        start = self.warmup_frac * end
+        first = min(first_arrival_s, end)
+        start = first + self.warmup_frac * (end - first)
         if last_admit_s > start:
             return start, last_admit_s
-        if start > 0:  # a few requests, all admitted early (a short trace): its averages describe a drain
+        if start > first:  # a few requests, all admitted early (a short trace): its averages describe a drain
             logging.getLogger("kvbench").warning(
                 "every request was admitted within the warm-up (the first %.0f%% of the run), so the measurement "
                 "window is the batch draining: mean_batch_size and the kv_* shares describe that; "
@@ -191,7 +194,7 @@ class Recorder:
     def summary(self, num_requests: int, last_admit_s: float, first_arrival_s: float) -> dict:
         ends = np.asarray(self.step_end)
         dts = np.asarray(self.step_dt)
-        start, stop = self.window(last_admit_s)
+        start, stop = self.window(last_admit_s, first_arrival_s)
         # weight each step by its overlap with the window
         weight = np.clip(np.minimum(ends, stop) - np.maximum(ends - dts, start), 0, None)
         if weight.sum() <= 0:
