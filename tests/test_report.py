@@ -270,6 +270,31 @@ def test_the_winner_at_each_rate_with_ties_shared_and_a_failed_baseline_said():
     assert found.at["rate=2", "winner"] == "paged" and found["latency_vs_baseline"].isna().tolist() == [False, True]
 
 
+def test_of_several_sweeps_one_without_the_baseline_is_compared_with_its_own_first_system():
+    """bench-report A B, where B never ran contiguous: its settings said "contiguous has no
+    successful point here" (nothing failed), and a sweep of one system was crowned at each rate."""
+    rows = [
+        ("a", "contiguous", 2, "ok", 0.30, 0.5),
+        ("a", "paged", 2, "ok", 0.10, 0.9),
+        ("b", "oracle", 2, "ok", 0.20, 0.6),
+        ("b", "paged", 2, "ok", 0.05, 1.2),
+        ("c", "paged", 2, "ok", 0.07, 1.0),
+        ("d", "contiguous", 2, "failed", None, None),
+        ("d", "paged", 2, "ok", 0.06, 1.1),
+    ]
+    frame = pd.DataFrame(
+        rows, columns=["sweep", "allocator", "rate", "status", "normalized_latency_s_per_tok", "request_throughput"]
+    )
+    found = winners(frame, "contiguous").set_index("setting")
+    assert found["baseline"].tolist() == ["contiguous", "oracle", "", "contiguous"]
+    assert found["baseline_state"].tolist() == ["ok", "ok", "absent", "failed"]
+    assert found.at["b", "latency_vs_baseline"] == pytest.approx(4.0)
+    page = verdict_of(frame)
+    assert "4.00× lower normalized latency than oracle, 2.00× its request throughput (contiguous is not in this" in page
+    assert "<b>c</b>: <b>paged</b> (0.07 s/token); the only system of its sweep" in page
+    assert "<b>d</b>: <b>paged</b> (0.06 s/token); contiguous has no successful point here" in page
+
+
 def linear_sweep(rates) -> pd.DataFrame:
     """Normalized latency linear in rate: contiguous reaches 0.5 s/token at 5 req/s, paged at 10."""
     slope = {"contiguous": 0.1, "paged": 0.05}

@@ -479,15 +479,19 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
             f"<b>{html.escape(baseline)}</b>{note}.</p><ul>"
         )
         for row in found.itertuples():
-            name = html.escape(baseline)
-            if row.latency_vs_baseline != row.latency_vs_baseline:
-                margin = f"{name} has no successful point here"
-            elif baseline in row.winner.split(" = "):
-                margin = f"the baseline, {name}, {'wins' if row.winner == baseline else 'shares the win'} here"
+            name = html.escape(row.baseline or baseline)
+            if not row.baseline:  # a sweep of one system, among others
+                margin = "the only system of its sweep"
+            elif row.baseline_state != "ok":
+                margin = f"{name} {'has no successful point' if row.baseline_state == 'failed' else 'did not run'} here"
+            elif row.baseline in row.winner.split(" = "):
+                margin = f"the baseline, {name}, {'wins' if row.winner == row.baseline else 'shares the win'} here"
             else:
                 margin = f"{row.latency_vs_baseline:.2f}× lower normalized latency than {name}"
                 if row.throughput_vs_baseline == row.throughput_vs_baseline:  # a blank cell: no ratio to give
                     margin += f", {row.throughput_vs_baseline:.2f}× its request throughput"
+                if row.baseline != baseline:
+                    margin += f" ({html.escape(baseline)} is not in this sweep)"
             parts.append(
                 f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
                 f"({getattr(row, METRIC):.4g} s/token); {margin}</li>"

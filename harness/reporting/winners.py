@@ -74,23 +74,35 @@ def resolve_baseline(frame: pd.DataFrame, name: str, explicit: bool) -> str | No
 
 def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     """One row per setting: the winner (`a = b` for a tie), its normalized latency and throughput,
-    and both as ratios to the baseline's (NaN where the baseline has no successful point there)."""
+    and both as ratios to the baseline's (NaN where the baseline has no successful point there).
+    `baseline_state` says which: `ok`, `failed` (it ran and failed there) or `absent` (it did
+    not run there). Of several sweeps (a `sweep` column), one that never ran the baseline takes
+    its own first system in the paper's order (`baseline` names each row's; empty for a sweep of
+    one system), as its own report does."""
     ok = ok_rows(frame)
     ok = ok[ok[METRIC].notna()] if METRIC in ok else ok.iloc[0:0]
     if ok.empty or "allocator" not in ok:
         return pd.DataFrame()
     keys = [k for k in varying_keys(frame) if k != "allocator"]
-    groups = ok.groupby(keys, sort=False, dropna=False) if keys else [((), ok)]
+    ran = frame.groupby("sweep")["allocator"].agg(set) if "sweep" in frame else None
     result = []
-    for _, rows in groups:
+    for _, every in frame.groupby(keys, sort=False, dropna=False) if keys else [((), frame)]:
+        rows = ok.loc[ok.index.intersection(every.index)]
+        if rows.empty:
+            continue
+        local = baseline
+        if ran is not None and baseline not in ran[every["sweep"].iloc[0]]:
+            local = resolve_baseline(frame[frame["sweep"] == every["sweep"].iloc[0]], str(baseline), False)
         best = rows.loc[rows[METRIC].idxmin()]
         tied = rows.loc[rows[METRIC] <= best[METRIC] * (1 + TIE), "allocator"]
-        base = rows[rows["allocator"] == baseline]
+        base = rows[rows["allocator"] == local]
         entry = {
             "setting": point_labels(rows.iloc[:1], keys).iloc[0] if keys else "all points",
             "winner": " = ".join(tied),
             METRIC: best[METRIC],
             "request_throughput": best.get("request_throughput"),
+            "baseline": local or "",  # "": a sweep of one system (pandas would read None as NaN)
+            "baseline_state": "ok" if len(base) else "failed" if (every["allocator"] == local).any() else "absent",
             "latency_vs_baseline": float("nan"),
             "throughput_vs_baseline": float("nan"),
         }
