@@ -5,7 +5,7 @@ attention keeps every block; a window layer gives back the blocks that fall out 
 a linear-state layer holds one fixed-size state per sequence. `policy` picks how the pool is
 shared, so the two naive choices are measured by the same code:
 
-    shared   one pool, any kind takes any free page (vLLM's hybrid allocator)
+    shared   one pool, any kind takes any free page (as vLLM's hybrid allocator; hybrid_pages.py: how its pages differ)
     static   the pool split by layer kind in proportion to layer counts
     as_full  one pool, every layer kept as full attention (window layers keep every block,
              linear layers store K/V per token): PagedAttention unaware of layer kinds

@@ -1,10 +1,18 @@
 """The hybrid allocator's parts: one pool of equal-byte pages and a KV manager per layer kind.
 
-Page-size unification (vLLM's hybrid allocator): a page of an attention kind holds one block of
-that kind's tokens across all of its layers, so the kind that stores the most bytes per token
-gets `block_size` tokens per block and the others proportionally more (the block size is scaled,
-the page is not); a linear-state kind's fixed-size state per sequence takes a whole number of
-pages. Every page has `page_bytes`, so any kind can take any free page.
+Page-size unification: a page of an attention kind holds one block of that kind's tokens across
+all of its layers, so the kind that stores the most bytes per token gets `block_size` tokens per
+block and the others proportionally more (the block size is scaled, the page is not); a
+linear-state kind's fixed-size state per sequence takes a whole number of pages. Every page has
+`page_bytes`, so any kind can take any free page.
+
+vLLM's hybrid KV cache manager unifies pages otherwise for attention kinds: it splits each kind's
+layers into groups of one size (gemma-3's 10 full and 52 sliding-window layers: groups of 10),
+every group a block table of `block_size` tokens, and scales the block size only to fit a
+Mamba state. So here a prefix-cache hit, which every kind must cover, comes in steps of the
+least common multiple of the kinds' block sizes (gemma-3-like at block 16: 83 and 16 tokens, a
+hit of 1,328), where vLLM's come in steps of 16: a 1,200-token shared prefix hits 0 tokens here
+and 1,184 in vLLM. A kind a table is the simpler model; the hit granularity is its cost.
 
 The pages themselves (ref counts, free queues, eviction order, the prefix cache) are a
 block_pool.BlockPool, the same pool the paged allocator uses.
