@@ -679,6 +679,12 @@ RUN_CASES = [
     # recorded in the row, and the run was the default's to the last bit
     (["workload.num_prefixes=5"], "workload.num_prefixes is not read: workload.prefix_len=0"),
     (["model.hidden_size=1"], "model.hidden_size is not read by the roofline (executor=roofline)"),
+    # a linear layer's state for every page of the pool (5 MB of tokens took 1.4 GB): it ran out of memory instead
+    (
+        ["scenario=serve", "+allocator=hybrid", "model=tiny-qwen3-next", "model.linear_state_dim=64"]
+        + ["allocator.block_size=1", "scenario.kv_cache_tokens=2000000"],
+        "would allocate about 98.8 GB (KV cache 98.8 GB)",
+    ),
     # one GPU: no all-reduce to time, and the column would describe a run it did not shape
     (["hardware.allreduce_latency_s=2e-5"], "hardware.allreduce_latency_s times the tensor-parallel all-reduces"),
     # Hydra's hint said "use 'override allocator: contiguous'", a defaults-list line

@@ -76,6 +76,24 @@ def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
     )
 
 
+def _hybrid_caches(model, dtype: str, num_slots: int, block_size: int) -> float:
+    """The bytes allocator=hybrid's serve executor allocates for a pool of `num_slots` tokens:
+    pages of one size (the heaviest attention kind's `block_size` tokens, the others' block
+    sizes scaled to fill it, as plugins/allocators/hybrid_pages.py unifies them), every attention
+    layer a cache of every page at its kind's block size, and every linear layer a state for
+    every page (HybridModelExecutor), which is more than the pool's budget in tokens counts."""
+    dtype_bytes = DTYPE_BYTES[{"auto": "fp32"}.get(dtype, dtype)]
+    pattern = model.layer_pattern or ["full"]
+    kinds = [pattern[i % len(pattern)] for i in range(model.num_layers)]
+    per_layer = 2 * model.num_kv_heads * model.head_dim * dtype_bytes
+    token_bytes = {k: kinds.count(k) * per_layer for k in ("full", "window") if k in kinds}
+    page_bytes = block_size * max(token_bytes.values())
+    pages = num_slots * _kv_bytes_per_token(model, dtype_bytes) // page_bytes
+    caches = sum(pages * (page_bytes // b) * b for b in token_bytes.values())
+    state = model.num_heads * model.head_dim * model.linear_state_dim * dtype_bytes
+    return caches + kinds.count("linear") * pages * state
+
+
 def _given(changes, key: str, section):
     """validate's change to `key`, else the scenario's own default (its schema's, as its YAML's)."""
     value = getattr(changes, key)
@@ -117,9 +135,10 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
         parts["a step's activations"] = _activations(model, scenario.dtype, root.scheduler.max_num_batched_tokens)
         if scenario.name == "serve":
             kv_bytes = root.engine.kv_cache_bytes
-            parts["KV cache"] = (
-                kv_bytes // per_token if kv_bytes is not None else scenario.kv_cache_tokens
-            ) * per_token
+            slots = kv_bytes // per_token if kv_bytes is not None else scenario.kv_cache_tokens
+            parts["KV cache"] = slots * per_token
+            if allocator.get("name") == "hybrid":  # its pages' caches and states, allocated whole
+                parts["KV cache"] = _hybrid_caches(model, scenario.dtype, int(slots), block_size)
             parts["swap pool"] = scenario.swap_space_tokens * per_token
             parts["prompt tokens"] = requests * model.max_model_len * 8
         else:
