@@ -8,8 +8,9 @@ the maximum number of requests served at once, throughput and KV waste.
     python scripts/hybrid_compare.py --out results/hybrid_compare [--requests 600]
 
 Waste is the share of the KV pool that holds nothing a layer will read again: internal
-fragmentation (stale window tokens, per-token KV of linear layers sized as attention, block and
-page padding) plus what is left free; reserved slots are about to be used and are not waste.
+fragmentation (stale window tokens, per-token KV of linear layers sized as attention), rounding
+(block and page padding) and what is left free; reserved slots are about to be used and are not
+waste.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ COLUMNS = [
     "output_throughput",
     "kv_token_util",
     "kv_internal_frag_frac",
+    "kv_rounding_frac",
     "waste_pct",
     "preemptions",
 ]
@@ -92,15 +94,15 @@ def run_all(args) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     head = (
         "| model | policy | max concurrent | mean batch | req/s | tok/s | token util | "
-        "internal frag | waste | preemptions |"
+        "internal frag | rounding | waste | preemptions |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r['model']} | {POLICIES[r['policy']]} | {r['max_batch_size']} | "
             f"{r['mean_batch_size']:.1f} | {r['request_throughput']:.3f} | "
             f"{r['output_throughput']:.0f} | {100 * r['kv_token_util']:.1f}% | "
-            f"{100 * r['kv_internal_frag_frac']:.1f}% | {r['waste_pct']:.1f}% | "
+            f"{100 * r['kv_internal_frag_frac']:.1f}% | {100 * r['kv_rounding_frac']:.1f}% | {r['waste_pct']:.1f}% | "
             f"{r['preemptions']} |"
         )
     return "\n".join(lines) + "\n"

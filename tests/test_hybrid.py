@@ -215,13 +215,14 @@ def recount(allocator) -> None:
         assert pool.num_free + pools_used[id(pool)] == pool.num_blocks
     acc = allocator.accounting()
     for view in [acc, *acc.by_kind.values()]:
-        parts = (view.token, view.reserved, view.internal, view.free)
+        parts = (view.token, view.reserved, view.internal, view.rounding, view.free)
         assert all(p >= 0 for p in parts), parts
         assert sum(parts) == view.num_slots
         assert abs(sum(view.fractions()) - 1.0) < 1e-12
     assert acc.token == sum(v.token for v in acc.by_kind.values())
     assert acc.named == sum(v.named for v in acc.by_kind.values()) >= acc.held
     assert acc.internal == sum(v.internal for v in acc.by_kind.values())
+    assert acc.rounding == sum(v.rounding for v in acc.by_kind.values())
 
 
 OPS = st.lists(
@@ -417,7 +418,7 @@ def test_in_simulation_hybrid_admits_more_concurrent_requests_than_paged_as_full
         for kind in ("full", "window"):
             parts = [
                 row[f"kv_{p}_{kind}"]
-                for p in ("token_util", "reserved_frac", "internal_frag_frac", "external_frag_frac")
+                for p in ("token_util", "reserved_frac", "internal_frag_frac", "rounding_frac", "external_frag_frac")
             ]
             assert min(parts) >= 0 and sum(parts) == pytest.approx(1.0)
 

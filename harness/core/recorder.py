@@ -83,7 +83,7 @@ class Recorder:
             acc = allocator.accounting()  # kv_slots() and every kind's view, from one count
             self.kv.append(acc.slots())
             for kind, view in acc.by_kind.items():
-                self.kv_by_kind.setdefault(kind, []).append(view.fractions()[:3])
+                self.kv_by_kind.setdefault(kind, []).append(view.fractions()[:4])
         else:
             self.kv.append(allocator.kv_slots())
         self.schedule_s.append(schedule_s)
@@ -154,13 +154,14 @@ class Recorder:
         """Time-averaged accounting of each layer kind's view of the pool (hybrid models)."""
         row = {}
         for kind, steps in self.kv_by_kind.items():
-            token, reserved, internal = np.average(np.asarray(steps), axis=0, weights=weight)
+            token, reserved, internal, rounding = np.average(np.asarray(steps), axis=0, weights=weight)
             row.update(
                 {
                     f"kv_token_util_{kind}": token,
                     f"kv_reserved_frac_{kind}": reserved,
                     f"kv_internal_frag_frac_{kind}": internal,
-                    f"kv_external_frag_frac_{kind}": 1.0 - token - reserved - internal,
+                    f"kv_rounding_frac_{kind}": rounding,
+                    f"kv_external_frag_frac_{kind}": 1.0 - token - reserved - internal - rounding,
                 }
             )
         return row

@@ -5,16 +5,19 @@ attention keeps every block; a window layer gives back the blocks that fall out 
 a linear-state layer holds one fixed-size state per sequence. `policy` picks how the pool is
 shared, so the two naive choices are measured by the same code:
 
-    shared   one pool, any kind takes any free page (as vLLM's hybrid allocator; hybrid_pages.py: how its pages differ)
+    shared   one pool, any kind takes any free page (as vLLM's hybrid allocator does;
+             hybrid_pages.py says how its pages differ)
     static   the pool split by layer kind in proportion to layer counts
     as_full  one pool, every layer kept as full attention (window layers keep every block,
              linear layers store K/V per token): PagedAttention unaware of layer kinds
 
 Accounting is in bytes, per kind and in total. A kind's token state is what its layers will
 read again (full: every token; window: the W - 1 before the next query; linear: the state), so
-the tokens an `as_full` window layer keeps beyond its window count as internal fragmentation. A kind's view
-of the pool is the pages it holds plus the free pages it could take; the four parts of each
-view, and of the whole pool, add up to it.
+the tokens a window layer keeps beyond its window (an `as_full` one: all of them) count as
+internal fragmentation, and a block's tail no token will fill, with a page's padding, as
+rounding, as the paged allocator counts its own. A kind's view of the pool is the pages it
+holds plus the free pages it could take; the five parts of each view, and of the whole pool,
+add up to it.
 """
 
 from __future__ import annotations
@@ -244,22 +247,28 @@ class HybridAllocator(KVAllocator):
 
     # --- accounting ----------------------------------------------------------------------
     def accounting(self) -> HybridAccounting:
+        # as the paged allocator counts them: a block's tail no token will fill (and a page's
+        # padding) is rounding; a window layer's tokens that left the window, on a page still
+        # held, are internal fragmentation (held inside a sequence's blocks for nothing)
         page_bytes = self.pages.page_bytes
-        by_kind, token, reserved, held, named = {}, 0, 0, 0, 0
+        by_kind, token, reserved, internal, held, named = {}, 0, 0, 0, 0, 0
         for kind, m in self.managers.items():
-            pages, kind_token, kind_reserved = m.usage()
+            pages, kind_token, kind_reserved, kind_internal = m.usage()
             by_kind[kind] = KVAccounting(
                 (pages + m.pool.num_free) * page_bytes,
                 kind_token,
                 kind_reserved,
-                pages * page_bytes - kind_token - kind_reserved,
+                kind_internal,
+                rounding=pages * page_bytes - kind_token - kind_reserved - kind_internal,
                 named=m.num_named * page_bytes,
             )
-            token, reserved, held = token + kind_token, reserved + kind_reserved, held + pages
+            token, reserved, internal = token + kind_token, reserved + kind_reserved, internal + kind_internal
+            held += pages
             named += m.num_named
         total = sum(p.num_blocks for p in self.pools) * page_bytes
+        rounding = held * page_bytes - token - reserved - internal
         return HybridAccounting(
-            total, token, reserved, held * page_bytes - token - reserved, by_kind=by_kind, named=named * page_bytes
+            total, token, reserved, internal, rounding=rounding, by_kind=by_kind, named=named * page_bytes
         )
 
     def kv_slots(self) -> tuple[int, int, int, int, int]:

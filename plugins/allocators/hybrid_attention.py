@@ -214,9 +214,12 @@ class AttentionManager:
             blocks = min(blocks, cdiv(self.keep - 1 + step, self.block_size) + 1)
         return blocks
 
-    def usage(self) -> tuple[int, int, int]:
-        """(pages held, bytes of token state, bytes reserved)."""
-        return (self.num_pages, (self.filled - self.stale) * self.token_bytes, self.reserved * self.token_bytes)
+    def usage(self) -> tuple[int, int, int, int]:
+        """(pages held, bytes of token state, bytes reserved, bytes of stale tokens): a window
+        layer's tokens that have left every holder's window, on pages still held. The rest of
+        what it holds is rounding: blocks' tails no token will fill, and page padding."""
+        stale = self.stale * self.token_bytes
+        return (self.num_pages, self.filled * self.token_bytes - stale, self.reserved * self.token_bytes, stale)
 
     # --- prefix caching --------------------------------------------------------------------
     def chain(self, token_ids: list, num_blocks: int, hashes: list | None = None) -> list:

@@ -118,6 +118,8 @@ class LinearStateManager:
         """A state is never shared: the sequences name exactly the pages held."""
         return self.num_pages
 
-    def usage(self) -> tuple[int, int, int]:
+    def usage(self) -> tuple[int, int, int, int]:
+        """(pages held, bytes of started states, bytes of states set aside, 0: nothing goes stale);
+        the rest of the pages, their padding, is rounding."""
         started = len(self.started)
-        return (self.num_pages, started * self.state_bytes, (self.num_states - started) * self.state_bytes)
+        return (self.num_pages, started * self.state_bytes, (self.num_states - started) * self.state_bytes, 0)
