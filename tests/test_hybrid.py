@@ -662,3 +662,11 @@ def test_without_chunked_prefill_a_recompute_longer_than_the_budget_is_sized_who
     at += ["scheduler.chunked_prefill=false", "scheduler.max_num_batched_tokens=120", "engine.kv_cache_bytes=400000"]
     with pytest.raises(UserError, match="needs 520 slots for a 500-token request in one 499-token step"):
         run_point(compose_point(at))
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-next", "tiny-gemma3", "gemma-3-like"])
+def test_a_static_partition_hands_out_every_page(name):
+    """Split in proportion to layer counts, the floors left up to a page a kind in no pool,
+    which kv_capacity_tokens still counted (tiny-qwen3-next: 249 of 250 pages)."""
+    allocator = hybrid(model(name), num_slots=4000, policy="static")
+    assert sum(pool.num_blocks for pool in allocator.pools) == allocator.num_pages

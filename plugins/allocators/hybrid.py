@@ -79,6 +79,8 @@ class HybridAllocator(KVAllocator):
         kinds = [k for k in LAYER_KINDS if model.num_layers_of(k)]
         if policy == "static":  # partitions in proportion to layer counts, disjoint page ids
             sizes = [num_pages * model.num_layers_of(k) // model.num_layers for k in kinds]
+            for i in range(num_pages - sum(sizes)):  # what the floors left, a page each to the first kinds
+                sizes[i] += 1
             firsts = [sum(sizes[:i]) for i in range(len(kinds))]
             pools = {k: BlockPool(n, first, watermark) for k, n, first in zip(kinds, sizes, firsts)}
         else:
