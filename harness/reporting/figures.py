@@ -69,15 +69,18 @@ def context_title(frame: pd.DataFrame | Mapping[str, list]) -> str:
     """`opt-13b on a100-40gb, sharegpt workload (simulate)`: what every point of `frame` (a
     DataFrame, or columns as lists) measured."""
 
+    def values_of(cells) -> str:
+        return "/".join(map(str, dict.fromkeys(v for v in cells if v is not None and v == v and v != "")))  # NaN
+
     def values(column: str) -> str:
-        given = (v for v in frame[column] if v is not None and v == v and v != "") if column in frame else ()
-        return "/".join(map(str, dict.fromkeys(given))) if column in frame else "?"  # v != v: NaN
+        return values_of(frame[column]) if column in frame else "?"
 
     # a kernel's or a profile's points read no workload (and a profile no hardware): left out
     hardware, workload = values("hardware"), values("workload")
-    simulated = "scenario" in frame and set(frame["scenario"]) <= {"simulate"}
-    if not simulated and "device" in frame:  # measured: on the device it ran on, not a hardware profile
-        hardware = values("device")
+    if "scenario" in frame and "device" in frame:  # measured: on the device it ran on, not a hardware profile
+        scenarios, devices = list(frame["scenario"]), list(frame["device"])
+        hardware_of = list(frame["hardware"]) if "hardware" in frame else [None] * len(scenarios)
+        hardware = values_of([h if s == "simulate" else d for s, h, d in zip(scenarios, hardware_of, devices)])
     on = f" on {hardware}" if hardware else ""
     load = f", {workload} workload" if workload else ""
     rate = values("rate") if "rate" in frame else ""
