@@ -197,7 +197,8 @@ def latency_vs_rate(frame: pd.DataFrame, curves=AUTO, slo: float | None = None):
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_yscale("log")
     ax.set_title(f"Normalized latency against request rate\n{context_title(frame)}", fontsize=11)
-    ax.legend(fontsize=8)
+    # beside the axes: within them, a legend of many curves sat on the knees they are drawn for
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig
 
 
