@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.figures import SYSTEM_COLORS, save_figure, subplots
+from kvbench.reporting.figures import SYSTEM_COLORS, legend_below, save_figure, subplots
 from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS
 
 COLORS = {
@@ -93,8 +93,7 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_title(f"OPT-13B, {workload}: capacity = rate at the target (dotted)")
-        ax.legend(fontsize=8, loc="lower right")  # latency rises with the rate: that corner stays empty
-    fig.tight_layout()
+    legend_below(fig, axes[0][0])  # one legend under both: inside a panel it sat on vLLM's knee
     return save_figure(fig, out / "fig12_latency.png")
 
 
