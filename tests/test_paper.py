@@ -470,6 +470,10 @@ def test_a_sweep_with_a_failed_point_still_compares_the_points_that_ran(tmp_path
     listed = (sweep / "paper_comparison.md").read_text().split("failed and are not compared")[1]
     assert "fig14_15.width=300" in listed and "can never run with scheduler.max_num_seqs=256" in listed
     assert "fig14_15.width=2," not in listed
+    # the report, written before the comparison, has it too: above the results, with its figure
+    page = (sweep / "report.html").read_text()
+    section = page.split("<h2>Against the paper</h2>")[1].split("<h2>Results</h2>")[0]
+    assert "parallel sampling n=2" in section and "fig14_15_sharing.png" in section
 
 
 def test_fig18_names_block_sizes_that_tie_and_compares_the_one_nearest_the_paper_s():

@@ -539,6 +539,7 @@ def render_html(
         f"column definitions: docs/metrics.md.</p>",
         *(f"<p class='note'>{html.escape(note)}</p>" for note in notes or []),
         *_verdict(frame, baseline, asked, slo),
+        *([paper_section(sources[0])] if len(sources) == 1 and Path(sources[0]).is_dir() else []),
         "<h2>Results</h2>",
         _table(named, columns, failed),
         "<h2>Plots</h2>",
@@ -549,6 +550,41 @@ def render_html(
     every = list(dict.fromkeys(["point", *named.columns]))
     parts += ["<details><summary>Every column</summary>", _table(named, every, failed), "</details>", "</body></html>"]
     return "\n".join(parts)
+
+
+# an experiment's figure beside its paper_comparison.csv (kvbench.reporting.paper_plots)
+PAPER_FIGURES = ("fig2_breakdown.png", "fig12_latency.png", "fig14_15_sharing.png")
+PAPER_HEADING = "<h2>Against the paper</h2>"
+
+
+def paper_section(folder: Path) -> str:
+    """An experiment sweep's comparison with the paper, where its folder holds one
+    (paper_comparison.csv and the figure it drew): the table and the figure; "" where none."""
+    table = Path(folder) / "paper_comparison.csv"
+    if not table.is_file():
+        return ""
+    try:
+        frame = read_csv(table)
+    except UserError:  # a comparison file cut short: the report goes on without it
+        return ""
+    figures = [Path(folder) / name for name in PAPER_FIGURES if (Path(folder) / name).is_file()]
+    note = "<p>kvbench's numbers beside the paper's (paper_comparison.md; docs/paper.md says how each is taken).</p>"
+    return "\n".join([PAPER_HEADING, note, _table(frame, list(frame.columns)), *map(_image, figures)])
+
+
+def add_paper_section(folder: Path) -> None:
+    """Put the paper comparison an experiment wrote after its report into that report.html
+    (replacing an earlier one), above its results."""
+    page = Path(folder) / "report.html"
+    section = paper_section(folder)
+    if not page.is_file() or not section:
+        return
+    text = page.read_text(encoding="utf-8")
+    if PAPER_HEADING in text:  # an earlier comparison's, up to the results
+        start = text.index(PAPER_HEADING)
+        text = text[:start] + text[text.index("<h2>Results</h2>", start) :]
+    at = text.index("<h2>Results</h2>")
+    write_atomic(page, text[:at] + section + "\n" + text[at:])
 
 
 REPORT_OPTIONS = "give options: --baseline NAME, --slo S_PER_TOKEN, --out DIR (bench-report --help)"
