@@ -67,6 +67,14 @@ class SweepSummary(Callback):
         try:  # the comparison is the sweep's too: written under its lock
             if not failed or len(failed) < done["rows"]:
                 compared, refused = paper_comparison(config, sweep_dir, plots)  # from the points that ran
+        except Exception as err:  # raised, Hydra would only warn and the sweep exit 0
+            if reportable(err):  # a file it could not write, say
+                exit_with(err)
+            log.exception("the sweep's paper comparison crashed")
+            exit_crashed(
+                f"the sweep's paper comparison in {sweep_dir} could not be written ({type(err).__name__}: "
+                f"{one_line(err)}); its summary, report and points are intact"
+            )
         finally:
             if self.lock is not None:
                 self.lock.release()

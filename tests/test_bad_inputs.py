@@ -366,6 +366,11 @@ FAST = ["progress=false", "hydra.output_subdir=null", "hydra/job_logging=none", 
 RUN_CASES = [
     # 3 GPUs split opt-13b's 40 heads unevenly, and 100,000 (the schema's most) took 19 GB to simulate
     (["hardware.num_gpus=3"], "hardware.num_gpus=3 is a tensor-parallel degree, and it does not divide model=opt-13b"),
+    # it suggested 16, a divisor of the 64 heads that the 8 K/V heads then refused
+    (
+        ["model=llama-3-70b", "hardware=h100-sxm", "hardware.num_gpus=3"],
+        "64 attention heads among its GPUs; give one that does: 1, 2, 4, 8",
+    ),
     (
         ["hardware.num_gpus=100000"],
         "divide model=opt-13b's 40 attention heads among its GPUs; give one that does: 1, 2",

@@ -476,6 +476,28 @@ def test_a_sweep_with_a_failed_point_still_compares_the_points_that_ran(tmp_path
     assert "parallel sampling n=2" in section and "fig14_15_sharing.png" in section
 
 
+def test_a_sweep_whose_paper_comparison_crashes_exits_1_with_one_line(tmp_path, monkeypatch):
+    """A bug there raised inside Hydra's callback, which only warns: the sweep exited 0."""
+    from kvbench import cli
+    from kvbench.reporting import paper
+
+    from helpers.cli import in_process
+
+    def crash(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(paper, "write_comparison", crash)
+    sweep = tmp_path / "sweep"
+    args = ["+experiment=fig14_15", "workload=alpaca", "fig14_15.sharing=parallel", "fig14_15.width=2"]
+    result = in_process(
+        lambda: cli.main([*args, "fig14_15.duration_s.alpaca=5", "progress=false", f"hydra.sweep.dir={sweep}"])
+    )
+    assert result.returncode == 1
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: the sweep's paper comparison in {sweep} could not be written (KeyError: ")
+    assert (sweep / "report.html").is_file() and (sweep / "summary.csv").is_file()
+
+
 def test_fig18_names_block_sizes_that_tie_and_compares_the_one_nearest_the_paper_s():
     """A load no block size strains ties them all: the first folder's (128, in text order) was
     reported as the best, 700 % off the paper."""

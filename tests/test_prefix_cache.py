@@ -244,3 +244,26 @@ def test_blocks_an_undone_admission_named_are_not_found_by_the_next():
     assert admitted(pool, range(13)).num_cached == 0
     pool.free(admitted(pool, range(100, 113)))  # a computed one's blocks stay findable
     assert admitted(pool, range(100, 113)).num_cached == 12
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_growth_undone_by_preempting_its_group_leaves_its_block_unfindable(preemption):
+    """A group's member grows into a full block (named), then the round preempts the group itself
+    before the step runs: swapped out, the block kept its name and a later admission hit a token
+    nobody computed (8 tokens found where 7 were computed); freed, it is unnamed too."""
+    from kvbench.core.scheduler import Batch, Scheduler
+    from kvbench.core.sequence import SeqStatus
+
+    pool = PagedAllocator(num_slots=64, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    pool.enable_swap(64)
+    scheduler = Scheduler(pool, preemption=preemption)
+    grown = Sequence(1, Request(0, 0.0, 7, 4), 7, token_ids=list(range(8)))
+    assert pool.admit(grown) and pool.grow(grown, 7)
+    grown.num_computed, grown.num_tokens, grown.status = 7, 8, SeqStatus.RUNNING  # one token sampled
+    scheduler._run(grown)
+    scheduler.num_running_seqs += 1
+    assert pool.grow(grown, 1)  # its 8th token fills block 1, which is named
+    scheduler.preempt(grown, Batch(), unrun=True)
+    assert (pool.swapped_blocks > 0) == (preemption == "swap")
+    later = Sequence(2, Request(1, 0.0, 9, 4), 9, token_ids=list(range(9)))
+    assert pool.admit(later) and later.num_cached == 4  # block 0 only: its 4 tokens were computed

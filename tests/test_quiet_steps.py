@@ -53,6 +53,7 @@ def test_with_nobody_waiting_an_arrival_ends_the_stretch():
 
 SPECS = [("opt-13b", "a100-40gb"), ("llama-3-70b", "h100-sxm"), ("opt-175b", "a100-80gb"), ("small", "h200")]
 SPECS += [("opt-66b", "a100-40gb hardware.num_gpus=4")]  # tensor parallel: the all-reduces' terms too
+SPECS += [("opt-66b", "a100-40gb hardware.num_gpus=4 hardware.allreduce_latency_s=0")]  # its bandwidth term alone
 
 
 @pytest.mark.parametrize("model,hardware", SPECS)
@@ -74,7 +75,7 @@ def test_a_quiet_steps_time_is_the_bit_identical_float_step_time_gives(model, ha
 
     def memory_s(n, c):
         s = (e.weight_bytes + e.kv_bytes_per_token * (c + n)) / e.bytes_per_s
-        return s + e.fixed_step_s + e.allreduce_s_per_token * n if e.allreduce_s else s + e.step_overhead_s
+        return s + e.fixed_step_s + e.allreduce_s_per_token * n  # one GPU: + overhead + 0.0, the same float
 
     # steps on both sides of the roofline's knee
     assert {e.quiet_step_s(n, c, c) == memory_s(n, c) for n, c in cases} == {True, False}

@@ -128,17 +128,16 @@ class Scheduler(LazyDecode):
         self.num_running_seqs -= seq.request.width
         members = seq.group or (seq,)
         swapped = False
+        if unrun:  # what this round's growth named, swapped out or freed: never written
+            self.allocator.forget_unrun(members)
         if self.preemption == "swap":  # an allocator that cannot swap is refused with it (scenarios.build)
             swapped = self.allocator.swap_out(members)
             self.swap_fallbacks += not swapped
-        if unrun and not swapped:
-            self.allocator.free_unrun(members)
         for member in members:
             if swapped:
                 member.status = SeqStatus.SWAPPED
             else:
-                if not unrun:
-                    self.allocator.free(member)
+                self.allocator.free(member)
                 self.recomputed_tokens += member.num_computed
                 self.recomputed_pairs += member.num_computed * (member.num_computed + 1) // 2
                 member.dropped = member.num_computed

@@ -131,7 +131,7 @@ class CostModelExecutor:
             compute_s = (flops_per_token * num_tokens + per_pair * attention_pairs) / flops_per_s
             return (compute_s if compute_s > memory_s else memory_s) + overhead  # max(), inlined
 
-        if not allreduce_s:  # one GPU: no all-reduce term, not even a zero added
+        if not (allreduce_s or allreduce_s_per_token):  # one GPU: no all-reduce term, not even a zero added
             return quiet_step_s
         fixed_s = self.fixed_step_s
 

@@ -414,7 +414,8 @@ def refuse_uneven_tensor_parallelism(checked: dict) -> None:
         return
     for count, what in ((model.num_heads, "attention heads"), (model.num_kv_heads, "K/V heads")):
         if count % g:
-            divisors = [d for d in range(1, count + 1) if count % d == 0 and model.num_heads % d == 0]
+            both = math.gcd(model.num_heads, model.num_kv_heads)  # a degree must divide both counts
+            divisors = [d for d in range(1, both + 1) if both % d == 0]
             shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
             copies = what == "K/V heads" and g > count
             copied = " (more GPUs than K/V heads would copy each one: not modelled)" if copies else ""

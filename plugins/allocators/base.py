@@ -139,11 +139,17 @@ class KVAllocator(ABC):
     @abstractmethod
     def free(self, seq: Sequence) -> None: ...
 
+    def forget_unrun(self, seqs) -> None:
+        """`seqs`' latest growth never ran: an admission or a group's step the scheduler undid
+        before its forward. What each holds beyond its `num_computed` tokens was never written,
+        so an allocator with a prefix cache takes it out of the cache (a later hit would read K/V
+        nobody computed), whether the sequences are then freed or swapped out; one without a
+        cache has nothing to forget."""
+        return None  # noqa: PLR1711 (the default: nothing to forget)
+
     def free_unrun(self, seqs) -> None:
-        """Free `seqs`, whose latest growth never ran: an admission or a group's step the
-        scheduler undid before its forward. What each holds beyond its `num_computed` tokens was
-        never written, so an allocator with a prefix cache must not leave it findable (a later
-        hit would read K/V nobody computed); one without frees as usual."""
+        """forget_unrun, then free each of `seqs`."""
+        self.forget_unrun(seqs)
         for seq in seqs:
             self.free(seq)
 

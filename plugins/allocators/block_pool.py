@@ -178,7 +178,8 @@ class BlockPool:
 
     def unname(self, block: int) -> None:
         """Take `block`'s content out of the cache: it was named when scheduled, and the step
-        that would have written it never ran. A block nobody holds moves to the free queue."""
+        that would have written it never ran. A block nobody holds moves to the free queue; a
+        held one goes there when its holders let it go."""
         if self.block_hash[block] is None:
             return
         self._forget(block)

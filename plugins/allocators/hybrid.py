@@ -204,17 +204,17 @@ class HybridAllocator(KVAllocator):
         for m in self.managers.values():
             m.free(seq.seq_id)
 
-    def free_unrun(self, seqs) -> None:
-        unrun = []  # (kind's pool, page) each kind named past the sequence's computed tokens
-        for seq in seqs:
+    def forget_unrun(self, seqs) -> None:
+        for seq in seqs:  # each kind's pages named past the sequence's computed tokens
             for m in self.attention:
-                named = len(m.hashes.get(seq.seq_id, ()))
-                table = m.tables[seq.seq_id][seq.num_computed // m.block_size : named]
-                unrun += [(m.pool, page) for page in table if page >= 0]
-            self.free(seq)
-        for pool, page in unrun:
-            if not pool.ref_count[page]:
-                pool.unname(page)
+                hashes = m.hashes.get(seq.seq_id)
+                if hashes is None:
+                    continue
+                first = seq.num_computed // m.block_size
+                for page in m.tables[seq.seq_id][first : len(hashes)]:
+                    if page >= 0:
+                        m.pool.unname(page)
+                del hashes[first:]
 
     def capacity(self, seq: Sequence) -> int:
         pages = sum(m.held_blocks(seq.seq_id) for m in self.attention)

@@ -376,17 +376,21 @@ class PagedAllocator(KVAllocator):
         self._release(seq)
         self._hashes.pop(seq.seq_id, None)
 
-    def free_unrun(self, seqs) -> None:
+    def forget_unrun(self, seqs) -> None:
         # the blocks each named past its computed tokens (a sibling's hit on them lies past the
-        # sibling's own count too: it was found in the same round), unnamed once nobody holds them
-        unrun, bs = [], self.block_size
+        # sibling's own count too: it was found in the same round), and its hashes of them, which
+        # a swap-in would name again
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
         for seq in seqs:
-            named = len(self._hashes.get(seq.seq_id, ()))
-            unrun += self.block_tables[seq.seq_id][seq.num_computed // bs : named]
-            self.free(seq)
-        for block in unrun:
-            if not self.ref_count[block]:
+            hashes = self._hashes.get(seq.seq_id)
+            if hashes is None:
+                continue
+            first = seq.num_computed // bs
+            for block in self.block_tables[seq.seq_id][first : len(hashes)]:
                 self.pool.unname(block)
+            del hashes[first:]
 
     def _release(self, seq: Sequence) -> None:
         self._settle(seq)
