@@ -11,6 +11,7 @@ and its error on held-out shapes. executor=calibrated simulates with profile.csv
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
@@ -120,10 +121,21 @@ def measure(
 ) -> dict:
     """Shape -> its timed steps, over `warmup` untimed and `repeats` timed interleaved rounds.
 
-    In each round a shape runs `burst` times back to back and the round keeps the median: a
-    served step follows steps much like it, and a pause of the garbage collector or the host
-    lands on one step of a burst rather than on the round's only one. `between(i)`, if given,
-    is called before the i-th shape of the run (the validation probes the host's speed there)."""
+    In each round a shape runs `burst` times back to back and the round keeps their mean, or
+    their median (`statistic`): a served step follows steps much like it, and a pause of the host
+    lands on one step of a burst rather than on the round's only one. The garbage collector is
+    off while it measures, as it is while serve runs (scenarios/serve.py): a profile times the
+    steps serve takes. `between(i)`, if given, is called before the i-th shape of the run (the
+    validation probes the host's speed there)."""
+    gc.collect()
+    gc.disable()
+    try:
+        return _measure(timer, shapes, warmup, repeats, progress, burst, between, statistic)
+    finally:
+        gc.enable()
+
+
+def _measure(timer, shapes, warmup, repeats, progress, burst, between, statistic) -> dict:
     timed: dict = {shape: [] for shape in shapes}
     rounds = [(r, shape) for r in range(warmup + repeats) for shape in shapes]
     bar = tqdm(rounds, desc="profile", unit="shape", disable=None if progress else True, mininterval=1.0, leave=False)
