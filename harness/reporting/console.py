@@ -140,16 +140,24 @@ def run_table(row: dict) -> str:
     fallbacks = _value(row, "swap_fallbacks", "{:.0f}")
     if fallbacks not in (None, "0"):
         lines.append(swap_note("", fallbacks, _value(row, "preemptions", "{:.0f}")) + ": raise it to swap them all")
-    profiled, layout = row.get("executor_profile_layout"), row.get("kv_layout")
-    if profiled and layout and profiled != layout:
-        lines.append(
-            f"profile: its steps were timed with the {profiled} KV layout, this run's allocator keeps the {layout} "
-            f"one (a backend times the two apart: 17 % with eager on a CPU): profile with this allocator for "
-            f"its own step times"
-        )
+    note = layout_note(row)
+    if note:
+        lines.append(note)
     if scenario == "profile" and row.get("profile"):  # what executor=calibrated reads
         lines.append(f"profile: {row['profile']} (bench executor=calibrated executor.profile=PATH)")
     return "\n".join(lines)
+
+
+def layout_note(row) -> str | None:
+    """A line where a calibrated run's profile timed another KV layout than its allocator keeps."""
+    profiled, layout = row.get("executor_profile_layout"), row.get("kv_layout")
+    if not (isinstance(profiled, str) and isinstance(layout, str) and profiled and layout and profiled != layout):
+        return None
+    return (
+        f"profile: its steps were timed with the {profiled} KV layout, this run's allocator keeps the {layout} "
+        f"one (a backend times the two apart: 17 % with eager on a CPU): profile with this allocator for "
+        f"its own step times"
+    )
 
 
 def validation_table(rows, points: bool = False) -> str:
@@ -172,7 +180,9 @@ def validation_table(rows, points: bool = False) -> str:
     named = [str(first[k]) for k in ("allocator", "model", "device", "workload") if k in first and first[k] == first[k]]
     head = f" kvbench validation: the calibrated simulator against serve · {' · '.join(named)} "
     rule = "=" * max(WIDTH, len(body.splitlines()[0]), len(head) + 4)
-    return "\n".join([head.center(len(rule), "="), body, rule])
+    layouts = frame.reindex(columns=["executor_profile_layout", "kv_layout"]).drop_duplicates()
+    notes = [layout_note(row) for _, row in layouts.iterrows()]
+    return "\n".join([head.center(len(rule), "="), body, rule, *filter(None, notes)])
 
 
 def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | None = None) -> str:

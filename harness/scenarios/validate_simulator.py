@@ -438,6 +438,13 @@ def run(cfg: DictConfig) -> list[dict]:
     bias = step_bias(logs[0].features, logs[0].recorder.step_dt, predicted)
     rate = float(base.workload.rate)
     every_reading = [v for readings in probes.values() for v in readings]
+    profiled, kept = simulated[0].get("executor_profile_layout"), simulated[0].get("kv_layout")
+    layouts = (
+        f"; NOTE the profile's steps were timed with the {profiled} KV layout and the served allocator keeps the "
+        f"{kept} one (a paged gather is not a contiguous read): profile with this allocator to validate its own"
+        if profiled and kept and profiled != kept
+        else ""
+    )
     head = (
         f"Calibrated simulator vs serve: model {model.name}, allocator {plugin_cfg(cfg, 'allocator')['name']}, "
         f"{simulated[0]['completed']} {base.workload.kind} requests at {rate:.3g} req/s, seed {cfg.seed}, "
@@ -453,6 +460,7 @@ def run(cfg: DictConfig) -> list[dict]:
             for name, v in probes.items()
         )
         + f"; the host's drift (max - min) / mean over all readings: {_percent(spread(every_reading), 'one reading')}"
+        + layouts
     )
     write_csv(folder / "validation.csv", rows)
     write_atomic(folder / "validation.md", markdown(rows, head))
@@ -460,6 +468,8 @@ def run(cfg: DictConfig) -> list[dict]:
         "rate": rate,
         "profile": str(profile),
         "executor_profile_sha256": simulated[0]["executor_profile_sha256"],
+        "executor_profile_layout": profiled or "",
+        "kv_layout": kept or "",
         "step_err_median": step_err,
         **{f"step_bias_{name.split(' (')[0].replace(' ', '_').replace('-', '_')}": v for name, v in bias.items()},
         "clock": measured[0]["clock"],
