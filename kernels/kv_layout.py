@@ -79,7 +79,10 @@ def check_query(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    # TF32 holds fp16/bf16 operands exactly, so only fp32 inputs need the IEEE path to match eager.
+    # fp16/bf16 runs take TF32's speed: it holds their K and V exactly, but not the scaled queries or
+    # the fp32 probabilities it multiplies them by (10 mantissa bits), so their outputs may differ
+    # from eager's by about an fp16 ulp on a GPU. fp32 runs take the IEEE path, to match eager.
+    # (Triton's CPU interpreter ignores input_precision: no CPU test sees the difference.)
     return "ieee" if dtype == torch.float32 else "tf32"
 
 

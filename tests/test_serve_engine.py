@@ -205,6 +205,18 @@ def test_check_tokens_compares_every_sequence_with_one_request_generation(monkey
         run_point(cfg)
 
 
+def test_check_tokens_refuses_bf16_under_triton_s_interpreter(monkeypatch):
+    """The interpreter rounds a bf16 store toward zero (torch: to nearest): 2 of 6 sequences
+    differed, and the error blamed the engine."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    overrides = ["scenario=serve", "model=tiny", "+backend=triton_paged", "scenario.dtype=bf16"]
+    overrides += ["scenario.check_tokens=true", "scenario.num_requests=2", "progress=false"]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=overrides)
+    with pytest.raises(UserError, match="rounds a bf16 store toward zero where torch rounds to nearest"):
+        run_point(cfg)
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning to cores needs Linux's sched_setaffinity")
 def test_cpu_affinity_pins_exactly_the_listed_cores_or_refuses(monkeypatch):
     # [0, 99] ran pinned to core 0 and recorded [0, 99]; [] and [99] gave a bare errno

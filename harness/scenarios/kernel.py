@@ -76,7 +76,8 @@ def bytes_moved(spec: batch_spec.BatchSpec, model: ModelSpec, dtype_bytes: int, 
 
 
 def time_cpu(fn, min_run_time_s: float) -> list[float]:
-    """p10, p50, p90 seconds from torch.utils.benchmark's blocked measurement."""
+    """p10, p50, p90 seconds from torch.utils.benchmark's blocked measurement: quantiles of its
+    blocks, each the mean call of a block (docs/metrics.md), not of single calls."""
     from torch.utils.benchmark import Timer
 
     fn()  # warm-up: first-call costs (allocator, lazy imports, interpreter set-up) are not latency

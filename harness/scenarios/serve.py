@@ -257,6 +257,14 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
         )
         raise UserError(f"the serve KV pool must hold at least one token ({given})")
     checking = bool(scenario.get("check_tokens", False))
+    from kvbench.scenarios.kernel import interpreting
+
+    if checking and model_spec.dtype == "bf16" and interpreting(device, real.backend_cls):
+        raise UserError(
+            "scenario.check_tokens=true compares tokens bit for bit, and Triton's interpreter (TRITON_INTERPRET=1) "
+            "rounds a bf16 store toward zero where torch rounds to nearest: this backend's bf16 tokens are not the "
+            "reference's on a CPU; check them with scenario.dtype=fp32 or fp16"
+        )
     if checking and device.type != "cpu":
         raise UserError(
             "scenario.check_tokens=true compares tokens bit for bit with one-request generation, which a batch "
