@@ -368,7 +368,9 @@ def test_a_profile_whose_times_were_edited_since_it_was_written_is_refused(tiny_
     for row in rows:
         row["time_s_median"] = str(float(row["time_s_median"]) * 1000)
     write_csv(tiny_profile, rows)
-    with pytest.raises(UserError, match=r"row 2: its times refit to .* not the predicted_s=.* it was written with"):
+    with pytest.raises(
+        UserError, match=r"its times refit to other predictions than it was written with \(the first, row 2"
+    ):
         load_profile(tiny_profile)
 
 
@@ -656,3 +658,22 @@ def test_a_profile_that_counted_prompts_square_is_refused(tmp_path):
         writer.writerows(rows)
     with pytest.raises(UserError, match="counts 1 prompt\\(s\\) of 16 tokens as 256 attention pairs, where a causal"):
         load_profile(str(path))
+
+
+def test_the_fit_is_the_non_negative_least_squares_optimum():
+    """Karush-Kuhn-Tucker: at the optimum of min |Ac - 1|^2 over c >= 0, the gradient is 0 along
+    every positive coefficient and >= 0 along every zero one. Dropping the most negative
+    coefficient and refitting left this problem at 2.3x its optimal squared error."""
+    from kvbench.executors.step_fit import _design, least_squares
+
+    counts = [(202, 7, 928, 61282), (172, 61, 3909, 40552), (148, 1, 3089, 3058), (304, 22, 3494, 61974)]
+    counts += [(183, 27, 331, 57682), (8, 12, 3471, 23979), (462, 44, 3361, 4935), (497, 35, 647, 85456)]
+    rows = [dict(zip(("num_tokens", "num_seqs", "context_tokens", "attention_pairs"), c)) for c in counts]
+    times = np.array([1.1347e-3, 12.5897e-3, 0.92279e-3, 4.01609e-3, 5.40845e-3, 2.35867e-3, 7.44649e-3, 6.51268e-3])
+    a = _design(rows) / times[:, None]
+    c = np.array(least_squares(rows, times))
+    gradient = a.T @ (a @ c - 1.0)
+    scale = np.abs(a).max(axis=0)  # the features' magnitudes differ by 10^5
+    assert (c >= 0).all()
+    assert np.allclose(gradient[c > 0] / scale[c > 0], 0.0, atol=1e-8)
+    assert (gradient[c == 0] / scale[c == 0] >= -1e-8).all()

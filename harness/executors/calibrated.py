@@ -208,9 +208,10 @@ def refuse_edited(path: str, rows: list[dict], report: FitReport) -> None:
         except ValueError:
             raise UserError(f"profile {path} row {line}: predicted_s={row['predicted_s']!r} is not a number") from None
         if not math.isclose(refit, kept, rel_tol=1e-4, abs_tol=1e-12):
-            raise UserError(
-                f"profile {path} row {line}: its times refit to {refit:.6g} s, not the predicted_s={kept:.6g} s it "
-                f"was written with: the file was edited since scenario=profile wrote it; profile again"
+            raise UserError(  # one edited time moves every prediction: the first that moved is not the edit's
+                f"profile {path}: its times refit to other predictions than it was written with (the first, row "
+                f"{line}: {refit:.6g} s, not predicted_s={kept:.6g} s): the file was edited since scenario=profile "
+                f"wrote it; profile again"
             )
 
 
