@@ -247,3 +247,27 @@ def test_a_kernel_series_names_each_value_once_and_a_batch_with_prompts_by_its_s
     decode = row.copy()
     decode["num_seqs"], decode["batch_spec"] = 4, "4d1k"
     assert series_label(decode, ["allocator", "layout"], interpreted=True) == "paged B=4 (interpreted)"
+
+
+@pytest.mark.parametrize(
+    "device_name,profile",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "a100-40gb"),  # 2.0 TB/s, not the SXM's 3.35: the configured profile
+        ("NVIDIA GH200 480GB", "a100-40gb"),  # not an H200
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-40gb"),
+        ("NVIDIA A100-PCIE-40GB", "a100-40gb"),
+    ],
+)
+def test_a_gpu_s_roofline_is_its_own_profile_only_where_one_describes_it(monkeypatch, device_name, profile):
+    """Matched by fragment, an H100 PCIe took the SXM's bandwidth and a GH200 the H200's."""
+    from hydra import compose, initialize_config_module
+
+    from kvbench.scenarios import kernel
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=["scenario=kernel", "model=tiny", "hardware=a100-40gb"])
+    assert kernel.roofline_hardware(cfg, torch.device("cuda")).name == profile
