@@ -58,13 +58,16 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
     [
         (None, "does not exist"),
         ("input_len,output_len\n", "no rows"),
-        ("input_len,output_len\n10,5\nten,5\n", "line 3"),
+        ("input_len,output_len\n10,5\nten,5\n", "line 3: input_len='ten' is not a number"),
         ("prompt,output\n1,2\n", "has no column for input_len: input_len or prompt_len"),
         ("input_len,output_len\n10,5\n20,6,7\n", "line 3: 3 field\\(s\\), but the header has 2"),
         ("input_len,output_len,arrival_s\n10,5,0\n20\n", "line 3: 1 field\\(s\\), but the header has 3"),
-        ("input_len,output_len\n10.5,5\n", "line 2: lengths must be whole numbers"),
+        ("input_len,output_len\n10.5,5\n", "line 2: input_len='10.5' is not a whole number of tokens"),
         ("input_len,output_len,arrival_s\n10,5,0.0\n20,6,\n", "line 3: no arrival_s; give every row"),
-        ("input_len,output_len\n10,nan\n", "line 2: lengths must be whole numbers"),
+        ("input_len,output_len\n10,nan\n", "line 2: output_len='nan' is not a whole number of tokens"),
+        # the row's every cell was named, in kvbench's names rather than the file's; 1_0 read as 10
+        ("Timestamp,Model,Request tokens,Response tokens\n0,x,47x2,5\n", "line 2: Request tokens='47x2' is not a"),
+        ("input_len,output_len\n1_0,5\n", "line 2: input_len='1_0' is not a number"),
         ("input_len,output_len\n\n\n\n10,20\n-1,5\n", "line 6: lengths must be >= 1"),  # the file's line, blanks too
         ("input_len,output_len\r\n10,20\r\n\r\n-1,5\r\n", "line 4: lengths must be >= 1"),
         (
@@ -221,6 +224,24 @@ def test_a_trace_run_honours_num_requests_and_duration(tmp_path):
     timed = generate({"kind": "trace", "path": path, "rate": 4.0, "duration_s": 100}, seed=0, max_model_len=2048)
     assert 330 < len(timed) < 470 and timed[-1].arrival_s <= 100  # Poisson at 4 req/s for 100 s
     assert [r.prompt_len for r in timed] == list(range(1, len(timed) + 1))
+
+
+def test_num_requests_takes_precedence_over_duration_for_a_timed_trace_too(tmp_path):
+    """A timed trace cut at duration_s=2 gave 3 of the 10 requests asked for, without a word,
+    where a generated workload and an untimed trace give 10."""
+    path = trace(tmp_path, "input_len,output_len,arrival_s\n" + "".join(f"{i},5,{i * 0.5}\n" for i in range(1, 21)))
+    both = {"kind": "trace", "path": path, "rate": 4.0, "num_requests": 10, "duration_s": 2.0}
+    assert [r.prompt_len for r in generate(both, seed=0, max_model_len=2048)] == list(range(1, 11))
+    alone = {**both, "num_requests": None}
+    # times count from the first (0, 0.5, ...): five rows arrive by 2 s
+    assert [r.prompt_len for r in generate(alone, seed=0, max_model_len=2048)] == [1, 2, 3, 4, 5]
+
+
+def test_an_untimed_trace_at_an_infinite_rate_refuses_a_duration_it_cannot_read(tmp_path):
+    path = trace(tmp_path, "input_len,output_len\n10,5\n20,5\n")
+    cfg = {"kind": "trace", "path": path, "rate": float("inf"), "duration_s": 0.5}
+    with pytest.raises(UserError, match="at t=0, so workload.duration_s=0.5 cannot bound them"):
+        generate(cfg, seed=0, max_model_len=2048)
 
 
 def test_a_shuffled_trace_takes_the_first_rows_and_shuffles_them_with_the_seed(tmp_path):

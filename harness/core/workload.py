@@ -204,16 +204,14 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
         if None in row or None in row.values():  # DictReader's extra fields, or missing ones
             fields = width + len(row.get(None, ())) - sum(v is None for v in row.values())
             raise UserError(f"trace {path} line {line}: {fields} field(s), but the header has {width}")
-        try:
-            i, o = (float(row[columns[c]]) for c in ("input_len", "output_len"))
-            a = row.get(columns.get("arrival_s", "arrival_s"))
-            a = float(a) if a not in (None, "") else None
-        except ValueError:
-            raise UserError(
-                f"trace {path} line {line}: {row} is not numbers (input_len, output_len, arrival_s)"
-            ) from None
-        if not (i.is_integer() and o.is_integer()):
-            raise UserError(f"trace {path} line {line}: lengths must be whole numbers of tokens, got {row}")
+        i, o = (_number(path, line, columns[c], row[columns[c]]) for c in ("input_len", "output_len"))
+        a = row.get(columns.get("arrival_s", "arrival_s"))
+        a = _number(path, line, columns["arrival_s"], a) if a not in (None, "") else None
+        for value, key in ((i, "input_len"), (o, "output_len")):
+            if not value.is_integer():
+                raise UserError(
+                    f"trace {path} line {line}: {columns[key]}={row[columns[key]]!r} is not a whole number of tokens"
+                )
         if o == 0 and columns["output_len"] == "Response tokens":  # BurstGPT logs its failed requests so
             failed += 1
             continue
@@ -231,6 +229,16 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
     return rows
 
 
+def _number(path, line: int, column: str, text) -> float:
+    """A trace cell as a number; one that is not (`12 tokens`, `1_000`, blank) names its column."""
+    try:
+        if "_" in text:  # Python's float() reads 1_000 as 1000: a typo such as 1_0 would read 10
+            raise ValueError(text)
+        return float(text)
+    except (TypeError, ValueError):
+        raise UserError(f"trace {path} line {line}: {column}={text!r} is not a number") from None
+
+
 def trace_requests(
     cfg: dict,
     rng: np.random.Generator,
@@ -244,11 +252,12 @@ def trace_requests(
     """Arrival times and lengths of a trace run, and how many of its rows were dropped.
 
     Rows longer than `max_len` are dropped (the paper filtered its datasets so) and counted when
-    they lie among the rows the run reads, or refused with `strict`. The run reads rows in file
-    order: those arriving within `duration` when the file has arrival times, else as many as
-    the Poisson arrivals at `rate` within `duration` (or `count` of them) need, and `at_most` of
-    them where `count` is not given. `shuffle` shuffles the rows it took with the seed, as the
-    paper's artifact does.
+    they lie among the rows the run reads, or refused with `strict`. With arrival times the run
+    reads rows in arrival order: `count` of them where given (it takes precedence over
+    `duration`, as it does for a generated workload), else those arriving within `duration`;
+    without, it reads rows in file order, as many as the Poisson arrivals at `rate` within
+    `duration` (or `count` of them) need; and `at_most` of them where `count` is not given.
+    `shuffle` shuffles the rows it took with the seed, as the paper's artifact does.
     """
     path = cfg.get("path")
     rows = load_trace(path)
@@ -284,7 +293,7 @@ def trace_requests(
         raise UserError(f"workload.num_requests={count} but trace {path} has only {len(kept)} rows that fit {limit}")
     if kept[0][2] is not None:
         kept.sort(key=lambda r: r[2])
-        cutoff = math.inf if duration is None else duration
+        cutoff = math.inf if duration is None or count is not None else duration  # num_requests first
         within = [r for r in kept if r[2] <= cutoff]
         if not within:  # the rows that arrive in time were all too long
             raise UserError(
@@ -309,6 +318,11 @@ def trace_requests(
             )
         dropped = sum(1 for r in too_long if r[2] <= cutoff)
     else:
+        if count is None and duration is not None and math.isinf(rate):
+            raise UserError(
+                f"workload.rate=inf sends every row of trace {path} at t=0, so workload.duration_s={duration} "
+                f"cannot bound them: drop it (every row runs), or set workload.num_requests"
+            )
         if count is None and (duration is None or math.isinf(rate)):
             count = len(kept) if at_most is None else min(len(kept), at_most)
         most = len(kept) if at_most is None else min(len(kept), at_most)
