@@ -645,3 +645,24 @@ def test_a_measured_metric_undefined_on_both_sides_is_not_counted_as_too_few_sam
         "not measured on either side"
     )
     assert "0 not statistically meaningful" in result.stdout
+
+
+def test_a_benchmark_whose_own_check_fails_fails_its_side(tmp_path):
+    """pytest-benchmark writes the time of a benchmark whose check fails after the timed part:
+    a block table returning another sequence's blocks was judged 0.82x, "better", exit 0."""
+    import subprocess
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import kvbench.reporting.ab as ab
+
+    def run(command):
+        output = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--benchmark-json="))
+        Path(output).write_text(json.dumps({"benchmarks": [{"fullname": "t.py::test_x", "stats": {}}]}))
+        said = "F\nFAILED t.py::test_x - AssertionError: assert [1, 2] == [3, 4]\n1 failed in 0.5s\n"
+        return subprocess.CompletedProcess(command, 1, said, "")
+
+    side = SimpleNamespace(folder=tmp_path, launcher=["python", "-m"], run=run, outputs=[])
+    with pytest.raises(RuntimeError, match=r"^FAILED t.py::test_x - AssertionError: assert \[1, 2\] == \[3, 4\]$"):
+        ab._benchmark_run(side, ["t.py"], 0)
+    assert side.outputs == []  # its times are not merged

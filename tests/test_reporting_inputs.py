@@ -348,17 +348,19 @@ def test_points_that_failed_on_both_sides_are_no_ok(tmp_path):
 
 @pytest.mark.parametrize(
     "samples, said",
-    [('{"request_throughput":["abc"]}', '["abc"]'), ('{"request_throughput":5}', "as 5"), ("[1]", None)],
+    [
+        ('{"request_throughput":["abc"]}', '["abc"] each metric\'s samples are a list of numbers'),
+        ('{"request_throughput":5}', "as 5: each metric's samples are a list of numbers"),
+        # not a mapping: it was read as a point that ran once, and went ungated
+        ("[1]", "'[1]': it maps each metric to its samples"),
+    ],
 )
 def test_a_samples_cell_that_is_not_lists_of_numbers_is_refused(tmp_path, samples, said):
     serve = dict(scenario="serve", repeats=2)
     write_csv(tmp_path / "base.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,2.0]}')])
     write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **serve, samples=samples)])
-    if said is None:  # not a mapping: no samples, the point's value alone
-        assert run_compare(tmp_path / "base.csv", tmp_path / "cur.csv").returncode == 0
-    else:
-        message = refused(lambda: compare.main([str(tmp_path / "base.csv"), str(tmp_path / "cur.csv")]))
-        assert said in message and "a list of numbers" in message
+    message = refused(lambda: compare.main([str(tmp_path / "base.csv"), str(tmp_path / "cur.csv")]))
+    assert said.split(" each")[0] in message and ("maps each metric" in message or "a list of numbers" in message)
 
 
 def test_a_measured_metric_that_fell_to_zero_is_judged_not_a_crash(tmp_path):
@@ -557,6 +559,9 @@ def test_a_served_row_with_a_blank_allocator_is_refused_before_the_report_writes
     [
         ('{"request_throughput":[-1.0,-2.0]}', "request_throughput's samples of scenario=serve, allocator=paged"),
         ("{not json", "samples column is not JSON"),
+        # read as "ran once": the point went ungated while another with the same slowdown failed
+        ("[1, 2, 3]", "samples column is '[1, 2, 3]': it maps each metric to its samples"),
+        ("42", "samples column is '42': it maps each metric"),
     ],
 )
 def test_bad_samples_are_refused_before_anything_is_printed(tmp_path, samples, said):

@@ -138,9 +138,17 @@ def _benchmark_run(side: Side, targets: list[str], index: int) -> None:
         f"--benchmark-max-time={BENCHMARK_MAX_TIME_S}",
     ]
     result = side.run(command)
-    ran = output.is_file() and json.loads(output.read_text()).get("benchmarks")
-    if result.returncode != 0 and not ran:
-        raise RuntimeError(_first_error(result))
+    if result.returncode != 0:
+        # A benchmark checks what it timed after timing it, and pytest-benchmark writes the time
+        # of one whose check then failed: its time would be judged as if the code were right
+        # (a block table returning another sequence's blocks read 0.82x, "better"). The CI's
+        # suite skips the benchmarks (--benchmark-skip), so this is where their checks run.
+        failed = [line for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+        raise RuntimeError(
+            f"{failed[0][:200]}{f' (and {len(failed) - 1} more)' if len(failed) > 1 else ''}"
+            if failed
+            else _first_error(result)
+        )
     side.outputs.append(output)
 
 

@@ -120,14 +120,21 @@ def samples_of(cell) -> dict[str, list[float]]:
     """The samples column of a result row read back from CSV ({} when the point ran once)."""
     if isinstance(cell, dict):
         return cell
-    if not isinstance(cell, str) or not cell.strip():
-        return {}
+    if cell is None or (isinstance(cell, float) and math.isnan(cell)) or (isinstance(cell, str) and not cell.strip()):
+        return {}  # blank: a point that ran once
+    if not isinstance(cell, str):  # a number, which pandas read as one
+        cell = str(cell)
     try:
         data = json.loads(cell)
     except ValueError:
         raise UserError(f"a result row's {SAMPLES} column is not JSON: {cell[:60]!r}") from None
-    if not isinstance(data, dict):
+    if data is None:  # null: a point that ran once
         return {}
+    if not isinstance(data, dict):  # [1, 2, 3] or 42 read as "ran once" and went ungated
+        raise UserError(
+            f"a result row's {SAMPLES} column is {cell[:60]!r}: it maps each metric to its samples, "
+            f'e.g. {{"median_ttft_ms": [12.1, 12.4]}}'
+        )
     for metric, values in data.items():
         if not isinstance(values, list) or not all(type(x) in (int, float) for x in values):
             raise UserError(
