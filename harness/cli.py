@@ -256,6 +256,24 @@ def refuse_unread_settings(cfg: DictConfig, scenario: str, overridden: list[str]
             f"{unread} is read by executor=roofline only; executor=calibrated times each step from its profile "
             f"(executor.profile): drop it"
         )
+    if scenario == "simulate" and executor == "calibrated" and int(cfg.hardware.get("num_gpus") or 1) > 1:
+        raise UserError(
+            f"hardware.num_gpus={cfg.hardware.num_gpus}: executor=calibrated times each step as the one device "
+            f"its profile measured, so its pool and its preemptions' cost are one device's too: drop it"
+        )
+    pattern = set(cfg.model.get("layer_pattern") or ["full"])
+    if "allocator.policy" in overridden and pattern == {"full"}:  # the policies differ over layer kinds alone
+        raise UserError(
+            f"allocator.policy is not read: model={cfg.model.name} has full-attention layers only, which every "
+            f"policy pools alike (it splits or shares the pool between window, linear and full layers): drop it"
+        )
+    unread = next((k for k in (*ROOFLINE_STEP_KEYS, "hardware.memory_bytes") if k in overridden), None)
+    if scenario in ("serve", "validate") and unread:
+        raise UserError(
+            f"{unread} is read by the roofline (scenario=simulate) only; scenario={scenario} times its steps on this "
+            f"machine, and its hardware profile models only what preemptions would cost (pcie_bytes_per_s, "
+            f"copy_latency_s, peak_flops, flops_efficiency, num_gpus): drop it"
+        )
     if "hardware.gpu_memory_utilization" in overridden:
         kv_bytes = cfg.engine.get("kv_cache_bytes") if "engine" in cfg else None
         if scenario != "simulate" or kv_bytes is not None:

@@ -690,6 +690,22 @@ RUN_CASES = [
         + ["allocator.block_size=1", "scenario.kv_cache_tokens=2000000"],
         "would allocate about 98.8 GB (KV cache 98.8 GB)",
     ),
+    # recorded in a served row, and unread there: serve times real steps
+    (
+        ["scenario=serve", "model=tiny", "hardware.step_overhead_s=5"],
+        "hardware.step_overhead_s is read by the roofline",
+    ),
+    (["scenario=serve", "model=tiny", "hardware.num_gpus=3"], "does not divide model=tiny's 4 attention heads"),
+    # every policy pools full-attention layers alike: the run was shared's to the last bit
+    (
+        ["+allocator=hybrid", "allocator.policy=as_full"],
+        "allocator.policy is not read: model=opt-13b has full-attention",
+    ),
+    # the linear entry past the one layer was dropped unread, and linear_state_dim with it
+    (
+        ["+model.layer_pattern=[full,linear]", "+model.linear_state_dim=8", "+allocator=hybrid", "model.num_layers=1"],
+        "layer_pattern has 2 entries for 1 layer(s)",
+    ),
     # one GPU: no all-reduce to time, and the column would describe a run it did not shape
     (["hardware.allreduce_latency_s=2e-5"], "hardware.allreduce_latency_s times the tensor-parallel all-reduces"),
     # Hydra's hint said "use 'override allocator: contiguous'", a defaults-list line

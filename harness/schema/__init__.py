@@ -410,7 +410,7 @@ def refuse_uneven_tensor_parallelism(checked: dict) -> None:
     head onto several GPUs, which multiplies the KV a token takes and is not modelled here)."""
     hardware, model = checked["hardware"], checked["model"]
     g = hardware.num_gpus
-    if g == 1 or checked["scenario"].name != "simulate":
+    if g == 1 or checked["scenario"].name not in ("simulate", "serve", "validate"):  # where the profile is read
         return
     for count, what in ((model.num_heads, "attention heads"), (model.num_kv_heads, "K/V heads")):
         if count % g:

@@ -181,6 +181,11 @@ class Model(Section):
                 f"layer_pattern=[{','.join(self.layer_pattern)}] gives the model's {self.num_layers} layer(s) no "
                 f"attention layer, whose K/V the KV pool holds: give it a full or window layer among the linear ones"
             )
+        if len(self.layer_pattern) > self.num_layers:  # its entries past the last layer would be dropped unread
+            raise ValueError(
+                f"layer_pattern has {len(self.layer_pattern)} entries for {self.num_layers} layer(s): it repeats over "
+                f"the layers, so give at most num_layers={self.num_layers} entries"
+            )
         return self
 
 
