@@ -690,6 +690,13 @@ RUN_CASES = [
         + ["allocator.block_size=1", "scenario.kv_cache_tokens=2000000"],
         "would allocate about 98.8 GB (KV cache 98.8 GB)",
     ),
+    # it said "raise hardware.num_gpus": the first degree that fits and divides the heads is named
+    (["model=opt-66b"], "leave no KV memory on 1 x a100-40gb at utilization 0.9; choose hardware.num_gpus=4"),
+    # 4 GPUs would not divide its 2 K/V heads, and 2 do not hold its weights
+    (
+        ["model=qwen3-next-like", "+allocator=hybrid", "hardware=a100-80gb", "hardware.num_gpus=2"],
+        "leave no KV memory on 2 x a100-80gb at utilization 0.9; choose a GPU with more memory",
+    ),
     # recorded in a served row, and unread there: serve times real steps
     (
         ["scenario=serve", "model=tiny", "hardware.step_overhead_s=5"],

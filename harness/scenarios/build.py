@@ -9,6 +9,8 @@ where the executor wraps the model, by kvbench.plugins.graphs.base.build. The sc
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -179,10 +181,19 @@ def refuse_plugins_that_cannot_meet(cfg: DictConfig, model: ModelSpec) -> None:
 def kv_slots(cfg: DictConfig, model: ModelSpec, hardware: Hardware) -> int:
     kv_bytes = kv_capacity_bytes(model, hardware, cfg.engine.get("kv_cache_bytes"))
     if kv_bytes <= 0:
+        # the degrees that divide the heads and the K/V heads (schema.refuse_uneven_tensor_parallelism)
+        # and would leave KV memory: "raise num_gpus" was advice a degree could then refuse
+        both = math.gcd(model.num_heads, model.num_kv_heads)
+        fits = [
+            g
+            for g in range(hardware.num_gpus + 1, both + 1)
+            if both % g == 0 and kv_capacity_bytes(model, replace(hardware, num_gpus=g), None) > 0
+        ]
+        more = f"hardware.num_gpus={fits[0]}" if fits else "a GPU with more memory (hardware=...)"
         raise UserError(
             f"{model.name} weights ({model.weight_bytes / 1e9:.1f} GB) leave no KV memory on "
             f"{hardware.num_gpus} x {hardware.name} at utilization {hardware.gpu_memory_utilization}; "
-            f"raise hardware.num_gpus or set engine.kv_cache_bytes"
+            f"choose {more}, or set engine.kv_cache_bytes"
         )
     return int(kv_bytes // model.kv_bytes_per_token)
 
