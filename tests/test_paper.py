@@ -451,19 +451,26 @@ def test_a_fig12_curve_its_rates_cannot_place_leaves_the_others_compared_then_is
     assert len(capacity) == 1 + 3 + 1  # ShareGPT's three systems, Alpaca's contiguous: its oracle is left out
 
 
-def test_a_sweep_with_a_failed_point_still_compares_the_points_that_ran(tmp_path):
-    """The failed points' exit (2) came before the comparison, which was never written."""
+def short_fig14_15(tmp_path, widths: str):
+    """fig14_15's parallel sampling on Alpaca for 5 s at `widths`, run in process: (its folder,
+    the result, its one error line)."""
     from kvbench import cli
 
     from helpers.cli import in_process
 
     sweep = tmp_path / "sweep"
-    args = ["+experiment=fig14_15", "workload=alpaca", "fig14_15.sharing=parallel", "fig14_15.width=2,300"]
+    args = ["+experiment=fig14_15", "workload=alpaca", "fig14_15.sharing=parallel", f"fig14_15.width={widths}"]
     result = in_process(
         lambda: cli.main([*args, "fig14_15.duration_s.alpaca=5", "progress=false", f"hydra.sweep.dir={sweep}"])
     )
-    assert result.returncode == 2
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return sweep, result, error
+
+
+def test_a_sweep_with_a_failed_point_still_compares_the_points_that_ran(tmp_path):
+    """The failed points' exit (2) came before the comparison, which was never written."""
+    sweep, result, error = short_fig14_15(tmp_path, "2,300")
+    assert result.returncode == 2
     assert "1 of 2 points of the sweep failed" in error and "paper_comparison.md compares the others" in error
     compared = pd.read_csv(sweep / "paper_comparison.csv")
     assert compared["quantity"].tolist() == ["% KV blocks saved, parallel sampling n=2"]
@@ -478,22 +485,14 @@ def test_a_sweep_with_a_failed_point_still_compares_the_points_that_ran(tmp_path
 
 def test_a_sweep_whose_paper_comparison_crashes_exits_1_with_one_line(tmp_path, monkeypatch):
     """A bug there raised inside Hydra's callback, which only warns: the sweep exited 0."""
-    from kvbench import cli
     from kvbench.reporting import paper
-
-    from helpers.cli import in_process
 
     def crash(*args, **kwargs):
         raise KeyError("a bug")
 
     monkeypatch.setattr(paper, "write_comparison", crash)
-    sweep = tmp_path / "sweep"
-    args = ["+experiment=fig14_15", "workload=alpaca", "fig14_15.sharing=parallel", "fig14_15.width=2"]
-    result = in_process(
-        lambda: cli.main([*args, "fig14_15.duration_s.alpaca=5", "progress=false", f"hydra.sweep.dir={sweep}"])
-    )
+    sweep, result, error = short_fig14_15(tmp_path, "2")
     assert result.returncode == 1
-    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert error.startswith(f"error: the sweep's paper comparison in {sweep} could not be written (KeyError: ")
     assert (sweep / "report.html").is_file() and (sweep / "summary.csv").is_file()
 

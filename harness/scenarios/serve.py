@@ -257,9 +257,12 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
         )
         raise UserError(f"the serve KV pool must hold at least one token ({given})")
     checking = bool(scenario.get("check_tokens", False))
+    # Triton kernels run by its interpreter on a CPU (a triton backend under TRITON_INTERPRET=1):
+    # the step times are the interpreter's, not performance (as a kernel row says the same)
     from kvbench.scenarios.kernel import interpreting
 
-    if checking and model_spec.dtype == "bf16" and interpreting(device, real.backend_cls):
+    interpreted = interpreting(device, real.backend_cls)
+    if checking and model_spec.dtype == "bf16" and interpreted:
         raise UserError(
             "scenario.check_tokens=true compares tokens bit for bit, and Triton's interpreter (TRITON_INTERPRET=1) "
             "rounds a bf16 store toward zero where torch rounds to nearest: this backend's bf16 tokens are not the "
@@ -314,11 +317,6 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
         row["prefix_hit_rate_radix"] = radix_hit_rate(r.prompt_tokens for r in requests)
     rate = float(served["rate"])
     sampling = real.sampling
-    # Triton kernels run by its interpreter on a CPU (a triton backend under TRITON_INTERPRET=1):
-    # the step times are the interpreter's, not performance (as a kernel row says the same)
-    from kvbench.scenarios.kernel import interpreting
-
-    interpreted = interpreting(device, real.backend_cls)
     if interpreted:
         log.warning(
             "the Triton kernels ran under its interpreter (TRITON_INTERPRET=1): these times are not performance"

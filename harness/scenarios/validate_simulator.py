@@ -438,6 +438,7 @@ def run(cfg: DictConfig) -> list[dict]:
     bias = step_bias(logs[0].features, logs[0].recorder.step_dt, predicted)
     rate = float(base.workload.rate)
     every_reading = [v for readings in probes.values() for v in readings]
+    # as a calibrated run's console says it (reporting.console.layout_note, a layer above this one)
     profiled, kept = simulated[0].get("executor_profile_layout"), simulated[0].get("kv_layout")
     layouts = (
         f"; NOTE the profile's steps were timed with the {profiled} KV layout and the served allocator keeps the "

@@ -78,20 +78,17 @@ def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
 
 def _hybrid_caches(model, dtype: str, num_slots: int, block_size: int) -> float:
     """The bytes allocator=hybrid's serve executor allocates for a pool of `num_slots` tokens:
-    pages of one size (the heaviest attention kind's `block_size` tokens, the others' block
-    sizes scaled to fill it, as plugins/allocators/hybrid_pages.py unifies them), every attention
+    its pages as the allocator unifies them (plugins/allocators/hybrid_pages.py), every attention
     layer a cache of every page at its kind's block size, and every linear layer a state for
     every page (HybridModelExecutor), which is more than the pool's budget in tokens counts."""
-    dtype_bytes = DTYPE_BYTES[{"auto": "fp32"}.get(dtype, dtype)]
-    pattern = model.layer_pattern or ["full"]
-    kinds = [pattern[i % len(pattern)] for i in range(model.num_layers)]
-    per_layer = 2 * model.num_kv_heads * model.head_dim * dtype_bytes
-    token_bytes = {k: kinds.count(k) * per_layer for k in ("full", "window") if k in kinds}
-    page_bytes = block_size * max(token_bytes.values())
-    pages = num_slots * _kv_bytes_per_token(model, dtype_bytes) // page_bytes
-    caches = sum(pages * (page_bytes // b) * b for b in token_bytes.values())
-    state = model.num_heads * model.head_dim * model.linear_state_dim * dtype_bytes
-    return caches + kinds.count("linear") * pages * state
+    from kvbench.core.spec import ModelSpec
+    from kvbench.plugins.allocators.hybrid_pages import unify_pages
+
+    spec = ModelSpec.from_cfg({**model.model_dump(), "dtype": {"auto": "fp32"}.get(dtype, dtype)})
+    layout = unify_pages(spec, block_size)
+    pages = num_slots * spec.kv_bytes_per_token // layout.page_bytes
+    caches = sum(pages * size * layout.token_bytes[kind] for kind, size in layout.block_sizes.items())
+    return caches + spec.num_layers_of("linear") * pages * spec.linear_state_bytes_per_layer
 
 
 def _given(changes, key: str, section):

@@ -12,7 +12,8 @@ every group a block table of `block_size` tokens, and scales the block size only
 Mamba state. So here a prefix-cache hit, which every kind must cover, comes in steps of the
 least common multiple of the kinds' block sizes (gemma-3-like at block 16: 83 and 16 tokens, a
 hit of 1,328), where vLLM's come in steps of 16: a 1,200-token shared prefix hits 0 tokens here
-and 1,184 in vLLM. A kind a table is the simpler model; the hit granularity is its cost.
+(a simulated run's prefix_hit_rate) where vLLM's 16-token blocks would give 1,184 (derived, not
+run). A kind a table is the simpler model; the hit granularity is its cost.
 
 The pages themselves (ref counts, free queues, eviction order, the prefix cache) are a
 block_pool.BlockPool, the same pool the paged allocator uses.
