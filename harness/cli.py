@@ -33,7 +33,15 @@ from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 import kvbench
 from kvbench import launch, schema, sweep
 from kvbench.core import recorder, request_log
-from kvbench.errors import UserError, end_on_termination, exit_interrupted, exit_with, one_line, reportable
+from kvbench.errors import (
+    UserError,
+    end_on_termination,
+    exit_interrupted,
+    exit_with,
+    guarded_stdout,
+    one_line,
+    reportable,
+)
 from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
 
@@ -181,6 +189,11 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
                 f"{key} is read by {kind} layers only, and model={cfg.model.name} has none (model.layer_pattern="
                 f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
             )
+    if scenario == "serve" and "scenario.kv_cache_tokens" in overridden and cfg.engine.get("kv_cache_bytes"):
+        raise UserError(
+            f"scenario.kv_cache_tokens is not read: engine.kv_cache_bytes={cfg.engine.kv_cache_bytes:g} sizes the "
+            f"pool, and wins: give one of the two"
+        )
     served = scenario == "serve" and cfg.scenario.get("rate") is not None  # null keeps the workload's
     pool = "scenario.swap_space_tokens" if scenario == "serve" else "engine.swap_space_bytes"  # the swap pool's size
     if scenario == "serve" and "engine.swap_space_bytes" in overridden:
@@ -318,6 +331,16 @@ def refuse_unread_settings(cfg: DictConfig, scenario: str, overridden: list[str]
                     f"{key} would serve another workload than the one simulated (validate compares the two on one "
                     f"workload): set workload.num_requests, or scenario.load (workload.rate with scenario.load=null)"
                 )
+        if "scenario.serve.kv_cache_tokens" in overridden:  # serve's pool is engine.kv_cache_bytes, which wins
+            raise UserError(
+                f"scenario.serve.kv_cache_tokens is not read: validate sizes both sides' pool by "
+                f"scenario.kv_cache_tokens (now {cfg.scenario.kv_cache_tokens}): set that instead"
+            )
+        if "scenario.serve.swap_space_tokens" in overridden and str(cfg.engine.get("preemption")) != "swap":
+            raise UserError(
+                f"scenario.serve.swap_space_tokens is read only with engine.preemption=swap; engine.preemption="
+                f"{cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set engine.preemption=swap"
+            )
         profiled = [k for k in overridden if k.startswith("scenario.profiling.") and k.split(".")[2] not in PROBE_KEYS]
         if cfg.scenario.get("profile") and profiled:
             raise UserError(
@@ -1033,7 +1056,13 @@ folders_before: set[Path] = set()  # the sweep folders named on the command line
 
 def main(argv: list[str] | None = None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
-    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
+    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error). A
+    console closed early costs the console only (errors.GuardedStdout)."""
+    with guarded_stdout():
+        _bench(argv)
+
+
+def _bench(argv: list[str] | None) -> None:
     from hydra._internal.utils import get_args_parser
 
     from kvbench.schema.hydra_errors import hydra_line, sweeper_params_line

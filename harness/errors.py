@@ -9,9 +9,11 @@ exits 2; `entry_point` wraps a command's main so that nothing it refuses shows a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import errno
 import functools
+import os
 import sys
 from typing import NoReturn
 
@@ -113,6 +115,64 @@ def _close_progress_bars() -> None:
     if tqdm is not None:
         for bar in list(getattr(tqdm.tqdm, "_instances", ())):
             bar.close()
+
+
+class GuardedStdout:
+    """sys.stdout that outlives its reader: a console closed early (`bench -m ... | head -1`) or
+    a full device (`> /dev/full`) drops the rest of the console output, with one line on stderr
+    that says so, instead of raising from whatever printed or logged next (a sweep's summary
+    callback: its error was swallowed, so a sweep with a failed point exited 0). The run's
+    files and its exit code are what they would have been."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.lost: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.lost is None:
+            try:
+                return self._stream.write(text)
+            except OSError as err:
+                self._lose(err)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.lost is None:
+            try:
+                self._stream.flush()
+            except OSError as err:
+                self._lose(err)
+
+    def _lose(self, err: OSError) -> None:
+        self.lost = err
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # what is still buffered goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        why = "was closed early (a pipe)" if err.errno == errno.EPIPE else f"cannot be written ({err.strerror})"
+        print(
+            f"note: the standard output {why}: the rest of the console output is dropped "
+            f"(files written and the exit code are not affected)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def guarded_stdout():
+    """A command's console as GuardedStdout for as long as it runs."""
+    if isinstance(sys.stdout, GuardedStdout) or sys.stdout is None:
+        yield
+        return
+    before = sys.stdout
+    sys.stdout = GuardedStdout(before)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stdout, GuardedStdout):
+            sys.stdout.flush()
+            sys.stdout = before
 
 
 def reportable(err: BaseException) -> bool:

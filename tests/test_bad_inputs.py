@@ -514,6 +514,27 @@ RUN_CASES = [
         "scenario.serve.rate would serve another workload than the one simulated",
     ),
     (["scenario=validate", "model=tiny", "scenario.serve.num_requests=2"], "scenario.serve.num_requests would serve"),
+    (  # a key of a section validate's changes leave unset: its own keys, and how to add it
+        ["scenario=validate", "model=tiny", "scenario.serve.sampling.temperature=1"],
+        "scenario.serve.sampling.temperature is a scenario.serve.sampling key that this config does not set: "
+        "add it with +scenario.serve.sampling.temperature=1",
+    ),
+    (
+        ["scenario=validate", "model=tiny", "+scenario.serve.sampling.bogus=1"],
+        "scenario.serve.sampling.bogus is not a key of scenario.serve.sampling (its keys: temperature, top_p)",
+    ),
+    (
+        ["scenario=validate", "model=tiny", "+scenario.serve.kv_cache_tokens=1"],
+        "scenario.serve.kv_cache_tokens is not read: validate sizes both sides' pool by scenario.kv_cache_tokens",
+    ),
+    (
+        ["scenario=validate", "model=tiny", "+scenario.serve.swap_space_tokens=5"],
+        "scenario.serve.swap_space_tokens is read only with engine.preemption=swap",
+    ),
+    (
+        ["scenario=serve", "model=tiny", "engine.kv_cache_bytes=1e6", "scenario.kv_cache_tokens=100"],
+        "scenario.kv_cache_tokens is not read: engine.kv_cache_bytes=1e+06 sizes the pool, and wins",
+    ),
     (
         ["scenario=validate", "model=tiny", "engine.kv_cache_bytes=1e4"],
         "scenario=validate would ignore it: it sizes both sides' pool by scenario.kv_cache_tokens: set that",

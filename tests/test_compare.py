@@ -170,6 +170,15 @@ def test_missing_point_fails_new_point_and_environment_change_are_reported():
     assert compare([row("paged", 2.0), row("pow2", 1.0)], [row("paged", 2.0)], policy, allow_missing=True, out=out) == 0
 
 
+def test_a_gated_metric_blank_in_the_baseline_is_counted_as_not_judged():
+    out = io.StringIO()
+    base, cur = [row("paged", ""), row("pow2", 1.0)], [row("paged", 2.0), row("pow2", 1.0)]
+    assert compare(base, cur, load_policy(), out=out) == 0
+    text = out.getvalue()
+    assert "(no baseline value: not judged)" in text
+    assert text.rstrip().endswith("1 gated value(s) not judged, their baseline cell blank (request_throughput)")
+
+
 def test_a_point_that_failed_now_is_a_regression():
     out = io.StringIO()
     failed = {**row("paged", ""), "status": "failed", "reason": "out of memory"}
@@ -666,3 +675,29 @@ def test_a_benchmark_whose_own_check_fails_fails_its_side(tmp_path):
     with pytest.raises(RuntimeError, match=r"^FAILED t.py::test_x - AssertionError: assert \[1, 2\] == \[3, 4\]$"):
         ab._benchmark_run(side, ["t.py"], 0)
     assert side.outputs == []  # its times are not merged
+
+
+@pytest.mark.parametrize(
+    "paths, code",
+    [
+        (("150/300 steps", "150/300 steps"), 1),  # the same run: its extra work per step is a regression
+        (("150/300 steps", "151/304 steps"), 0),  # another run (simulated numbers moved): not comparable
+        ((None, "151/304 steps"), 1),  # a reference that names no path is compared as before
+    ],
+)
+def test_a_benchmark_whose_run_took_another_path_is_not_compared(paths, code):
+    """A cost-model constant changed in one commit changes the simulated run a work count is taken
+    over; its work per step moved with the path, not with the code, so the gate must not fail it."""
+    noise = [1.0, 1.01, 1.02, 1.03, 1.04]
+    base, cur = benchmark_rows(noise), benchmark_rows([1.5 * n for n in noise], calls=101)
+    for frame, path in zip((base, cur), paths):
+        if path is not None:
+            frame["trajectory"] = path
+    out = io.StringIO()
+    assert compare(base, cur, load_policy(None), out=out) == code
+    said = out.getvalue()
+    if code == 0:
+        assert "not compared: its run took another path (150/300 steps -> 151/304 steps)" in said
+        assert "OK: 0 point(s) match the baseline within tolerance" in said and "1 took another path" in said
+    else:
+        assert "calls_per_step" in said and "REGRESSED" in said

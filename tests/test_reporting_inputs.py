@@ -432,6 +432,14 @@ def test_a_negative_latency_is_bad_input_to_both_tools(tmp_path):
     assert "is never negative" in refused(lambda: report.main([str(tmp_path / "b.csv"), "--out", str(tmp_path / "o")]))
 
 
+def test_a_share_above_one_is_bad_input_to_both_tools(tmp_path):
+    write_csv(tmp_path / "a.csv", [row("paged", 1.0, kv_token_util=0.9), row("contiguous", 0.5, kv_token_util=0.2)])
+    write_csv(tmp_path / "b.csv", [row("paged", 1.0, kv_token_util=7.5), row("contiguous", 0.5, kv_token_util=0.2)])
+    said = "is 7.5: kv_token_util is a share of a whole, at most 1"
+    assert said in refused(lambda: compare.main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]))
+    assert "at most 1" in refused(lambda: report.main([str(tmp_path / "b.csv"), "--out", str(tmp_path / "o")]))
+
+
 def test_blank_metrics_on_both_sides_judge_nothing(tmp_path):
     write_csv(tmp_path / "a.csv", [row("paged", None, normalized_latency_s_per_tok=None)])
     assert "every cell is blank, so nothing would be judged" in refused(

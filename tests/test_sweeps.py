@@ -18,6 +18,7 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from kvbench import cli
+from kvbench.errors import GuardedStdout
 from kvbench.profiling import chrome_trace
 from kvbench.sweep import FINGERPRINT, PointTimeout, SweepLock, deadline
 
@@ -499,6 +500,43 @@ def test_a_full_disk_at_the_end_of_a_sweep_exits_2_and_keeps_the_finished_points
         assert [r["status"] for r in csv.DictReader(metrics.open())] == ["ok"]
     assert len(list(sweep.glob("*/metrics.csv"))) == 2
     assert not list(sweep.rglob("*.tmp"))
+
+
+def test_a_console_closed_early_keeps_a_failed_sweeps_exit_code_and_shows_no_traceback(tmp_path):
+    # `bench -m ... | head -1`: the reader goes before the sweep prints. The summary callback's
+    # print used to raise BrokenPipeError, which Hydra turns into a warning: exit 0, a failed point unsaid.
+    proc = subprocess.Popen(
+        [*BENCH, "-m", "scheduler.max_num_batched_tokens=10,4096", "workload.num_requests=20", "plots=false"]
+        + [*SMALL, "hydra.sweep.dir=sweep"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 2, err
+    assert "Traceback" not in err and "Logging error" not in err
+    assert err.count("note: the standard output was closed early (a pipe)") == 1
+    assert err.splitlines()[-1].startswith("error: 1 of 2 points of the sweep failed")
+    assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["failed", "ok"]
+
+
+def test_a_full_console_drops_the_rest_of_its_output_once_and_says_so(capsys):
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    stream = GuardedStdout(Full())
+    assert stream.write("a table\n") == len("a table\n")  # print's contract: every character taken
+    stream.write("more\n")
+    stream.flush()
+    assert isinstance(stream.lost, OSError) and stream.lost.errno == errno.ENOSPC
+    (line,) = capsys.readouterr().err.splitlines()  # said once, not once a write
+    assert line.startswith("note: the standard output cannot be written (No space left on device)")
 
 
 def test_a_second_sweep_into_a_directory_in_use_is_refused(tmp_path, monkeypatch, capsys):

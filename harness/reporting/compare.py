@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, reportable
+from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, guarded_stdout, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks
 from kvbench.reporting.results import identity_text, path_given
@@ -32,6 +32,11 @@ NAMES = ("baseline", "current")
 MACHINE = ("cpu", "python", "torch", "device")
 # pytest-benchmark's per-run statistics, as metrics: one run's median is one sample.
 BENCHMARK_STATS = {"median_s": "median", "min_s": "min"}
+# A benchmark's extra_info text naming the path its run took (a simulated run's steps and
+# preemptions): where the two sides' differ, the simulated numbers moved (a cost-model constant,
+# a scheduler policy) and the two runs did different work, so neither its time nor its work per
+# step is compared; the simulate gate judges that move.
+TRAJECTORY = "trajectory"
 
 
 def benchmark_frame(path: Path) -> pd.DataFrame:
@@ -307,13 +312,23 @@ def compare(
     for _, point in merged[merged["_merge"] == "right_only"].iterrows():
         print(f"new in current (no baseline): {_label(point, shown)}", file=out)
     header = f"  {'metric':<30} {'baseline':>12} {'current':>12} {'ratio':>8}  status"
-    unmeasured = 0  # matched points that failed on both sides
+    unmeasured = apart = 0  # matched points that failed on both sides; that took other paths
+    unjudged: list[str] = []  # gated metrics a matched point has no baseline value of
     for i, point in matched.iterrows():
         label = _label(point, shown)
         print(f"\n{label}", file=out)
         if not ran[CUR][i] and not ran[BASE][i]:  # no regression, no measure
             print(f"  failed in both ({point.get(f'reason{CUR}', '')}): not compared", file=out)
             unmeasured += 1
+            continue
+        paths = point.get(f"{TRAJECTORY}{BASE}"), point.get(f"{TRAJECTORY}{CUR}")
+        if all(isinstance(p, str) and p for p in paths) and paths[0] != paths[1]:
+            print(
+                f"  not compared: its run took another path ({paths[0]} -> {paths[1]}), so it did other work; "
+                f"the simulated numbers moved (the simulate gate judges that)",
+                file=out,
+            )
+            apart += 1
             continue
         if not ran[CUR][i]:
             status = point[f"status{CUR}"]
@@ -365,9 +380,14 @@ def compare(
                 verdict, detail = rule.verdict(bv, cv), ""
                 if rule.tolerance is None and verdict in ("better", "worse"):  # a direction, not a judgement
                     detail = " (reported, not gated)"
+                if rule.tolerance is not None and verdict == "new":  # a blank baseline cell gates nothing
+                    unjudged.append(metric)
+                    detail = " (no baseline value: not judged)"
                 if verdict == "REGRESSED":
+                    change = f"{cv / bv - 1:+.3%}, " if bv and math.isfinite(cv) else ""
                     problem(
-                        f"{label}: {metric} {bv:.6g} -> {cv:.6g} (better: {rule.better}, tolerance {rule.tolerance:g})",
+                        f"{label}: {metric} {bv:.6g} -> {cv:.6g} ({change}better: {rule.better}, "
+                        f"tolerance {rule.tolerance:g})",
                         point,
                     )
             print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {ratio:>8.4f}  {verdict}{detail}", file=out)
@@ -397,11 +417,30 @@ def compare(
     if tally[NOT_MEANINGFUL]:
         measured += f"; {tally[NOT_MEANINGFUL]} measured metric(s) not tested (too few samples)"
     skipped = f" ({unmeasured} failed in both, not compared)" if unmeasured else ""
-    print(f"OK: {len(matched) - unmeasured} point(s) match the baseline within tolerance{measured}{skipped}", file=out)
+    if unjudged:
+        names = list(dict.fromkeys(unjudged))
+        skipped += (
+            f"; {len(unjudged)} gated value(s) not judged, their baseline cell blank "
+            f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        )
+    if apart:
+        skipped += (
+            f" ({apart} took another path, not compared: once this change has landed, "
+            f".ci/run --update-baseline makes REF take it too)"
+        )
+    print(
+        f"OK: {len(matched) - unmeasured - apart} point(s) match the baseline within tolerance{measured}{skipped}",
+        file=out,
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> None:
+    with guarded_stdout():  # a console closed early costs the console only
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     parser = ArgumentParser(
         prog="bench-compare",
         description="Compare a run against a baseline; exit 1 on a regression.",

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvbench.errors import ArgumentParser, UserError, exit_with, reportable
+from kvbench.errors import ArgumentParser, UserError, exit_with, guarded_stdout, reportable
 from kvbench.reporting.figures import context_title
 from kvbench.reporting.paper import capacity_note
 from kvbench.reporting.results import (
@@ -70,6 +70,11 @@ KEY_METRICS = [
 STATUSES = ("ok", "failed")
 # No metric kvbench writes is negative; a share computed as 1 - the others may be by a rounding
 NEGATIVE_SLACK = -1e-9
+# Shares of a whole (docs/metrics.md): never above 1, by more than a rounding
+SHARES = frozenset(
+    {"kv_token_util", "kv_reserved_frac", "kv_internal_frag_frac", "kv_rounding_frac", "kv_external_frag_frac"}
+    | {"prefix_hit_rate", "prefix_hit_rate_radix", "kv_blocks_saved_frac", "cpu_overhead_frac"}
+)
 # Columns that name a point; an input with none of them holds no results.
 POINT_COLUMNS = [*IDENTITY, "block_size", "rate", "batch_spec"]
 # What bench-report writes into its output directory: none of them may be one of its inputs.
@@ -166,14 +171,17 @@ def check_results(frame: pd.DataFrame, path) -> None:
 def metric_cell_checks(column: str, cells: pd.Series, ran) -> tuple[pd.Series, list]:
     """A metric column as numbers (a blank cell missing), and what its cells must pass, as (the
     rows that fail, why): a number or blank; not infinite, nor negative, where the point ran.
-    bench-report and bench-compare check their inputs' cells alike."""
+    bench-report and bench-compare check their inputs' cells alike. A share (SHARES) is at most 1."""
     numbers = pd.to_numeric(cells, errors="coerce")
     blank = cells.isna() | cells.astype(str).str.strip().eq("")
-    return numbers, [
+    checks = [
         (numbers.isna() & ~blank, "not a number; a metric cell holds a number, or is blank where the point has none"),
         (np.isinf(numbers) & ran, "a point that ran has no infinite metric (a blank cell: one it has none of)"),
         ((numbers < NEGATIVE_SLACK) & ran, f"{column} is never negative"),
     ]
+    if column in SHARES:
+        checks.append(((numbers > 1 - NEGATIVE_SLACK) & ran, f"{column} is a share of a whole, at most 1"))
+    return numbers, checks
 
 
 @functools.lru_cache(maxsize=1)
@@ -591,6 +599,11 @@ REPORT_OPTIONS = "give options: --baseline NAME, --slo S_PER_TOKEN, --out DIR (b
 
 
 def main(argv: list[str] | None = None) -> None:
+    with guarded_stdout():  # a console closed early costs the console only
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     parser = ArgumentParser(
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html."
     )

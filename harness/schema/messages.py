@@ -50,6 +50,8 @@ def _fields_at(model, loc: list[str]) -> list[str]:
     for part in loc[:-1]:
         if isinstance(cursor, type) and issubclass(cursor, BaseModel) and part in cursor.model_fields:
             cursor = cursor.model_fields[part].annotation
+            sections = [a for a in typing.get_args(cursor) if isinstance(a, type) and issubclass(a, BaseModel)]
+            cursor = sections[0] if typing.get_origin(cursor) is not dict and sections else cursor  # Sampling | None
         elif typing.get_origin(cursor) is dict:
             cursor = typing.get_args(cursor)[1]  # `part` is a key of the mapping
         else:

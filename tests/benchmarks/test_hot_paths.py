@@ -226,5 +226,8 @@ def test_simulated_run_of_300_sharegpt_requests_on_paged(benchmark, monkeypatch)
     steps = row["steps"] - short["steps"]
     assert steps > 1000  # 1,348 steps more: a margin wide enough to average over
     benchmark.extra_info.update(
-        calls_per_step=(calls - short_calls) / steps, lines_per_step=(lines - short_lines) / steps
+        calls_per_step=(calls - short_calls) / steps,
+        lines_per_step=(lines - short_lines) / steps,
+        # the path the two runs took: a change to simulated numbers moves it, and the work with it
+        trajectory=f"{short['steps']}/{row['steps']} steps, {short['preemptions']}/{row['preemptions']} preemptions",
     )
