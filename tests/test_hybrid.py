@@ -31,7 +31,7 @@ from kvbench.model.reference import generate_alone
 from kvbench.model.sampling import SamplingParams
 from kvbench.plugins.allocators.hybrid import POLICIES, HybridAllocator
 from kvbench.plugins.allocators.hybrid_attention import AttentionManager
-from kvbench.plugins.allocators.hybrid_pages import unify_pages
+from kvbench.plugins.allocators.hybrid_pages import group_layers, unify_pages
 from kvbench.plugins.backends.eager import EagerBackend
 from kvbench.registry import default_registry
 from kvbench.scenarios.run import run_point
@@ -71,20 +71,35 @@ def step(allocator, seq: Sequence, num_tokens: int) -> bool:
 def test_page_size_unification_gives_every_kind_pages_of_equal_bytes(name, linear_as_full):
     spec = model(name)
     pages = unify_pages(spec, 16, linear_as_full)
+    per_layer = spec.kv_bytes_per_token_per_layer
     for kind, block_size in pages.block_sizes.items():
-        used = block_size * pages.token_bytes[kind]
-        assert used + pages.page_padding(kind) == pages.page_bytes
-        assert 0 <= pages.page_padding(kind) < pages.token_bytes[kind]  # the largest block that fits
-    assert min(pages.block_sizes.values()) == 16  # the heaviest kind keeps the configured block
+        assert block_size == 16  # every group keeps the configured block: hits in steps of 16
+        assert sum(pages.groups[kind]) == spec.num_layers_of(kind)  # every layer in one group
+        assert max(pages.groups[kind]) - min(pages.groups[kind]) <= 1  # strided: sizes differ by one at most
+        for group, layers in enumerate(pages.groups[kind]):
+            assert layers <= pages.group_size
+            used = block_size * pages.group_token_bytes(kind, group)
+            assert used + pages.page_padding(kind, group) == pages.page_bytes
+            assert pages.page_padding(kind, group) == (pages.group_size - layers) * block_size * per_layer
     if pages.state_bytes:
         assert pages.pages_per_state == math.ceil(pages.state_bytes / pages.page_bytes)
 
 
-def test_gemma_3_like_pages_hold_16_window_tokens_or_83_full_tokens():
+@pytest.mark.parametrize(
+    "counts, size", [([10, 52], 10), ([12, 12], 12), ([12, 13], 13), ([10, 15], 10), ([10, 14], 14), ([5], 5)]
+)
+def test_layers_are_grouped_by_the_fewest_layers_of_a_kind_unless_no_kind_has_half_as_many_again(counts, size):
+    # vLLM's rule (v1 kv_cache_planning): the fewest, or the most where most < 1.5 x fewest (12 sw + 13 full)
+    assert group_layers(counts) == size
+
+
+def test_gemma_3_like_pages_hold_16_tokens_of_10_layers_in_one_full_and_six_window_groups():
     pages = unify_pages(model("gemma-3-like"), 16)
     per_layer = 2 * 16 * 128 * 2  # 8 KiB per token per layer in bf16
-    assert pages.page_bytes == 16 * 52 * per_layer  # 52 window layers, 16 tokens = 6.5 MiB
-    assert pages.block_sizes == {"full": 83, "window": 16}  # 10 full layers: 83.2 tokens fit
+    assert pages.group_size == 10 and pages.page_bytes == 16 * 10 * per_layer  # 10 layers, 16 tokens = 1.25 MiB
+    assert pages.block_sizes == {"full": 16, "window": 16}
+    assert pages.groups == {"full": [10], "window": [9, 9, 9, 9, 8, 8]}  # 52 window layers, 8 padding
+    assert pages.page_padding("window", 4) == 2 * 16 * per_layer
 
 
 def test_qwen3_next_like_state_is_36_mib_or_96_pages_of_16_full_tokens():
@@ -189,7 +204,7 @@ def test_forking_a_request_with_linear_layers_copies_its_reserved_spare_state():
 def recount(allocator) -> None:
     """Rebuild every manager's counters from its tables and compare; check each view adds up."""
     pools_used = Counter()
-    for m in allocator.managers.values():
+    for m in (m for managers in allocator.groups.values() for m in managers):  # every group's
         if isinstance(m, AttentionManager):
             live = [p for sid, table in m.tables.items() for p in table[m.first_live[sid] :]]
             assert -1 not in live
@@ -463,7 +478,7 @@ FAST = ["progress=false", "workload.num_requests=3", "hydra/job_logging=none", "
             ["scenario=serve", "model=tiny-qwen3-next", "+allocator=hybrid", "allocator.policy=as_full"],
             "policy=as_full sizes linear layers as attention",
         ),
-        (  # a window layer holds every token a prefill step writes: 500 at once never fit 253 slots
+        (  # a window layer holds every token a prefill step writes: 500 at once never fit 264 slots
             [
                 "model=tiny-gemma3",
                 "+allocator=hybrid",
@@ -473,7 +488,7 @@ FAST = ["progress=false", "workload.num_requests=3", "hydra/job_logging=none", "
                 "workload.num_requests=1",
                 "engine.kv_cache_bytes=409600",
             ],
-            "prefilled 161 tokens a step it fits (scheduler.chunked_prefill=true scheduler.max_num_batched_tokens=161)",
+            "prefilled 177 tokens a step it fits (scheduler.chunked_prefill=true scheduler.max_num_batched_tokens=177)",
         ),
     ],
 )
@@ -566,10 +581,10 @@ def test_a_long_prompt_a_window_layer_cannot_hold_in_one_step_runs_in_the_chunks
     at = ["model=tiny-gemma3", "+allocator=hybrid", "workload=fixed", "workload.input_len=500"]
     at += ["workload.output_len=1", "workload.num_requests=1", "engine.kv_cache_bytes=409600"]
     at += ["scheduler.chunked_prefill=true"]
-    (row,) = run_point(compose_point([*at, "scheduler.max_num_batched_tokens=161"]))
+    (row,) = run_point(compose_point([*at, "scheduler.max_num_batched_tokens=177"]))
     assert row["completed"] == 1
-    with pytest.raises(UserError, match="needs 266 slots for a 501-token request in one 162-token step"):
-        run_point(compose_point([*at, "scheduler.max_num_batched_tokens=162"]))
+    with pytest.raises(UserError, match="needs 272 slots for a 501-token request in one 178-token step"):
+        run_point(compose_point([*at, "scheduler.max_num_batched_tokens=178"]))
 
 
 def test_beams_of_a_model_with_linear_layers_reserve_their_states_at_admission():
@@ -641,6 +656,32 @@ def test_pages_an_undone_admission_named_are_not_found_by_the_next(pattern):
     recount(allocator)
 
 
+def test_a_prefix_hit_comes_in_whole_blocks_whatever_the_kinds_layer_counts():
+    """gemma-3-like, 10 full and 52 window layers. With a page a block of each kind's layers (full
+    blocks scaled to 83 tokens) a hit came in steps of lcm(83, 16) = 1,328 tokens: a 200-token
+    shared prefix hit nothing. Grouped as vLLM groups layers, every group's block is 16 tokens:
+    the hit is the prefix's 12 whole blocks, in every group, and the pages are shared."""
+    spec = model("gemma-3-like", window=64)
+    allocator = hybrid(spec, num_slots=20_000, block_size=16, watermark=0.0, prefix_caching=True)
+    assert len(allocator.attention) == 7  # one full group, six window groups
+    prefix = [t % 97 for t in range(200)]
+
+    def seq(seq_id):
+        tokens = prefix + [1000 + seq_id] * 20
+        return Sequence(seq_id, Request(seq_id, 0.0, 220, 10, tokens), 220, token_ids=list(tokens))
+
+    first = seq(0)
+    assert allocator.admit(first) and step(allocator, first, 220)
+    second = seq(1)
+    assert allocator.admit(second)
+    assert second.num_computed == second.num_cached == 192  # 12 blocks of 16
+    full, *windows = allocator.attention
+    assert full.tables[1][:12] == full.tables[0][:12]  # the full group holds the whole prefix, shared
+    for group in windows:  # a window group holds what its next query reads: 63 tokens before 192
+        assert group.tables[1][-4:] == group.tables[0][8:12] and -1 not in group.tables[1][-4:]
+    recount(allocator)
+
+
 def test_a_group_a_preemption_brings_back_whole_is_sized_at_its_one_step_prefill():
     """A request of 3 samples comes back from a preemption whole, each sequence prefilled in one
     step (not in the budget's chunks), which a window layer holds entire: the check sized it at
@@ -648,9 +689,9 @@ def test_a_group_a_preemption_brings_back_whole_is_sized_at_its_one_step_prefill
     at = ["model=tiny-gemma3", "+allocator=hybrid", "workload=fixed", "workload.input_len=200"]
     at += ["workload.output_len=50", "workload.n=3", "workload.num_requests=6", "workload.rate=inf"]
     at += ["scheduler.chunked_prefill=true", "scheduler.max_num_batched_tokens=16"]
-    with pytest.raises(UserError, match=r"cannot hold the 3 sequences of one request \(266 slots each with hybrid"):
-        run_point(compose_point([*at, "engine.kv_cache_bytes=1200000"]))
-    (row,) = run_point(compose_point([*at, "engine.kv_cache_bytes=1300000"]))
+    with pytest.raises(UserError, match=r"cannot hold the 3 sequences of one request \(256 slots each with hybrid"):
+        run_point(compose_point([*at, "engine.kv_cache_bytes=1100000"]))
+    (row,) = run_point(compose_point([*at, "engine.kv_cache_bytes=1200000"]))
     assert row["completed"] == 6
 
 
@@ -660,7 +701,7 @@ def test_without_chunked_prefill_a_recompute_longer_than_the_budget_is_sized_who
     at = ["model=tiny-gemma3", "+allocator=hybrid", "workload=fixed", "workload.input_len=100"]
     at += ["workload.output_len=400", "workload.num_requests=6", "workload.rate=inf"]
     at += ["scheduler.chunked_prefill=false", "scheduler.max_num_batched_tokens=120", "engine.kv_cache_bytes=400000"]
-    with pytest.raises(UserError, match="needs 520 slots for a 500-token request in one 499-token step"):
+    with pytest.raises(UserError, match="needs 512 slots for a 500-token request in one 499-token step"):
         run_point(compose_point(at))
 
 

@@ -3,10 +3,11 @@
 Every page id names one page of the pool, whatever layer kind holds it. Each attention layer
 owns a K and a V tensor `[num_pages, block_size of its kind, kv_heads, head_dim]` and each linear
 layer a state tensor `[num_pages, heads, head_dim, state_dim]` whose row `state_slot(seq)` is
-the sequence's state. (On a GPU vLLM lays the kinds over one shared buffer; here each layer has
-its own tensor, and the pool's page budget is what the allocator enforces.) Per step a layer
-kind gets its own block tables and slot mapping, since window layers drop the blocks that fell
-out of their window; linear layers get the batch's state slots, and which sequences start
+the sequence's state. (On a GPU vLLM lays the groups over one shared buffer; here each layer has
+its own tensor, and the pool's page budget is what the allocator enforces.) Per step each layer
+group (hybrid_pages: the i-th layer of a kind in group i mod its groups) gets its own block
+tables and slot mapping, since each group holds its own pages and window layers drop the blocks
+that fell out of their window; linear layers get the batch's state slots, and which sequences start
 from an empty state.
 """
 
@@ -58,6 +59,7 @@ class HybridModelExecutor(ModelExecutor):
         super().__init__(model, allocator, backend, sampling, swap_slots, graph, async_scheduling)
         spec, pages = model.spec, allocator.num_pages
         self.kinds = [k for k in spec.layer_kinds if k != "linear"]  # attention layers, cache order
+        self.layer_groups = allocator.layer_groups(self.kinds)  # each attention layer's (kind, group)
         self.block_size = allocator.attention[0].block_size  # the kind block_table(seq) answers for
         shape = (spec.num_kv_heads, spec.head_dim)
         on_device = dict(device=self.device, dtype=self.dtype)
@@ -82,18 +84,18 @@ class HybridModelExecutor(ModelExecutor):
         to = dict(device=self.device)
         counts = torch.tensor(batch.num_new_tokens, **to)
         seq_of_token = torch.repeat_interleave(torch.arange(len(batch.seqs), **to), counts)
-        by_kind = {}
-        for kind in dict.fromkeys(self.kinds):
+        by_group = {}
+        for kind, group in dict.fromkeys(self.layer_groups):
             bs = self.allocator.block_size_of(kind)
-            tables = [self.allocator.block_table(seq, kind) for seq in batch.seqs]
+            tables = [self.allocator.block_table(seq, kind, group) for seq in batch.seqs]
             width = max(len(t) for t in tables)
             # A released window block (-1) is never read (masked out), but must index a real page.
             block_tables = torch.tensor(
                 [[max(p, 0) for p in t] + [0] * (width - len(t)) for t in tables], dtype=torch.int32, **to
             )
             slot_mapping = block_tables[seq_of_token, positions // bs].to(torch.int64) * bs + positions % bs
-            by_kind[kind] = replace(meta, block_tables=block_tables, slot_mapping=slot_mapping, block_size=bs)
-        self._step_meta = [by_kind[kind] for kind in self.kinds]
+            by_group[kind, group] = replace(meta, block_tables=block_tables, slot_mapping=slot_mapping, block_size=bs)
+        self._step_meta = [by_group[key] for key in self.layer_groups]
         if self.states:
             slots = torch.tensor([self.allocator.state_slot(seq) for seq in batch.seqs], dtype=torch.int64, **to)
             fresh = torch.tensor(

@@ -1,9 +1,10 @@
 """The hybrid allocator: full-attention, sliding-window and linear-state layers in one KV pool.
 
-One pool of equal-byte pages (hybrid_pages.unify_pages), one manager per layer kind: full
-attention keeps every block; a window layer gives back the blocks that fall out of its window;
-a linear-state layer holds one fixed-size state per sequence. `policy` picks how the pool is
-shared, so the two naive choices are measured by the same code:
+One pool of equal-byte pages (hybrid_pages.unify_pages), one manager per layer group of a
+kind, as vLLM groups layers: full attention keeps every block; a window layer gives back the
+blocks that fall out of its window; a linear-state layer holds one fixed-size state per
+sequence. `policy` picks how the pool is shared, so the two naive choices are measured by the
+same code:
 
     shared   one pool, any kind takes any free page (as vLLM's hybrid allocator does;
              hybrid_pages.py says how its pages differ)
@@ -87,27 +88,34 @@ class HybridAllocator(KVAllocator):
             pools = dict.fromkeys(kinds, BlockPool(num_pages, watermark=watermark))
         self.pools = list({id(p): p for p in pools.values()}.values())
         self.num_pages = num_pages
-        self.managers: dict = {}
+        self.groups: dict = {}  # kind -> its managers: one a layer group (hybrid_pages), one for linear states
         for kind in kinds:
             if kind == "linear" and policy != "as_full":
-                self.managers[kind] = LinearStateManager(
-                    pools[kind], self.pages.pages_per_state, self.pages.state_bytes, self._log_page_copy
-                )
+                self.groups[kind] = [
+                    LinearStateManager(
+                        pools[kind], self.pages.pages_per_state, self.pages.state_bytes, self._log_page_copy
+                    )
+                ]
                 continue
             keep = model.window if kind == "window" else 0
             if kind == "linear":  # sized as attention, it still reads only its state's worth
                 state_bytes = model.num_layers_of("linear") * model.linear_state_bytes_per_layer
                 keep = cdiv(state_bytes, self.pages.token_bytes[kind])
-            self.managers[kind] = AttentionManager(
-                kind,
-                pools[kind],
-                self.pages.block_sizes[kind],
-                self.pages.token_bytes[kind],
-                keep=keep,
-                release=kind == "window" and policy != "as_full",
-                log_copy=self._log_page_copy,
-            )
-        self.attention = [m for m in self.managers.values() if isinstance(m, AttentionManager)]
+            self.groups[kind] = [
+                AttentionManager(
+                    kind,
+                    pools[kind],
+                    self.pages.block_sizes[kind],
+                    self.pages.group_token_bytes(kind, group),
+                    keep=keep,
+                    release=kind == "window" and policy != "as_full",
+                    log_copy=self._log_page_copy,
+                    group=group,
+                )
+                for group in range(len(self.pages.groups[kind]))
+            ]
+        self.managers = {kind: managers[0] for kind, managers in self.groups.items()}  # a kind's first group
+        self.attention = [m for managers in self.groups.values() for m in managers if isinstance(m, AttentionManager)]
         self.linear = self.managers.get("linear") if policy != "as_full" else None
         # A linear layer's state after a prefix is not kept, so models with linear layers get no
         # prefix hits, whatever the policy (as_full included, for a fair comparison).
@@ -201,8 +209,9 @@ class HybridAllocator(KVAllocator):
         child.num_computed = parent.num_computed
 
     def free(self, seq: Sequence) -> None:
-        for m in self.managers.values():
-            m.free(seq.seq_id)
+        for managers in self.groups.values():
+            for m in managers:
+                m.free(seq.seq_id)
 
     def forget_unrun(self, seqs) -> None:
         for seq in seqs:  # each kind's pages named past the sequence's computed tokens
@@ -254,19 +263,20 @@ class HybridAllocator(KVAllocator):
         # held, are internal fragmentation (held inside a sequence's blocks for nothing)
         page_bytes = self.pages.page_bytes
         by_kind, token, reserved, internal, held, named = {}, 0, 0, 0, 0, 0
-        for kind, m in self.managers.items():
-            pages, kind_token, kind_reserved, kind_internal = m.usage()
+        for kind, managers in self.groups.items():  # a kind: the sum of its groups
+            pages, kind_token, kind_reserved, kind_internal = (sum(u) for u in zip(*(m.usage() for m in managers)))
+            kind_named = sum(m.num_named for m in managers)
             by_kind[kind] = KVAccounting(
-                (pages + m.pool.num_free) * page_bytes,
+                (pages + managers[0].pool.num_free) * page_bytes,
                 kind_token,
                 kind_reserved,
                 kind_internal,
                 rounding=pages * page_bytes - kind_token - kind_reserved - kind_internal,
-                named=m.num_named * page_bytes,
+                named=kind_named * page_bytes,
             )
             token, reserved, internal = token + kind_token, reserved + kind_reserved, internal + kind_internal
             held += pages
-            named += m.num_named
+            named += kind_named
         total = sum(p.num_blocks for p in self.pools) * page_bytes
         rounding = held * page_bytes - token - reserved - internal
         return HybridAccounting(
@@ -284,7 +294,7 @@ class HybridAllocator(KVAllocator):
     def stats(self) -> dict:
         row = {
             **super().stats(),
-            "copies": sum(m.num_copies for m in self.managers.values()),
+            "copies": sum(m.num_copies for managers in self.groups.values() for m in managers),
             "prefix_hit_rate": self.prefix_hit_tokens / max(1, self.prefix_query_tokens),
             "policy": self.policy,
             "page_bytes": self.pages.page_bytes,
@@ -292,17 +302,30 @@ class HybridAllocator(KVAllocator):
             "pages_per_state": self.pages.pages_per_state,
         }
         row.update({f"block_size_{k}": b for k, b in self.pages.block_sizes.items()})
+        row.update({f"groups_{k}": len(g) for k, g in self.pages.groups.items()})  # of group_size layers each
+        if self.pages.groups:
+            row["group_size"] = self.pages.group_size
         return row
 
     # --- what the executor needs ---------------------------------------------------------
     def block_size_of(self, kind: str) -> int:
         return self.managers[kind].block_size
 
-    def block_table(self, seq: Sequence, kind: str | None = None) -> list[int]:
-        """Pages of `seq`'s blocks for layers of `kind` (default: the first attention kind); -1
-        marks a block a window layer has released."""
-        manager = self.managers[kind] if kind else self.attention[0]
+    def block_table(self, seq: Sequence, kind: str | None = None, group: int = 0) -> list[int]:
+        """Pages of `seq`'s blocks for the layers of group `group` of `kind` (default: the first
+        attention kind's first group); -1 marks a block a window layer has released."""
+        manager = self.groups[kind][group] if kind else self.attention[0]
         return manager.tables[seq.seq_id]
+
+    def layer_groups(self, layer_kinds: list[str]) -> list[tuple[str, int]]:
+        """(kind, group) of each attention layer, in order: the i-th layer of a kind is in group
+        i mod its number of groups, as vLLM strides them."""
+        seen: dict = {}
+        groups = []
+        for kind in layer_kinds:
+            index = seen[kind] = seen.get(kind, -1) + 1
+            groups.append((kind, index % len(self.groups[kind])))
+        return groups
 
     def state_slot(self, seq: Sequence) -> int:
         """The linear layers' state of `seq` lives at this page (the first of its state's pages)."""

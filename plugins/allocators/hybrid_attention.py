@@ -1,11 +1,12 @@
-"""The hybrid allocator's manager of one attention kind: block tables over the shared page pool.
+"""The hybrid allocator's manager of one layer group of an attention kind: block tables over
+the shared page pool.
 
-Prefix caching (vLLM's scheme, per kind): a full block is named by the chained hash of its
+Prefix caching (vLLM's scheme, per group): a full block is named by the chained hash of its
 parent block's hash and its own token ids (block_pool), chained from a root of its own per layer
-kind, so kinds that share a pool never find each other's pages. Across kinds a hit must suit
-every kind: full attention needs every block of the prefix, a window layer only the blocks its
-next query reads (the W - 1 tokens before it), and the hit length is a multiple of every kind's
-block size.
+kind and group, so groups that share a pool never find each other's pages. Across groups a hit
+must suit every one: full attention needs every block of the prefix, a window layer only the
+blocks its next query reads (the W - 1 tokens before it), and the hit length is a multiple of
+the block size.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ class AttentionManager:
         keep: int = 0,
         release: bool = False,
         log_copy=lambda src, dst: None,
+        group: int = 0,
     ):
         self.kind, self.pool, self.block_size, self.token_bytes = kind, pool, block_size, token_bytes
+        self.group = group
         self.keep, self.release, self.log_copy = keep, release, log_copy
         # stored tokens the next query reads: a window's query reads itself and the W - 1 before it
         self.reads_back = keep - 1 if kind == "window" else keep
@@ -50,7 +53,7 @@ class AttentionManager:
         self.stale_end: dict[int, int] = {}  # seq -> positions below this are counted stale
         self.seq_reserved: dict[int, int] = {}
         self.hashes: dict[int, list] = {}  # seq -> chained hashes of its cached full blocks
-        self.root_hash = ROOT_HASH + LAYER_KINDS.index(kind)
+        self.root_hash = ROOT_HASH + LAYER_KINDS.index(kind) + len(LAYER_KINDS) * group  # one a kind's group
         self.page_stale = [0] * len(pool.ref_count)  # per page: tokens no layer will read again
         self.holders: list[dict[int, int] | None] = [None] * len(pool.ref_count)  # a shared page: stale -> holders
         self.num_pages = self.filled = self.stale = self.reserved = self.num_copies = 0

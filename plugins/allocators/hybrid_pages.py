@@ -1,19 +1,17 @@
-"""The hybrid allocator's parts: one pool of equal-byte pages and a KV manager per layer kind.
+"""The hybrid allocator's parts: one pool of equal-byte pages and a KV manager per layer group.
 
-Page-size unification: a page of an attention kind holds one block of that kind's tokens across
-all of its layers, so the kind that stores the most bytes per token gets `block_size` tokens per
-block and the others proportionally more (the block size is scaled, the page is not); a
-linear-state kind's fixed-size state per sequence takes a whole number of pages. Every page has
-`page_bytes`, so any kind can take any free page.
-
-vLLM's hybrid KV cache manager unifies pages otherwise for attention kinds: it splits each kind's
-layers into groups of one size (gemma-3's 10 full and 52 sliding-window layers: groups of 10),
-every group a block table of `block_size` tokens, and scales the block size only to fit a
-Mamba state. So here a prefix-cache hit, which every kind must cover, comes in steps of the
-least common multiple of the kinds' block sizes (gemma-3-like at block 16: 83 and 16 tokens, a
-hit of 1,328), where vLLM's come in steps of 16: a 1,200-token shared prefix hits 0 tokens here
-(a simulated run's prefix_hit_rate) where vLLM's 16-token blocks would give 1,184 (derived, not
-run). A kind a table is the simpler model; the hit granularity is its cost.
+Page-size unification, as vLLM's hybrid KV cache manager does it for attention kinds (v1
+kv_cache_planning, `_get_kv_cache_groups_uniform_page_size`): each kind's layers are split into
+groups of one size, `group_size` layers (the fewest layers of any kind, or the most where no kind
+has 1.5 times the layers of another), the i-th layer of a kind going to group i mod its number of
+groups; a kind whose layers do not fill its last groups gets padding layers there, bytes every
+page of those groups holds for nothing (rounding). Every group keeps its own block table of
+`block_size` tokens, and a page holds one block of one group: `block_size * group_size` tokens'
+K/V of one layer. gemma-3's 10 full and 52 sliding-window layers: groups of 10, one full group
+and six window groups of 9, 9, 9, 9, 8 and 8 layers (8 padding layers, 13 % of the window
+layers' pages). So a prefix hit comes in steps of `block_size`, whatever the kinds. A linear-state
+kind's fixed-size state per sequence takes a whole number of pages. Every page has `page_bytes`,
+so any group can take any free page.
 
 The pages themselves (ref counts, free queues, eviction order, the prefix cache) are a
 block_pool.BlockPool, the same pool the paged allocator uses.
@@ -34,20 +32,33 @@ class PageLayout:
     """How each layer kind fills a page of `page_bytes`."""
 
     page_bytes: int
-    block_sizes: dict  # kind whose KV grows per token -> tokens per block
+    block_sizes: dict  # kind whose KV grows per token -> tokens per block (every group's)
     token_bytes: dict  # same kinds -> bytes of one token across the kind's layers
     state_bytes: int  # one sequence's recurrent state across all linear layers (0: none, or as full)
     pages_per_state: int
+    groups: dict  # same kinds -> layers of each of its groups (gemma-3's window: [9, 9, 9, 9, 8, 8])
+    group_size: int  # layers a page holds a block of (a group's layers and its padding)
 
-    def page_padding(self, kind: str) -> int:
-        """Bytes of a page that kind `kind` never fills (rounding of its scaled block size or state)."""
+    def group_token_bytes(self, kind: str, group: int) -> int:
+        """Bytes of one token across the real layers of group `group` of `kind`."""
+        return self.groups[kind][group] * self.token_bytes[kind] // sum(self.groups[kind])
+
+    def page_padding(self, kind: str, group: int = 0) -> int:
+        """Bytes of a page that a group of `kind` never fills (its padding layers), or of a
+        linear state's pages (their rounding)."""
         if kind in self.block_sizes:
-            return self.page_bytes - self.block_sizes[kind] * self.token_bytes[kind]
+            return self.page_bytes - self.block_sizes[kind] * self.group_token_bytes(kind, group)
         return self.pages_per_state * self.page_bytes - self.state_bytes
 
 
+def group_layers(counts: list[int]) -> int:
+    """Layers a group holds, given each attention kind's layer count (vLLM's rule)."""
+    fewest, most = min(counts), max(counts)
+    return most if most < 1.5 * fewest else fewest
+
+
 def unify_pages(model: ModelSpec, block_size: int, linear_as_full: bool = False) -> PageLayout:
-    """Pages of `block_size` tokens of the heaviest attention kind; block sizes of the rest scaled up.
+    """Pages of one `block_size`-token block of `group_size` layers; each kind's layers in groups.
 
     `linear_as_full` sizes linear layers as if they were full attention (the naive baseline).
     """
@@ -56,12 +67,17 @@ def unify_pages(model: ModelSpec, block_size: int, linear_as_full: bool = False)
     token_bytes = {k: model.num_layers_of(k) * per_layer for k in token_kinds}
     num_linear = 0 if linear_as_full else model.num_layers_of("linear")
     state_bytes = num_linear * model.linear_state_bytes_per_layer
-    page_bytes = block_size * max(token_bytes.values()) if token_bytes else state_bytes
+    size = group_layers([model.num_layers_of(k) for k in token_kinds]) if token_kinds else 0
+    groups = {}
+    for kind in token_kinds:
+        layers, count = model.num_layers_of(kind), cdiv(model.num_layers_of(kind), size)
+        groups[kind] = [len(range(i, layers, count)) for i in range(count)]  # layers i, i + count, ...
+    page_bytes = block_size * size * per_layer if token_kinds else state_bytes
     if page_bytes <= 0:
         raise UserError(f"model {model.name} stores no KV and no state: nothing to allocate")
-    block_sizes = {k: page_bytes // b for k, b in token_bytes.items()}
+    block_sizes = dict.fromkeys(token_kinds, block_size)
     pages_per_state = cdiv(state_bytes, page_bytes)
-    return PageLayout(page_bytes, block_sizes, token_bytes, state_bytes, pages_per_state)
+    return PageLayout(page_bytes, block_sizes, token_bytes, state_bytes, pages_per_state, groups, size)
 
 
 class LinearStateManager:
