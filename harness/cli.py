@@ -734,6 +734,12 @@ def composing_once(args):
             sys.stdout.flush()
             try:
                 check_run_config(task_config(shown[0]))
+                from hydra.types import RunMode
+
+                from kvbench.reporting.paper import check_experiment, report_settings
+
+                full = self.compose_config(config_name, overrides, run_mode=RunMode.MULTIRUN)  # with its hydra node
+                check_experiment(full, report_settings(full.get("report"))["paper"])  # what the sweep's start refuses
             except UserError as err:
                 raise UserError(f"{err} (the config printed above is one a run refuses)") from None
 

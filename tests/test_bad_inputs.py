@@ -1119,6 +1119,9 @@ def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
         (["engine.async_scheduling=true"], "engine.async_scheduling=true is measured by scenario=serve"),
         (["executor=calibrated", "executor.profile=abc"], "executor.profile='abc': no such file"),
         (["scenario=validate", "model=tiny", "scenario.profile=abc"], "scenario.profile='abc': no such file"),
+        # an experiment's setup, refused as its sweep starts
+        (["+experiment=fig2", "workload.rate=5"], "fig2: the paper's numbers are opt-13b on a100-40gb's"),
+        (["+experiment=fig18", "allocator.block_size=32"], "allocator.block_size=32 fixes it to one"),
     ],
 )
 def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, message):
@@ -1130,10 +1133,13 @@ def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, mes
     assert line.endswith("(the config printed above is one a run refuses)")
 
 
-def test_cfg_job_of_a_config_a_run_accepts_ends_as_usual():
-    result = in_process(lambda: cli.main(["--cfg", "job", "+allocator=paged", "workload.rate=2"]))
+@pytest.mark.parametrize(
+    "args, shown", [(["+allocator=paged", "workload.rate=2"], "rate: 2"), (["+experiment=fig2"], "fig2")]
+)
+def test_cfg_job_of_a_config_a_run_accepts_ends_as_usual(args, shown):
+    result = in_process(lambda: cli.main(["--cfg", "job", *args]))
     assert result.returncode == 0 and result.stderr == ""
-    assert "rate: 2" in result.stdout
+    assert shown in result.stdout
 
 
 def test_a_serve_run_whose_largest_step_would_not_fit_is_refused_before_it_starts(monkeypatch):

@@ -756,22 +756,8 @@ class PaperComparison(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         paper = self._settings(config)["paper"]
-        try:  # what the comparison would refuse at the end, known now
-            if paper in ("fig2", "fig12", "fig13"):
-                fig2_setup(config, paper)
-            if paper == "fig12":
-                fig12_setup(config)
-            if paper in PAGED_ONLY:
-                paged_only(config, paper)
-            if paper == "fig14_15":  # the experiment sets them from its width; the rows would be refused at the end
-                knob = next((o for o in _parsed_overrides(config) if o.key_or_group in SHARING_KNOBS), None)
-                if knob is not None:
-                    raise UserError(
-                        f"+experiment=fig14_15 sets workload.n and workload.beam_width from fig14_15.sharing and "
-                        f"fig14_15.width; {knob.input_line} would run another width than the one compared: drop it, "
-                        f"and give the width as fig14_15.width=2,4,6"
-                    )
-            refuse_fixed_axes(config, paper)
+        try:
+            check_experiment(config, paper)
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
@@ -783,3 +769,23 @@ class PaperComparison(Callback):
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+
+
+def check_experiment(config: DictConfig, paper: str | None) -> None:
+    """What the paper comparison would refuse at a sweep's end, known before it runs (the
+    sweep's start, and `bench --cfg job`): `config` with its hydra node."""
+    if paper in ("fig2", "fig12", "fig13"):
+        fig2_setup(config, paper)
+    if paper == "fig12":
+        fig12_setup(config)
+    if paper in PAGED_ONLY:
+        paged_only(config, paper)
+    if paper == "fig14_15":  # the experiment sets them from its width; the rows would be refused at the end
+        knob = next((o for o in _parsed_overrides(config) if o.key_or_group in SHARING_KNOBS), None)
+        if knob is not None:
+            raise UserError(
+                f"+experiment=fig14_15 sets workload.n and workload.beam_width from fig14_15.sharing and "
+                f"fig14_15.width; {knob.input_line} would run another width than the one compared: drop it, "
+                f"and give the width as fig14_15.width=2,4,6"
+            )
+    refuse_fixed_axes(config, paper)
