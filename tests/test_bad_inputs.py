@@ -349,6 +349,7 @@ CROSS_CASES = [
 @pytest.mark.parametrize("args, message", CROSS_CASES, ids=[" ".join(a) for a, _ in CROSS_CASES])
 def test_a_rule_across_fields_or_files_is_one_line(args, message, files):
     (files / "binary.csv").write_bytes(b"\xff\xfe\x00garbage")
+    (files / "blanks.csv").write_text("garbage,,,\n")
 
     def run():
         try:
@@ -1012,6 +1013,8 @@ REPORT_CASES = [
     (["FILES/good.csv", "--bogus"], "unrecognized arguments: --bogus"),
     # read as CSV: "line 2: 1 fields, but its header has 1"
     (["FILES/multirun.yaml", "--out", "FILES/out-y"], "multirun.yaml is a run's config (YAML), not a result table"),
+    (["FILES/nobench.json", "--out", "FILES/out-j"], "nobench.json is a JSON file (a pytest-benchmark"),
+    (["FILES/blanks.csv", "--out", "FILES/out-c"], "blanks.csv: its header has 3 blank column names"),
 ]
 
 
@@ -1025,6 +1028,7 @@ def result_files(files):
     (files / "twice.csv").write_text(GOOD + GOOD.splitlines()[1] + "\n")
     (files / "header.csv").write_text(GOOD.splitlines()[0] + "\n")
     (files / "binary.csv").write_bytes(b"\xff\xfe\x00garbage")
+    (files / "blanks.csv").write_text("garbage,,,\n")
     (files / "bad.json").write_text("{not json")
     (files / "list.json").write_text("[1, 2]")
     (files / "nobench.json").write_text('{"machine_info": {}}')

@@ -85,13 +85,14 @@ PLOTS = ("kv_breakdown.png", "throughput_latency.png", "latency_vs_rate.png", "l
 
 # the files a run or sweep writes beside its tables
 NOT_TABLES = {
-    ".yaml": "config (YAML)",
-    ".yml": "config (YAML)",
-    ".html": "report (HTML)",
-    ".jsonl": "per-request log (JSON lines)",
-    ".png": "plot",
-    ".log": "log",
-    ".gz": "profiler trace",
+    ".yaml": "a run's config (YAML)",
+    ".yml": "a run's config (YAML)",
+    ".html": "a run's report (HTML)",
+    ".jsonl": "a run's per-request log (JSON lines)",
+    ".json": "a JSON file (a pytest-benchmark file is bench-compare's input)",
+    ".png": "a run's plot",
+    ".log": "a run's log",
+    ".gz": "a run's profiler trace",
 }
 
 
@@ -105,7 +106,7 @@ def _load_rows(path: Path) -> tuple[pd.DataFrame, list[Path]]:
     path = Path(path)
     if path.is_file() and path.suffix.lower() in NOT_TABLES:  # a run's other files, read as CSV: "line 2: 3 fields"
         raise UserError(
-            f"{path} is a run's {NOT_TABLES[path.suffix.lower()]}, not a result table: give a summary.csv or "
+            f"{path} is {NOT_TABLES[path.suffix.lower()]}, not a result table: give a summary.csv or "
             f"metrics.csv, or the sweep or run folder"
         )
     if path.is_file():

@@ -121,6 +121,8 @@ def read_csv(path: Path) -> pd.DataFrame:
         if len(header) == 1 and any(mark in header[0] for mark in ";\t|"):
             raise UserError(f"{path}: its header is one column, {header[0][:40]!r}: a result table is comma-separated")
         twice = [name for name, count in Counter(header).items() if count > 1]
+        if "" in twice:  # `garbage,,,`: not a table's header
+            raise UserError(f"{path}: its header has {header.count('')} blank column names; every column is named")
         if twice:
             raise UserError(f"{path}: its header names {', '.join(twice[:3])} twice; a column is named once")
         for row in rows:
