@@ -834,6 +834,22 @@ def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
                     )
 
 
+NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+(?![\w.])")
+
+
+def refuse_overflowing_numbers(overrides: list[str]) -> None:
+    """`workload.rate=1e400`: Hydra reads a number beyond a float's range as inf, and the run
+    would put every request at t=0 without a word; `inf` is spelled so where it is meant."""
+    for item in overrides:
+        key, value = split_override(item)
+        huge = next((n for n in NUMBER.findall(value) if math.isinf(float(n))), None)
+        if huge is not None:
+            raise UserError(
+                f"{key}={huge} is beyond a float's range (about 1.8e308), which reads as infinite: give a finite "
+                f"number, or inf where a key takes it (workload.rate=inf)"
+            )
+
+
 def refuse_null_groups(overrides: list[str]) -> None:
     """`hardware=null` (NULL, or null among a sweep's values): Hydra's words are "Config group
     override must be a string or a list"."""
@@ -1105,6 +1121,7 @@ def _bench(argv: list[str] | None) -> None:
                 "-m's lists; the sweep runs without --help"
             )
         refuse_null_groups(parsed.overrides)
+        refuse_overflowing_numbers(parsed.overrides)
         refuse_unusable_hydra_paths(parsed.overrides)
         refuse_deleted_keys(parsed.overrides)
         refuse_keys_given_twice(parsed.overrides)  # a sweep's, and a group set through a dict

@@ -848,6 +848,9 @@ RUN_CASES = [
         ["scenario=validate", "model=tiny", "scenario.out_dir=FILES/validated"],
         "validated holds an earlier run's validation.csv, which this run would replace",
     ),
+    # a number beyond a float's range, read as inf: every request at t=0, without a word
+    (["workload.rate=1e400"], "workload.rate=1e400 is beyond a float's range (about 1.8e308)"),
+    (["-m", "workload.rate=1,-1e999"], "workload.rate=-1e999 is beyond a float's range"),
 ]
 
 
