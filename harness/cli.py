@@ -810,6 +810,8 @@ def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
         key, value = split_override(item)
         if key in ("hydra.run.dir", "hydra.sweep.dir") and not any(str(v).strip() for v in _values(item)):
             raise UserError(f"{key} is empty: give a folder (left out, kvbench makes one under results/)")
+        if key.endswith(".out_dir") and any(isinstance(v, str) and not v.strip() for v in _values(item)):
+            raise UserError(f"{key} is empty: give a folder, or null for the run's own")
         if key != "hydra.searchpath":
             continue
         for entry in (e for v in _values(item) for e in (v if isinstance(v, list) else [v])):

@@ -850,6 +850,7 @@ RUN_CASES = [
     ),
     # a number beyond a float's range, read as inf: every request at t=0, without a word
     (["workload.rate=1e400"], "workload.rate=1e400 is beyond a float's range (about 1.8e308)"),
+    (["scenario=profile", "model=tiny", "scenario.out_dir="], "scenario.out_dir is empty: give a folder, or null"),
     (["-m", "workload.rate=1,-1e999"], "workload.rate=-1e999 is beyond a float's range"),
 ]
 
