@@ -68,6 +68,7 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
         # the row's every cell was named, in kvbench's names rather than the file's; 1_0 read as 10
         ("Timestamp,Model,Request tokens,Response tokens\n0,x,47x2,5\n", "line 2: Request tokens='47x2' is not a"),
         ("input_len,output_len\n1_0,5\n", "line 2: input_len='1_0' is not a number"),
+        ("input_len,output_len\n\u0661\u0660,5\n", "input_len='\u0661\u0660' is not a number"),  # Arabic-Indic 10
         ("input_len,output_len\n\n\n\n10,20\n-1,5\n", "line 6: lengths must be >= 1"),  # the file's line, blanks too
         ("input_len,output_len\r\n10,20\r\n\r\n-1,5\r\n", "line 4: lengths must be >= 1"),
         (

@@ -232,7 +232,7 @@ def _trace_rows(path: str, reader: csv.DictReader) -> list[tuple[int, int, float
 def _number(path, line: int, column: str, text) -> float:
     """A trace cell as a number; one that is not (`12 tokens`, `1_000`, blank) names its column."""
     try:
-        if "_" in text:  # Python's float() reads 1_000 as 1000: a typo such as 1_0 would read 10
+        if "_" in text or not text.isascii():  # float() reads 1_000 as 1000 (a typo 1_0 as 10), and ١٠ as 10
             raise ValueError(text)
         return float(text)
     except (TypeError, ValueError):
