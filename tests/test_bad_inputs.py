@@ -638,6 +638,10 @@ RUN_CASES = [
         ["scenario=serve", "model=tiny", "scenario.num_requests=2", "scenario.kv_cache_tokens=8"],
         "369-token request; raise scenario.kv_cache_tokens (now 8, which rounds down to 0 whole 16-token blocks)",
     ),
+    (  # a hybrid pool rounds to pages of a block of a layer group, not to blocks of every layer
+        ["scenario=serve", "model=tiny-gemma3", "+allocator=hybrid", "scenario.kv_cache_tokens=203"],
+        "raise scenario.kv_cache_tokens (now 203, which rounds down to 76 whole pages (202 token slots))",
+    ),
     # after the whole profile: "... give more memory (hardware.*, engine.kv_cache_bytes)", which validate refuses
     (
         ["scenario=validate", "model=tiny", "workload.num_requests=8", "scenario.kv_cache_tokens=100"],

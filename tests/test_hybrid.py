@@ -682,6 +682,24 @@ def test_a_prefix_hit_comes_in_whole_blocks_whatever_the_kinds_layer_counts():
     recount(allocator)
 
 
+def test_a_window_of_one_token_hits_only_what_is_cached():
+    """A window-1 layer reads no earlier block, so every prompt 'hit' all but its last token on an
+    empty pool (prefix_hit_rate 0.976 where nothing was cached). A hit needs its last block cached."""
+    spec = model("tiny-gemma3", layer_pattern=("window",), num_layers=4, window=1)
+    allocator = hybrid(spec, num_slots=4000, block_size=4, watermark=0.0, prefix_caching=True)
+    tokens = list(range(100, 141))
+
+    def seq(seq_id):
+        return Sequence(seq_id, Request(seq_id, 0.0, 41, 5, tokens), 41, token_ids=list(tokens))
+
+    first = seq(0)
+    assert allocator.admit(first) and first.num_computed == first.num_cached == 0  # nothing cached yet
+    assert step(allocator, first, 41)
+    second = seq(1)
+    assert allocator.admit(second) and second.num_cached == 40  # the first's blocks, named as it ran
+    recount(allocator)
+
+
 def test_a_group_a_preemption_brings_back_whole_is_sized_at_its_one_step_prefill():
     """A request of 3 samples comes back from a preemption whole, each sequence prefilled in one
     step (not in the budget's chunks), which a window layer holds entire: the check sized it at

@@ -218,13 +218,19 @@ def warm_up(cfg: DictConfig, real: RealModel, steps: int) -> None:
 def pool_hint(kv_bytes, num_slots: int, allocator) -> str:
     """How a served run's KV pool gets more room: the setting that sized it, and the whole
     blocks it came to where the allocator rounded it down."""
-    blocks, size = allocator.num_slots // allocator.block_size, allocator.block_size
-    rounded = f"rounds down to {blocks} whole {size}-token block{'' if blocks == 1 else 's'}"
+    pages = getattr(allocator, "num_pages", None)  # the hybrid pool's: pages of a block of a layer group
+    if pages is not None:
+        unit = f"{pages} whole page{'' if pages == 1 else 's'} ({allocator.num_slots} token slots)"
+    else:
+        blocks = allocator.num_slots // allocator.block_size
+        unit = f"{blocks} whole {allocator.block_size}-token block{'' if blocks == 1 else 's'}"
+    rounded = f"rounds down to {unit}"
     if kv_bytes is not None:
         slots = f"{num_slots} token slot{'' if num_slots == 1 else 's'}"
         return f"raise engine.kv_cache_bytes (now {kv_bytes}: {slots}, which {rounded})"
     return (
-        f"raise scenario.kv_cache_tokens (now {num_slots}{', which ' + rounded if blocks * size != num_slots else ''})"
+        f"raise scenario.kv_cache_tokens (now {num_slots}"
+        f"{', which ' + rounded if allocator.num_slots != num_slots else ''})"
     )
 
 

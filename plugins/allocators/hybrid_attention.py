@@ -249,9 +249,11 @@ class AttentionManager:
         return count
 
     def window_cached(self, hashes: list, length: int) -> bool:
-        """Whether the blocks a query at position `length` reads are all cached (window layers)."""
+        """Whether the blocks a query at position `length` reads are all cached (window layers),
+        and the prefix's last block at least: a window of one token reads no earlier block, and
+        a hit of nothing cached is none."""
         cached, bs = self.pool.cached, self.block_size
-        first = max(0, self.first_needed(length)) // bs
+        first = min(max(0, self.first_needed(length)) // bs, length // bs - 1)
         return all(hashes[i] in cached for i in range(first, length // bs))
 
     def hit_pages(self, hashes: list, length: int) -> list[int]:
