@@ -649,3 +649,24 @@ def test_the_first_error_of_a_failed_benchmark_run_is_its_cause_not_a_banner():
     missing = "ERROR: file or directory not found: nope.py\n"
     assert _first_error(subprocess.CompletedProcess([], 4, "", missing)).startswith("ERROR: file or directory")
     assert _first_error(subprocess.CompletedProcess([], 3, "", "")) == "exit code 3, no output"
+
+
+@pytest.mark.parametrize(
+    "stats, extra, said",
+    [
+        ({"median": True, "min": 1e-3}, {}, "has a time that is true or false, not a number of seconds"),
+        ({"median": 1e-3, "min": 1e-3}, {"calls_per_step": [1, 2]}, "extra_info calls_per_step is [1, 2], not a"),
+    ],
+)
+def test_a_benchmark_time_or_count_of_the_wrong_kind_is_refused_on_either_side(tmp_path, stats, extra, said):
+    """`median: true` read as 1 s, and a count given as a list dropped the work-count gate of a baseline."""
+    import json
+
+    def bench(stats, extra):
+        return json.dumps({"benchmarks": [{"fullname": "tests/b.py::test_step", "stats": stats, "extra_info": extra}]})
+
+    (tmp_path / "good.json").write_text(bench({"median": 1e-3, "min": 1e-3}, {"calls_per_step": 519}))
+    (tmp_path / "bad.json").write_text(bench(stats, extra))
+    for sides in (["good.json", "bad.json"], ["bad.json", "good.json"]):
+        paths = [str(tmp_path / side) for side in sides]
+        assert said in refused(lambda paths=paths: compare.main(paths))

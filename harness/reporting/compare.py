@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, guarded_stdout, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks
+from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks, non_negative_metrics
 from kvbench.reporting.results import identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
@@ -60,6 +60,8 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
             stats = bench.get("runs") or [bench.get("stats")]
             if not all(isinstance(run, dict) and set(BENCHMARK_STATS.values()) <= set(run) for run in stats):
                 raise ValueError(f"{name!r} has no stats with {' and '.join(BENCHMARK_STATS.values())}")
+            if any(isinstance(run[s], bool) for run in stats for s in BENCHMARK_STATS.values()):  # true reads as 1 s
+                raise ValueError(f"{name!r} has a time that is true or false, not a number of seconds")
             runs = pd.DataFrame(stats)[list(BENCHMARK_STATS.values())]
             runs = runs.astype(float).set_axis(list(BENCHMARK_STATS), axis=1)
             if not (np.isfinite(runs.to_numpy()) & (runs.to_numpy() >= 0)).all():
@@ -67,6 +69,10 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
             # a number, or a text or null where one was meant (refused or missed as a metric cell would be)
             extra = bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {}
             counts = {k: v for k, v in extra.items() if v is None or type(v) in (int, float, str)}
+            judged = sorted((set(extra) - set(counts)) & non_negative_metrics())  # a list where a count goes
+            if judged:
+                given = json.dumps(extra[judged[0]])[:40]
+                raise ValueError(f"{name}'s extra_info {judged[0]} is {given}, not a number")
             meta = {"status": "ok", SAMPLES: runs.to_dict("list"), **env}
             row = {"benchmark": name, **runs.median(), "runs": len(runs)}
             taken = sorted((set(row) | set(meta)) & set(counts))
