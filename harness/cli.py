@@ -438,6 +438,10 @@ def refuse_deleted_keys(overrides: list[str]) -> None:
     read = schema_fields()
     for item in deleted:
         key = split_override(item)[0]
+        setting = (o for o in overrides if not o.startswith("~") and split_override(o)[0].startswith(f"{key}."))
+        inside = next(setting, None)
+        if inside is not None:  # `~workload workload.num_requests=20`: Hydra's line would say to add it with +
+            raise UserError(f"{inside} sets a key of {key}, which {item} deletes: drop one of them")
         if "/" in key or _is_group(key):  # a group's choice (hydra/launcher, allocator) may go
             continue
         if key in read:

@@ -669,6 +669,7 @@ RUN_CASES = [
     ),
     (["-m", "workload.rate=1,2", "workload.duration_s=${nosuch.key}", "hydra.sweep.dir=FILES/q6"], "'nosuch.key' not"),
     (["~workload"], "workload is required"),
+    (["workload.num_requests=20", "~workload"], "workload.num_requests=20 sets a key of workload, which ~workload"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),
     (
         ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1000", "hydra.sweep.dir=FILES/sweep-x4"],
