@@ -6,8 +6,8 @@ blocks that fall out of its window; a linear-state layer holds one fixed-size st
 sequence. `policy` picks how the pool is shared, so the two naive choices are measured by the
 same code:
 
-    shared   one pool, any kind takes any free page (as vLLM's hybrid allocator does;
-             hybrid_pages.py says how its pages differ)
+    shared   one pool, any kind takes any free page (as vLLM's hybrid allocator does, its
+             layers grouped as vLLM groups them: hybrid_pages.py)
     static   the pool split by layer kind in proportion to layer counts
     as_full  one pool, every layer kept as full attention (window layers keep every block,
              linear layers store K/V per token): PagedAttention unaware of layer kinds
