@@ -73,14 +73,17 @@ def test_page_size_unification_gives_every_kind_pages_of_equal_bytes(name, linea
     pages = unify_pages(spec, 16, linear_as_full)
     per_layer = spec.kv_bytes_per_token_per_layer
     for kind, block_size in pages.block_sizes.items():
-        assert block_size == 16  # every group keeps the configured block: hits in steps of 16
         assert sum(pages.groups[kind]) == spec.num_layers_of(kind)  # every layer in one group
         assert max(pages.groups[kind]) - min(pages.groups[kind]) <= 1  # strided: sizes differ by one at most
         for group, layers in enumerate(pages.groups[kind]):
             assert layers <= pages.group_size
             used = block_size * pages.group_token_bytes(kind, group)
             assert used + pages.page_padding(kind, group) == pages.page_bytes
-            assert pages.page_padding(kind, group) == (pages.group_size - layers) * block_size * per_layer
+            if linear_as_full:  # a kind-unaware pool: no padding layers, a block scaled to its page
+                assert len(pages.groups[kind]) == 1 and 0 <= pages.page_padding(kind) < pages.token_bytes[kind]
+            else:  # every group keeps the configured block (hits in steps of 16); padding layers fill it
+                assert block_size == 16
+                assert pages.page_padding(kind, group) == (pages.group_size - layers) * block_size * per_layer
     if pages.state_bytes:
         assert pages.pages_per_state == math.ceil(pages.state_bytes / pages.page_bytes)
 
@@ -680,6 +683,30 @@ def test_a_prefix_hit_comes_in_whole_blocks_whatever_the_kinds_layer_counts():
     for group in windows:  # a window group holds what its next query reads: 63 tokens before 192
         assert group.tables[1][-4:] == group.tables[0][8:12] and -1 not in group.tables[1][-4:]
     recount(allocator)
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-gpt-oss", "tiny-qwen3-next"])
+def test_the_served_attention_caches_take_what_the_pool_does(name):
+    """Each layer had a cache of every page: grouped pages are a block of one group, so the caches
+    took (attention layers / group size) times the pool (tiny-gemma3: 6x). Layers at one place of
+    their groups share a cache, as vLLM lays them: the caches are the pool's pages, no more."""
+    spec = serve_model(name)
+    allocator = hybrid(spec, num_slots=2000)
+    executor = HybridModelExecutor(tiny_decoder(name), allocator, EagerBackend(), SAMPLED)
+    caches = sum(c.numel() * c.element_size() for pair in executor._caches for c in pair)
+    assert len(executor._caches) == allocator.pages.group_size  # one K/V pair a place, every group's
+    assert caches == allocator.num_pages * allocator.pages.page_bytes  # the pool, in the pool's dtype
+
+
+def test_as_full_is_a_kind_unaware_pool_and_pays_no_padding_layers():
+    """as_full, PagedAttention unaware of layer kinds (vLLM with its hybrid manager off), keeps
+    one table for every layer: grouped as the hybrid pool is, gemma-3-like's 8 padding layers made
+    a 1,024-token sequence take 1,156 slots; one group a kind, block scaled to the page, 1,033."""
+    spec = model("gemma-3-like")
+    as_full = HybridAllocator(100_000, 4096, 16, model=spec, policy="as_full")
+    shared = HybridAllocator(100_000, 4096, 16, model=spec, policy="shared")
+    assert as_full.pages.groups == {"full": [10], "window": [52]}
+    assert as_full.footprint(1024) == 1033 < shared.footprint(1024) == 1156  # 1,024 + 8/60 of 1,024 + rounding
 
 
 def test_a_window_of_one_token_hits_only_what_is_cached():

@@ -1,10 +1,11 @@
 """HybridModelExecutor: the tiny model served from the hybrid allocator's per-layer-kind layout.
 
-Every page id names one page of the pool, whatever layer kind holds it. Each attention layer
-owns a K and a V tensor `[num_pages, block_size of its kind, kv_heads, head_dim]` and each linear
+Every page id names one page of the pool, whatever layer group holds it. The attention layers at
+one place of their groups (hybrid_pages) share a K and a V tensor `[num_pages, block_size,
+kv_heads, head_dim]`, since their groups hold disjoint pages, so the caches take what the pool
+does, as vLLM lays one tensor a place (as_full: one a layer, its kind's block size); each linear
 layer a state tensor `[num_pages, heads, head_dim, state_dim]` whose row `state_slot(seq)` is
-the sequence's state. (On a GPU vLLM lays the groups over one shared buffer; here each layer has
-its own tensor, and the pool's page budget is what the allocator enforces.) Per step each layer
+the sequence's state. Per step each layer
 group (hybrid_pages: the i-th layer of a kind in group i mod its groups) gets its own block
 tables and slot mapping, since each group holds its own pages and window layers drop the blocks
 that fell out of their window; linear layers get the batch's state slots, and which sequences start
@@ -59,14 +60,18 @@ class HybridModelExecutor(ModelExecutor):
         super().__init__(model, allocator, backend, sampling, swap_slots, graph, async_scheduling)
         spec, pages = model.spec, allocator.num_pages
         self.kinds = [k for k in spec.layer_kinds if k != "linear"]  # attention layers, cache order
-        self.layer_groups = allocator.layer_groups(self.kinds)  # each attention layer's (kind, group)
+        places = allocator.layer_groups(self.kinds)  # each attention layer's (kind, group, place)
+        self.layer_groups = [(kind, group) for kind, group, _ in places]
         self.block_size = allocator.attention[0].block_size  # the kind block_table(seq) answers for
         shape = (spec.num_kv_heads, spec.head_dim)
         on_device = dict(device=self.device, dtype=self.dtype)
-        self.kv_caches = [
-            tuple(torch.zeros(pages, allocator.block_size_of(kind), *shape, **on_device) for _ in "kv")
-            for kind in self.kinds
-        ]
+        shared: dict = {}  # (block size, place) -> its K and V: one cache a place, as vLLM lays them
+        for kind, _, place in places:
+            size = allocator.block_size_of(kind)
+            if (size, place) not in shared:
+                shared[size, place] = tuple(torch.zeros(pages, size, *shape, **on_device) for _ in "kv")
+        self.kv_caches = [shared[allocator.block_size_of(kind), place] for kind, _, place in places]
+        self._caches = list(shared.values())  # each once, for page copies
         self.states = new_states(spec, pages, self.device, self.dtype)
         self._flat = []  # the base's slot-addressed views of the caches replaced above
         self._step_meta, self._step_states = None, None
@@ -74,7 +79,7 @@ class HybridModelExecutor(ModelExecutor):
     def _copy(self, copies: list) -> None:
         """Copy whole pages, in the order logged, in every layer's cache and state tensor."""
         for _, src, dst, _ in copies:
-            for cache in (c for pair in self.kv_caches for c in pair):
+            for cache in (c for pair in self._caches for c in pair):
                 cache[dst] = cache[src]
             for states in self.states:
                 states[dst] = states[src]

@@ -76,18 +76,20 @@ def _real_model(model, dtype: str) -> tuple[tuple[str, float], int]:
     )
 
 
-def _hybrid_caches(model, dtype: str, num_slots: int, block_size: int) -> float:
+def _hybrid_caches(model, dtype: str, num_slots: int, block_size: int, as_full: bool = False) -> float:
     """The bytes allocator=hybrid's serve executor allocates for a pool of `num_slots` tokens:
-    its pages as the allocator unifies them (plugins/allocators/hybrid_pages.py), every attention
-    layer a cache of every page at its kind's block size, and every linear layer a state for
-    every page (HybridModelExecutor), which is more than the pool's budget in tokens counts."""
+    its pages as the allocator unifies them (plugins/allocators/hybrid_pages.py), one cache of
+    every page for each place of a group (one a layer under as_full), and every linear layer a
+    state for every page (HybridModelExecutor), which is more than the pool's budget counts."""
     from kvbench.core.spec import ModelSpec
     from kvbench.plugins.allocators.hybrid_pages import unify_pages
 
     spec = ModelSpec.from_cfg({**model.model_dump(), "dtype": {"auto": "fp32"}.get(dtype, dtype)})
-    layout = unify_pages(spec, block_size)
+    layout = unify_pages(spec, block_size, linear_as_full=as_full)
     pages = num_slots * spec.kv_bytes_per_token // layout.page_bytes
-    caches = sum(pages * size * layout.token_bytes[kind] for kind, size in layout.block_sizes.items())
+    per_layer = spec.kv_bytes_per_token_per_layer
+    places = {(size, place) for kind, size in layout.block_sizes.items() for place in range(max(layout.groups[kind]))}
+    caches = sum(pages * size * per_layer for size, _ in places)
     return caches + spec.num_layers_of("linear") * pages * spec.linear_state_bytes_per_layer
 
 
@@ -135,7 +137,8 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
             slots = kv_bytes // per_token if kv_bytes is not None else scenario.kv_cache_tokens
             parts["KV cache"] = slots * per_token
             if allocator.get("name") == "hybrid":  # its pages' caches and states, allocated whole
-                parts["KV cache"] = _hybrid_caches(model, scenario.dtype, int(slots), block_size)
+                as_full = allocator.get("policy") == "as_full"
+                parts["KV cache"] = _hybrid_caches(model, scenario.dtype, int(slots), block_size, as_full)
             parts["swap pool"] = scenario.swap_space_tokens * per_token
             parts["prompt tokens"] = requests * model.max_model_len * 8
         else:

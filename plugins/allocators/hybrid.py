@@ -317,15 +317,18 @@ class HybridAllocator(KVAllocator):
         manager = self.groups[kind][group] if kind else self.attention[0]
         return manager.tables[seq.seq_id]
 
-    def layer_groups(self, layer_kinds: list[str]) -> list[tuple[str, int]]:
-        """(kind, group) of each attention layer, in order: the i-th layer of a kind is in group
-        i mod its number of groups, as vLLM strides them."""
+    def layer_groups(self, layer_kinds: list[str]) -> list[tuple[str, int, int]]:
+        """(kind, group, place) of each attention layer, in order: the i-th layer of a kind is in
+        group i mod its number of groups, as vLLM strides them, at place i // its groups there.
+        Layers at one place in groups of one block size can share a cache: their groups' pages
+        are disjoint (vLLM's one tensor a place)."""
         seen: dict = {}
-        groups = []
+        places = []
         for kind in layer_kinds:
             index = seen[kind] = seen.get(kind, -1) + 1
-            groups.append((kind, index % len(self.groups[kind])))
-        return groups
+            count = len(self.groups[kind])
+            places.append((kind, index % count, index // count))
+        return places
 
     def state_slot(self, seq: Sequence) -> int:
         """The linear layers' state of `seq` lives at this page (the first of its state's pages)."""

@@ -44,8 +44,8 @@ class PageLayout:
         return self.groups[kind][group] * self.token_bytes[kind] // sum(self.groups[kind])
 
     def page_padding(self, kind: str, group: int = 0) -> int:
-        """Bytes of a page that a group of `kind` never fills (its padding layers), or of a
-        linear state's pages (their rounding)."""
+        """Bytes of a page that a group of `kind` never fills (its padding layers, or as_full's
+        block rounding), or of a linear state's pages (their rounding)."""
         if kind in self.block_sizes:
             return self.page_bytes - self.block_sizes[kind] * self.group_token_bytes(kind, group)
         return self.pages_per_state * self.page_bytes - self.state_bytes
@@ -60,22 +60,32 @@ def group_layers(counts: list[int]) -> int:
 def unify_pages(model: ModelSpec, block_size: int, linear_as_full: bool = False) -> PageLayout:
     """Pages of one `block_size`-token block of `group_size` layers; each kind's layers in groups.
 
-    `linear_as_full` sizes linear layers as if they were full attention (the naive baseline).
+    `linear_as_full` is the naive baseline (allocator.policy=as_full): PagedAttention unaware of
+    layer kinds, as vLLM runs with its hybrid manager disabled, keeps one block table for every
+    layer, so it pays no padding layers. Here each kind keeps its own manager (its accounting:
+    a window layer's tokens past its window are internal fragmentation), so a page is a block of
+    the heaviest kind's layers and the other kinds' blocks are scaled to fill it (a rounding of
+    under a token a block); linear layers are sized as full attention.
     """
     per_layer = model.kv_bytes_per_token_per_layer
     token_kinds = [k for k in LAYER_KINDS if model.num_layers_of(k) and (k != "linear" or linear_as_full)]
     token_bytes = {k: model.num_layers_of(k) * per_layer for k in token_kinds}
     num_linear = 0 if linear_as_full else model.num_layers_of("linear")
     state_bytes = num_linear * model.linear_state_bytes_per_layer
-    size = group_layers([model.num_layers_of(k) for k in token_kinds]) if token_kinds else 0
-    groups = {}
-    for kind in token_kinds:
-        layers, count = model.num_layers_of(kind), cdiv(model.num_layers_of(kind), size)
-        groups[kind] = [len(range(i, layers, count)) for i in range(count)]  # layers i, i + count, ...
+    if linear_as_full:  # one group a kind, its block size scaled
+        size = max((model.num_layers_of(k) for k in token_kinds), default=0)
+        groups = {k: [model.num_layers_of(k)] for k in token_kinds}
+        block_sizes = {k: block_size * size // model.num_layers_of(k) for k in token_kinds}
+    else:
+        size = group_layers([model.num_layers_of(k) for k in token_kinds]) if token_kinds else 0
+        groups = {}
+        for kind in token_kinds:
+            layers, count = model.num_layers_of(kind), cdiv(model.num_layers_of(kind), size)
+            groups[kind] = [len(range(i, layers, count)) for i in range(count)]  # layers i, i + count, ...
+        block_sizes = dict.fromkeys(token_kinds, block_size)
     page_bytes = block_size * size * per_layer if token_kinds else state_bytes
     if page_bytes <= 0:
         raise UserError(f"model {model.name} stores no KV and no state: nothing to allocate")
-    block_sizes = dict.fromkeys(token_kinds, block_size)
     pages_per_state = cdiv(state_bytes, page_bytes)
     return PageLayout(page_bytes, block_sizes, token_bytes, state_bytes, pages_per_state, groups, size)
 
