@@ -124,8 +124,9 @@ class GuardedStdout:
     callback: its error was swallowed, so a sweep with a failed point exited 0). The run's
     files and its exit code are what they would have been."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, say: bool = True):
         self._stream = stream
+        self.say = say  # stderr's own loss is said nowhere
         self.lost: OSError | None = None
 
     def write(self, text: str) -> int:
@@ -147,6 +148,8 @@ class GuardedStdout:
         self.lost = err
         with contextlib.suppress(OSError, ValueError, AttributeError):  # what is still buffered goes nowhere
             os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        if not self.say:
+            return
         why = "was closed early (a pipe)" if err.errno == errno.EPIPE else f"cannot be written ({err.strerror})"
         print(
             f"note: the standard output {why}: the rest of the console output is dropped "
@@ -161,18 +164,24 @@ class GuardedStdout:
 
 @contextlib.contextmanager
 def guarded_stdout():
-    """A command's console as GuardedStdout for as long as it runs."""
-    if isinstance(sys.stdout, GuardedStdout) or sys.stdout is None:
+    """A command's console, stdout and stderr, as GuardedStdout for as long as it runs: with
+    `2>&1 | head -1` the error line of a failed sweep went to the closed pipe too, and its
+    BrokenPipeError became a warning and exit 0."""
+    if isinstance(sys.stdout, GuardedStdout) or sys.stdout is None or sys.stderr is None:
         yield
         return
-    before = sys.stdout
-    sys.stdout = GuardedStdout(before)
+    before = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = GuardedStdout(before[0]), GuardedStdout(before[1], say=False)
     try:
         yield
     finally:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, GuardedStdout):
+                stream.flush()
         if isinstance(sys.stdout, GuardedStdout):
-            sys.stdout.flush()
-            sys.stdout = before
+            sys.stdout = before[0]
+        if isinstance(sys.stderr, GuardedStdout):
+            sys.stderr = before[1]
 
 
 def reportable(err: BaseException) -> bool:

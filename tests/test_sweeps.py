@@ -522,6 +522,21 @@ def test_a_console_closed_early_keeps_a_failed_sweeps_exit_code_and_shows_no_tra
     assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["failed", "ok"]
 
 
+def test_a_failed_sweeps_exit_code_survives_stderr_closed_with_stdout(tmp_path):
+    # `bench -m ... 2>&1 | head -1`: the error line itself went to the closed pipe, and its
+    # BrokenPipeError, raised in the summary callback, became a warning and exit 0
+    proc = subprocess.Popen(
+        [*BENCH, "-m", "scheduler.max_num_batched_tokens=10,4096", "workload.num_requests=20", "plots=false"]
+        + [*SMALL, "hydra.sweep.dir=sweep"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    proc.stdout.close()
+    assert proc.wait(timeout=300) == 2
+    assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["failed", "ok"]
+
+
 def test_a_full_console_drops_the_rest_of_its_output_once_and_says_so(capsys):
     class Full:
         def write(self, text):
