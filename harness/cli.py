@@ -840,21 +840,30 @@ def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
                     )
 
 
-NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+(?![\w.])")
+INF_SPELLED = re.compile(r"(?i)(?<![\w.])[-+]?inf(inity)?(?![\w.])")
+
+
+def _infinities(value) -> int:
+    """How many infinite floats a parsed override value holds (a list's or a dict's too)."""
+    if isinstance(value, float):
+        return int(math.isinf(value))
+    if isinstance(value, dict):
+        return sum(_infinities(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_infinities(v) for v in value)
+    return 0
 
 
 def refuse_overflowing_numbers(overrides: list[str]) -> None:
     """`workload.rate=1e400`: Hydra reads a number beyond a float's range as inf, and the run
-    would put every request at t=0 without a word; `inf` is spelled so where it is meant."""
+    would put every request at t=0 without a word. An infinity the command line does not spell
+    `inf` is refused; a name such as `run-1e999` is Hydra's text, not a number."""
     for item in overrides:
         key, value = split_override(item)
-        if key.startswith("hydra.") or "/" in value:  # a folder or a file named 1e999 is a name
-            continue
-        huge = next((n for n in NUMBER.findall(value) if math.isinf(float(n))), None)
-        if huge is not None:
+        if _infinities(_values(item)) > len(INF_SPELLED.findall(value)):
             raise UserError(
-                f"{key}={huge} is beyond a float's range (about 1.8e308), which reads as infinite: give a finite "
-                f"number, or inf where a key takes it (workload.rate=inf)"
+                f"{item.lstrip('+~')} holds a number beyond a float's range (about 1.8e308), which reads as "
+                f"infinite: give a finite number, or inf where a key takes it (workload.rate=inf)"
             )
 
 

@@ -854,9 +854,9 @@ RUN_CASES = [
         "validated holds an earlier run's validation.csv, which this run would replace",
     ),
     # a number beyond a float's range, read as inf: every request at t=0, without a word
-    (["workload.rate=1e400"], "workload.rate=1e400 is beyond a float's range (about 1.8e308)"),
+    (["workload.rate=1e400"], "workload.rate=1e400 holds a number beyond a float's range (about 1.8e308)"),
     (["scenario=profile", "model=tiny", "scenario.out_dir="], "scenario.out_dir is empty: give a folder, or null"),
-    (["-m", "workload.rate=1,-1e999"], "workload.rate=-1e999 is beyond a float's range"),
+    (["-m", "workload.rate=1,-1e999"], "workload.rate=1,-1e999 holds a number beyond a float's range"),
 ]
 
 
@@ -1147,7 +1147,12 @@ def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, mes
 
 
 @pytest.mark.parametrize(
-    "args, shown", [(["+allocator=paged", "workload.rate=2"], "rate: 2"), (["+experiment=fig2"], "fig2")]
+    "args, shown",
+    [
+        (["+allocator=paged", "workload.rate=2"], "rate: 2"),
+        (["+experiment=fig2"], "fig2"),
+        (["scenario=validate", "model=tiny", "scenario.out_dir=run-1e999"], "run-1e999"),  # a name, not a number
+    ],
 )
 def test_cfg_job_of_a_config_a_run_accepts_ends_as_usual(args, shown):
     result = in_process(lambda: cli.main(["--cfg", "job", *args]))
