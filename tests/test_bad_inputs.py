@@ -826,7 +826,7 @@ RUN_CASES = [
     # "the KV pool (44310 token slots) is smaller than one request: hybrid needs 1355 slots"
     (
         ["model=gemma-3-like", "hardware=h100-sxm", "+allocator=hybrid", "allocator.watermark=0.99"],
-        "slots), though the KV pool has 44317: its headroom (allocator.watermark) or its split",
+        "slots), though the KV pool has 44317: its headroom (allocator.watermark) keeps it out; lower the",
     ),
     # "use +allocator=hybrid", which the preset then refuses
     (

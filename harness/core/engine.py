@@ -74,12 +74,17 @@ class Engine:
                     f"slots) can never be admitted; lower allocator.watermark or {self.more_memory}"
                 )
             if self.allocator.footprint(final) <= self.allocator.num_slots:  # the pool holds it; a rule does not
+                split = getattr(self.allocator, "policy", None) == "static"
                 raise UserError(
                     f"allocator {self.allocator.name} can never admit a {longest}-token request "
                     f"({self.allocator.footprint(final)} slots), though the KV pool has {self.allocator.num_slots}: "
-                    f"its headroom (allocator.watermark) or its split of the pool between layer kinds "
-                    f"(allocator.policy=static) keeps it out; lower the watermark, use allocator.policy=shared, or "
-                    f"{self.more_memory}"
+                    + (
+                        "its headroom (allocator.watermark) or its split of the pool between layer kinds "
+                        "(allocator.policy=static) keeps it out; lower the watermark, use allocator.policy=shared, or "
+                        if split
+                        else "its headroom (allocator.watermark) keeps it out; lower the watermark, or "
+                    )
+                    + self.more_memory
                 )
             raise UserError(
                 f"the KV pool ({self.allocator.num_slots} token slots) is smaller than one request: "
