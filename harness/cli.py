@@ -559,6 +559,9 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="bench")
 def _main(cfg: DictConfig) -> None:
     global sweep_dir
+    # a log line to a console closed early is dropped, not a traceback: a joblib worker's console
+    # is not the guarded one (GuardedStdout), and its Hydra-made handlers write to the closed pipe
+    logging.raiseExceptions = False
     out_dir, multirun = Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().mode == RunMode.MULTIRUN
     sweep_dir = str(HydraConfig.get().sweep.dir) if multirun else None
     try:
