@@ -854,7 +854,8 @@ def _infinities(value) -> int:
         return sum(_infinities(v) for v in value.values())
     if isinstance(value, (list, tuple)):
         return sum(_infinities(v) for v in value)
-    return 0
+    bounds = [getattr(value, name, None) for name in ("start", "stop", "step", "end")]  # range(), interval()
+    return sum(isinstance(b, float) and math.isinf(b) for b in bounds)
 
 
 def refuse_overflowing_numbers(overrides: list[str]) -> None:
@@ -863,6 +864,9 @@ def refuse_overflowing_numbers(overrides: list[str]) -> None:
     `inf` is refused; a name such as `run-1e999` is Hydra's text, not a number."""
     for item in overrides:
         key, value = split_override(item)
+        ranged = [v for v in _values(item) if hasattr(v, "stop") and _infinities(v)]
+        if ranged:  # range(1,inf) would never end
+            raise UserError(f"{item.lstrip('+~')}: a range() sweep needs finite start, stop and step")
         if _infinities(_values(item)) > len(INF_SPELLED.findall(value)):
             raise UserError(
                 f"{item.lstrip('+~')} holds a number beyond a float's range (about 1.8e308), which reads as "

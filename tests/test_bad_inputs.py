@@ -857,6 +857,7 @@ RUN_CASES = [
     (["workload.rate=1e400"], "workload.rate=1e400 holds a number beyond a float's range (about 1.8e308)"),
     (["scenario=profile", "model=tiny", "scenario.out_dir="], "scenario.out_dir is empty: give a folder, or null"),
     (["-m", "workload.rate=1,-1e999"], "workload.rate=1,-1e999 holds a number beyond a float's range"),
+    (["-m", "workload.rate=range(1,1e999)"], "workload.rate=range(1,1e999): a range() sweep needs finite start"),
 ]
 
 

@@ -701,12 +701,12 @@ def test_the_served_attention_caches_take_what_the_pool_does(name):
 def test_as_full_is_a_kind_unaware_pool_and_pays_no_padding_layers():
     """as_full, PagedAttention unaware of layer kinds (vLLM with its hybrid manager off), keeps
     one table for every layer: grouped as the hybrid pool is, gemma-3-like's 8 padding layers made
-    a 1,024-token sequence take 1,156 slots; one group a kind, block scaled to the page, 1,033."""
+    a 1,024-token sequence take 1,157 slots; one group a kind, block scaled to the page, 1,034."""
     spec = model("gemma-3-like")
     as_full = HybridAllocator(100_000, 4096, 16, model=spec, policy="as_full")
     shared = HybridAllocator(100_000, 4096, 16, model=spec, policy="shared")
     assert as_full.pages.groups == {"full": [10], "window": [52]}
-    assert as_full.footprint(1024) == 1033 < shared.footprint(1024) == 1156  # 1,024 + 8/60 of 1,024 + rounding
+    assert as_full.footprint(1024) == 1034 < shared.footprint(1024) == 1157  # 1,024 + 8/60 of 1,024 + rounding
 
 
 def test_a_window_of_one_token_hits_only_what_is_cached():

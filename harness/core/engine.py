@@ -73,16 +73,22 @@ class Engine:
                     f"(allocator.watermark), so a {longest}-token request ({self.allocator.footprint(final)} "
                     f"slots) can never be admitted; lower allocator.watermark or {self.more_memory}"
                 )
-            if self.allocator.footprint(final) <= self.allocator.num_slots:  # the pool holds it; a rule does not
-                split = getattr(self.allocator, "policy", None) == "static"
+            exempt, self.allocator.watermark_exempt = self.allocator.watermark_exempt, True
+            try:  # without its headroom the pool would take it: the watermark keeps it out
+                by_watermark = self.allocator.can_ever_admit(final)
+            finally:
+                self.allocator.watermark_exempt = exempt
+            split = getattr(self.allocator, "policy", None) == "static"
+            fits = self.allocator.footprint(final) <= self.allocator.num_slots
+            if fits and (by_watermark or split):  # the pool holds it; a rule does not
                 raise UserError(
                     f"allocator {self.allocator.name} can never admit a {longest}-token request "
                     f"({self.allocator.footprint(final)} slots), though the KV pool has {self.allocator.num_slots}: "
                     + (
-                        "its headroom (allocator.watermark) or its split of the pool between layer kinds "
-                        "(allocator.policy=static) keeps it out; lower the watermark, use allocator.policy=shared, or "
-                        if split
-                        else "its headroom (allocator.watermark) keeps it out; lower the watermark, or "
+                        "its headroom (allocator.watermark) keeps it out; lower the watermark, or "
+                        if by_watermark
+                        else "its split of the pool between layer kinds (allocator.policy=static) keeps it out; use "
+                        "allocator.policy=shared, or "
                     )
                     + self.more_memory
                 )

@@ -1,15 +1,15 @@
-"""HybridModelExecutor: the tiny model served from the hybrid allocator's per-layer-kind layout.
+"""HybridModelExecutor: the tiny model served from the hybrid allocator's per-layer-group layout.
 
 Every page id names one page of the pool, whatever layer group holds it. The attention layers at
 one place of their groups (hybrid_pages) share a K and a V tensor `[num_pages, block_size,
 kv_heads, head_dim]`, since their groups hold disjoint pages, so the caches take what the pool
-does, as vLLM lays one tensor a place (as_full: one a layer, its kind's block size); each linear
-layer a state tensor `[num_pages, heads, head_dim, state_dim]` whose row `state_slot(seq)` is
-the sequence's state. Per step each layer
-group (hybrid_pages: the i-th layer of a kind in group i mod its groups) gets its own block
-tables and slot mapping, since each group holds its own pages and window layers drop the blocks
-that fell out of their window; linear layers get the batch's state slots, and which sequences start
-from an empty state.
+does, as vLLM lays one tensor a place (as_full: one a place and block size, its kinds' blocks
+scaled, so kinds of one block size share and others do not). Each linear layer has a state
+tensor `[num_pages, heads, head_dim, state_dim]` whose row `state_slot(seq)` is the sequence's
+state. Per step each layer group (the i-th layer of a kind in group i mod its groups) gets its
+own block tables and slot mapping, since each group holds its own pages and window layers drop
+the blocks that fell out of their window; linear layers get the batch's state slots, and which
+sequences start from an empty state.
 """
 
 from __future__ import annotations

@@ -246,10 +246,10 @@ class HybridAllocator(KVAllocator):
         return need
 
     def footprint(self, request_len: int) -> int:
-        return sum(self._pages_at_end(request_len).values()) * self.pages.page_bytes // self.slot_bytes
+        return cdiv(sum(self._pages_at_end(request_len).values()) * self.pages.page_bytes, self.slot_bytes)
 
     def group_footprint(self, request_len: int) -> int:
-        return sum(self._pages_at_end(request_len, whole=True).values()) * self.pages.page_bytes // self.slot_bytes
+        return cdiv(sum(self._pages_at_end(request_len, whole=True).values()) * self.pages.page_bytes, self.slot_bytes)
 
     def can_ever_admit(self, final_len: int, width: int = 1) -> bool:
         need = self._pages_at_end(final_len, width, whole=width > 1)
