@@ -139,13 +139,12 @@ class KVAllocator(ABC):
     @abstractmethod
     def free(self, seq: Sequence) -> None: ...
 
-    def forget_unrun(self, seqs) -> None:
+    def forget_unrun(self, seqs) -> None:  # noqa: B027 (a default: nothing to forget)
         """`seqs`' latest growth never ran: an admission or a group's step the scheduler undid
         before its forward. What each holds beyond its `num_computed` tokens was never written,
         so an allocator with a prefix cache takes it out of the cache (a later hit would read K/V
         nobody computed), whether the sequences are then freed or swapped out; one without a
         cache has nothing to forget."""
-        return None  # noqa: PLR1711 (the default: nothing to forget)
 
     def free_unrun(self, seqs) -> None:
         """forget_unrun, then free each of `seqs`."""

@@ -187,6 +187,15 @@ class BlockPool:
             del self.evictable[block]
             self.free.append(block)
 
+    def unname_unrun(self, table: list[int], hashes: list, computed: int) -> None:
+        """A sequence's blocks named past its `computed` full blocks (`table`'s entries up to
+        its `hashes`; -1, a window's released block, skipped) taken out of the cache, and its
+        hashes of them dropped, which a swap-in would name again."""
+        for block in table[computed : len(hashes)]:
+            if block >= 0:
+                self.unname(block)
+        del hashes[computed:]
+
     def lookup(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 

@@ -217,13 +217,8 @@ class HybridAllocator(KVAllocator):
         for seq in seqs:  # each kind's pages named past the sequence's computed tokens
             for m in self.attention:
                 hashes = m.hashes.get(seq.seq_id)
-                if hashes is None:
-                    continue
-                first = seq.num_computed // m.block_size
-                for page in m.tables[seq.seq_id][first : len(hashes)]:
-                    if page >= 0:
-                        m.pool.unname(page)
-                del hashes[first:]
+                if hashes is not None:
+                    m.pool.unname_unrun(m.tables[seq.seq_id], hashes, seq.num_computed // m.block_size)
 
     def capacity(self, seq: Sequence) -> int:
         pages = sum(m.held_blocks(seq.seq_id) for m in self.attention)

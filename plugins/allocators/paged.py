@@ -382,15 +382,10 @@ class PagedAllocator(KVAllocator):
         # a swap-in would name again
         if not self.prefix_caching:
             return
-        bs = self.block_size
         for seq in seqs:
             hashes = self._hashes.get(seq.seq_id)
-            if hashes is None:
-                continue
-            first = seq.num_computed // bs
-            for block in self.block_tables[seq.seq_id][first : len(hashes)]:
-                self.pool.unname(block)
-            del hashes[first:]
+            if hashes is not None:
+                self.pool.unname_unrun(self.block_tables[seq.seq_id], hashes, seq.num_computed // self.block_size)
 
     def _release(self, seq: Sequence) -> None:
         self._settle(seq)
