@@ -1100,15 +1100,10 @@ def missing_package_is_bad_input(parsed):
 folders_before: set[Path] = set()  # the sweep folders named on the command line that existed before it ran
 
 
+@guarded_stdout()  # a console closed early costs the console only
 def main(argv: list[str] | None = None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
-    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error). A
-    console closed early costs the console only (errors.GuardedStdout)."""
-    with guarded_stdout():
-        _bench(argv)
-
-
-def _bench(argv: list[str] | None) -> None:
+    kvbench keeps its traceback (HYDRA_FULL_ERROR=1 shows Hydra's own for every error)."""
     from hydra._internal.utils import get_args_parser
 
     from kvbench.schema.hydra_errors import hydra_line, sweeper_params_line

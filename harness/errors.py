@@ -3,7 +3,7 @@
 `UserError` is what kvbench raises for bad input. `one_line(err)` turns it, or an error of the
 file system (missing, unreadable, read-only, full, a file where a directory should be) or of a
 file's contents, into the line a person at the terminal reads; `exit_with(err)` prints it and
-exits 2; `entry_point` wraps a command's main so that nothing it refuses shows a traceback.
+exits 2; `guarded_stdout` keeps a console closed early from costing more than the console.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import csv
 import errno
-import functools
 import os
 import sys
 from typing import NoReturn
@@ -164,7 +163,8 @@ class GuardedStdout:
 
 @contextlib.contextmanager
 def guarded_stdout():
-    """A command's console, stdout and stderr, as GuardedStdout for as long as it runs: with
+    """A command's console, stdout and stderr, as GuardedStdout for as long as it runs (a
+    context manager, or a decorator of the command's main): with
     `2>&1 | head -1` the error line of a failed sweep went to the closed pipe too, and its
     BrokenPipeError became a warning and exit 0."""
     if isinstance(sys.stdout, GuardedStdout) or sys.stdout is None or sys.stderr is None:
@@ -186,21 +186,6 @@ def guarded_stdout():
 
 def reportable(err: BaseException) -> bool:
     return isinstance(err, (UserError, OSError, *CONTENT_ERRORS))
-
-
-def entry_point(main):
-    """A console command's main: every reportable error is one line on stderr and exit code 2."""
-
-    @functools.wraps(main)
-    def run(*args, **kwargs):
-        try:
-            return main(*args, **kwargs)
-        except Exception as err:
-            if not reportable(err):
-                raise
-            exit_with(err)
-
-    return run
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -441,12 +441,8 @@ def compare(
     return 0
 
 
+@guarded_stdout()  # a console closed early costs the console only
 def main(argv: list[str] | None = None) -> None:
-    with guarded_stdout():  # a console closed early costs the console only
-        _main(argv)
-
-
-def _main(argv: list[str] | None) -> None:
     parser = ArgumentParser(
         prog="bench-compare",
         description="Compare a run against a baseline; exit 1 on a regression.",

@@ -599,12 +599,8 @@ def add_paper_section(folder: Path) -> None:
 REPORT_OPTIONS = "give options: --baseline NAME, --slo S_PER_TOKEN, --out DIR (bench-report --help)"
 
 
+@guarded_stdout()  # a console closed early costs the console only
 def main(argv: list[str] | None = None) -> None:
-    with guarded_stdout():  # a console closed early costs the console only
-        _main(argv)
-
-
-def _main(argv: list[str] | None) -> None:
     parser = ArgumentParser(
         prog="bench-report", description="Turn sweep directories into summary.csv, plots and report.html."
     )
