@@ -200,10 +200,12 @@ def refuse_unread_overrides(cfg: DictConfig) -> None:
         raise UserError(
             f"engine.swap_space_bytes is not read by scenario=serve, whose swap pool is {pool}: set that instead"
         )
-    unread = next((k for k in (pool, *SWAP_KEYS) if k in overridden), None)  # the swap pool and its timing
+    # the swap pools (validate's serve runs have their own) and what times a swap
+    pools = (pool, "scenario.serve.swap_space_tokens") if scenario == "validate" else (pool,)
+    unread = next((k for k in (*pools, *SWAP_KEYS) if k in overridden), None)
     if unread and str(cfg.engine.get("preemption")) != "swap":
         raise UserError(
-            f"{unread} {'is' if unread == pool else 'times swaps,'} read only with engine.preemption=swap; "
+            f"{unread} {'is' if unread in pools else 'times swaps,'} read only with engine.preemption=swap; "
             f"engine.preemption={cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set "
             f"engine.preemption=swap"
         )
@@ -335,11 +337,6 @@ def refuse_unread_settings(cfg: DictConfig, scenario: str, overridden: list[str]
             raise UserError(
                 f"scenario.serve.kv_cache_tokens is not read: validate sizes both sides' pool by "
                 f"scenario.kv_cache_tokens (now {cfg.scenario.kv_cache_tokens}): set that instead"
-            )
-        if "scenario.serve.swap_space_tokens" in overridden and str(cfg.engine.get("preemption")) != "swap":
-            raise UserError(
-                f"scenario.serve.swap_space_tokens is read only with engine.preemption=swap; engine.preemption="
-                f"{cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set engine.preemption=swap"
             )
         profiled = [k for k in overridden if k.startswith("scenario.profiling.") and k.split(".")[2] not in PROBE_KEYS]
         if cfg.scenario.get("profile") and profiled:
@@ -863,11 +860,10 @@ def refuse_overflowing_numbers(overrides: list[str]) -> None:
     would put every request at t=0 without a word. An infinity the command line does not spell
     `inf` is refused; a name such as `run-1e999` is Hydra's text, not a number."""
     for item in overrides:
-        key, value = split_override(item)
-        ranged = [v for v in _values(item) if hasattr(v, "stop") and _infinities(v)]
-        if ranged:  # range(1,inf) would never end
+        values = _values(item)
+        if any(hasattr(v, "stop") and _infinities(v) for v in values):  # range(1,inf) would never end
             raise UserError(f"{item.lstrip('+~')}: a range() sweep needs finite start, stop and step")
-        if _infinities(_values(item)) > len(INF_SPELLED.findall(value)):
+        if _infinities(values) > len(INF_SPELLED.findall(split_override(item)[1])):
             raise UserError(
                 f"{item.lstrip('+~')} holds a number beyond a float's range (about 1.8e308), which reads as "
                 f"infinite: give a finite number, or inf where a key takes it (workload.rate=inf)"
