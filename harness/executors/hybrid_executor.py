@@ -60,16 +60,15 @@ class HybridModelExecutor(ModelExecutor):
         super().__init__(model, allocator, backend, sampling, swap_slots, graph, async_scheduling)
         spec, pages = model.spec, allocator.num_pages
         self.kinds = [k for k in spec.layer_kinds if k != "linear"]  # attention layers, cache order
-        places = allocator.layer_groups(self.kinds)  # each attention layer's (kind, group, place)
+        places = allocator.layer_places(self.kinds)  # each attention layer's (kind, group, place)
         self.layer_groups = [(kind, group) for kind, group, _ in places]
         self.block_size = allocator.attention[0].block_size  # the kind block_table(seq) answers for
         shape = (spec.num_kv_heads, spec.head_dim)
         on_device = dict(device=self.device, dtype=self.dtype)
-        shared: dict = {}  # (block size, place) -> its K and V: one cache a place, as vLLM lays them
-        for kind, _, place in places:
-            size = allocator.block_size_of(kind)
-            if (size, place) not in shared:
-                shared[size, place] = tuple(torch.zeros(pages, size, *shape, **on_device) for _ in "kv")
+        shared = {  # (block size, place) -> its K and V (PageLayout.cache_places)
+            (size, place): tuple(torch.zeros(pages, size, *shape, **on_device) for _ in "kv")
+            for size, place in allocator.pages.cache_places()
+        }
         self.kv_caches = [shared[allocator.block_size_of(kind), place] for kind, _, place in places]
         self._caches = list(shared.values())  # each once, for page copies
         self.states = new_states(spec, pages, self.device, self.dtype)

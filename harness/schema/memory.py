@@ -87,9 +87,7 @@ def _hybrid_caches(model, dtype: str, num_slots: int, block_size: int, as_full: 
     spec = ModelSpec.from_cfg({**model.model_dump(), "dtype": {"auto": "fp32"}.get(dtype, dtype)})
     layout = unify_pages(spec, block_size, linear_as_full=as_full)
     pages = num_slots * spec.kv_bytes_per_token // layout.page_bytes
-    per_layer = spec.kv_bytes_per_token_per_layer
-    places = {(size, place) for kind, size in layout.block_sizes.items() for place in range(max(layout.groups[kind]))}
-    caches = sum(pages * size * per_layer for size, _ in places)
+    caches = sum(pages * size * spec.kv_bytes_per_token_per_layer for size, _ in layout.cache_places())
     return caches + spec.num_layers_of("linear") * pages * spec.linear_state_bytes_per_layer
 
 

@@ -312,11 +312,10 @@ class HybridAllocator(KVAllocator):
         manager = self.groups[kind][group] if kind else self.attention[0]
         return manager.tables[seq.seq_id]
 
-    def layer_groups(self, layer_kinds: list[str]) -> list[tuple[str, int, int]]:
+    def layer_places(self, layer_kinds: list[str]) -> list[tuple[str, int, int]]:
         """(kind, group, place) of each attention layer, in order: the i-th layer of a kind is in
-        group i mod its number of groups, as vLLM strides them, at place i // its groups there.
-        Layers at one place in groups of one block size can share a cache: their groups' pages
-        are disjoint (vLLM's one tensor a place)."""
+        group i mod its number of groups, as vLLM strides them, at place i // its groups there
+        (its cache: PageLayout.cache_places)."""
         seen: dict = {}
         places = []
         for kind in layer_kinds:

@@ -43,6 +43,17 @@ class PageLayout:
         """Bytes of one token across the real layers of group `group` of `kind`."""
         return self.groups[kind][group] * self.token_bytes[kind] // sum(self.groups[kind])
 
+    def cache_places(self) -> dict:
+        """(block size, place) -> the attention kinds whose layers at that place of their groups
+        share one K/V cache of every page (HybridModelExecutor): their groups' pages are disjoint,
+        as vLLM lays one tensor a place. Grouped, a place per layer of a group; as_full, a kind a
+        group, so a place per layer, shared only by kinds of one scaled block size."""
+        places: dict = {}
+        for kind, size in self.block_sizes.items():
+            for place in range(max(self.groups[kind])):
+                places.setdefault((size, place), []).append(kind)
+        return places
+
     def page_padding(self, kind: str, group: int = 0) -> int:
         """Bytes of a page that a group of `kind` never fills (its padding layers, or as_full's
         block rounding), or of a linear state's pages (their rounding)."""
