@@ -502,18 +502,24 @@ def test_a_full_disk_at_the_end_of_a_sweep_exits_2_and_keeps_the_finished_points
     assert not list(sweep.rglob("*.tmp"))
 
 
-def test_a_console_closed_early_keeps_a_failed_sweeps_exit_code_and_shows_no_traceback(tmp_path):
-    # `bench -m ... | head -1`: the reader goes before the sweep prints. The summary callback's
-    # print used to raise BrokenPipeError, which Hydra turns into a warning: exit 0, a failed point unsaid.
+def sweep_to_a_closed_console(tmp_path, stderr) -> subprocess.Popen:
+    """A sweep with a failed point whose reader is gone before the first line (`| head -1`)."""
     proc = subprocess.Popen(
         [*BENCH, "-m", "scheduler.max_num_batched_tokens=10,4096", "workload.num_requests=20", "plots=false"]
         + [*SMALL, "hydra.sweep.dir=sweep"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
-    proc.stdout.close()  # the reader is gone before the first line
+    proc.stdout.close()
+    return proc
+
+
+def test_a_console_closed_early_keeps_a_failed_sweeps_exit_code_and_shows_no_traceback(tmp_path):
+    # `bench -m ... | head -1`: the summary callback's print used to raise BrokenPipeError, which
+    # Hydra turns into a warning: exit 0, a failed point unsaid.
+    proc = sweep_to_a_closed_console(tmp_path, subprocess.PIPE)
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 2, err
     assert "Traceback" not in err and "Logging error" not in err
@@ -525,14 +531,7 @@ def test_a_console_closed_early_keeps_a_failed_sweeps_exit_code_and_shows_no_tra
 def test_a_failed_sweeps_exit_code_survives_stderr_closed_with_stdout(tmp_path):
     # `bench -m ... 2>&1 | head -1`: the error line itself went to the closed pipe, and its
     # BrokenPipeError, raised in the summary callback, became a warning and exit 0
-    proc = subprocess.Popen(
-        [*BENCH, "-m", "scheduler.max_num_batched_tokens=10,4096", "workload.num_requests=20", "plots=false"]
-        + [*SMALL, "hydra.sweep.dir=sweep"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    proc.stdout.close()
+    proc = sweep_to_a_closed_console(tmp_path, subprocess.STDOUT)
     assert proc.wait(timeout=300) == 2
     assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["failed", "ok"]
 
