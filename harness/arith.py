@@ -1,9 +1,17 @@
 """Integer arithmetic the block and page accounting shares."""
 
+import math
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for integers (b > 0): how many blocks of `b` slots hold `a` tokens."""
     return -(-a // b)
+
+
+def tensor_parallel_degrees(num_heads: int, num_kv_heads: int) -> list[int]:
+    """The tensor-parallel degrees a model splits evenly: those dividing its heads and its K/V heads."""
+    both = math.gcd(num_heads, num_kv_heads)
+    return [d for d in range(1, both + 1) if both % d == 0]
 
 
 def causal_pairs(new: int, context: int, window: int = 0) -> int:

@@ -9,13 +9,13 @@ where the executor wraps the model, by kvbench.plugins.graphs.base.build. The sc
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench.arith import tensor_parallel_degrees
 from kvbench.core import request_log
 from kvbench.core.engine import Engine
 from kvbench.core.recorder import Recorder
@@ -183,11 +183,10 @@ def kv_slots(cfg: DictConfig, model: ModelSpec, hardware: Hardware) -> int:
     if kv_bytes <= 0:
         # the degrees that divide the heads and the K/V heads (schema.refuse_uneven_tensor_parallelism)
         # and would leave KV memory: "raise num_gpus" was advice a degree could then refuse
-        both = math.gcd(model.num_heads, model.num_kv_heads)
         fits = [
             g
-            for g in range(hardware.num_gpus + 1, both + 1)
-            if both % g == 0 and kv_capacity_bytes(model, replace(hardware, num_gpus=g), None) > 0
+            for g in tensor_parallel_degrees(model.num_heads, model.num_kv_heads)
+            if g > hardware.num_gpus and kv_capacity_bytes(model, replace(hardware, num_gpus=g), None) > 0
         ]
         more = f"hardware.num_gpus={fits[0]}" if fits else "a GPU with more memory (hardware=...)"
         raise UserError(

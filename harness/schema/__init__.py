@@ -34,6 +34,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from kvbench.arith import tensor_parallel_degrees
 from kvbench.errors import UserError
 from kvbench.schema import groups
 from kvbench.schema.memory import DTYPE_BYTES, refuse_if_too_big
@@ -414,8 +415,7 @@ def refuse_uneven_tensor_parallelism(checked: dict) -> None:
         return
     for count, what in ((model.num_heads, "attention heads"), (model.num_kv_heads, "K/V heads")):
         if count % g:
-            both = math.gcd(model.num_heads, model.num_kv_heads)  # a degree must divide both counts
-            divisors = [d for d in range(1, both + 1) if both % d == 0]
+            divisors = tensor_parallel_degrees(model.num_heads, model.num_kv_heads)  # a degree divides both
             shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
             copies = what == "K/V heads" and g > count
             copied = " (more GPUs than K/V heads would copy each one: not modelled)" if copies else ""
