@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import typing
 
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
@@ -20,7 +19,7 @@ from kvbench.schema import (
     section_named,
     top_level_keys,
 )
-from kvbench.schema.messages import closest, unknown_key
+from kvbench.schema.messages import closest, section_model, unknown_key
 
 LAUNCHERS = (
     " (submitit_local and submitit_slurm come with pip install 'kvbench[slurm]', ray with pip install 'kvbench[ray]')"
@@ -72,14 +71,6 @@ def _nested(group: str, rest: str) -> tuple[str, list[str]] | None:
     return (where, list(model.model_fields)) if where != group else None
 
 
-def _section_model(annotation) -> type[BaseModel] | None:
-    """The section a field holds (`Sampling`, or `Sampling | None` as validate's changes hold it)."""
-    for kind in (annotation, *typing.get_args(annotation)):
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            return kind
-    return None
-
-
 def _option_section_key(group: str, rest: str, add: str, missing: str) -> str | None:
     """For `group.section.key` where `section` is a table of some options of an option group
     (scenario.profiling on scenario=validate): which options have the section when the chosen one
@@ -87,13 +78,13 @@ def _option_section_key(group: str, rest: str, add: str, missing: str) -> str | 
     head, _, tail = rest.partition(".")
     options = OPTION_GROUPS[group][1]
     owners = {name: model.model_fields[head] for name, model in options.items() if head in model.model_fields}
-    sections = [m for m in (_section_model(f.annotation) for f in owners.values()) if m is not None]
+    sections = [m for m in (section_model(f.annotation) for f in owners.values()) if m is not None]
     if not sections:
         return None
     where = f"{group}.{head}"
     while "." in tail:  # scenario.serve.sampling.temperature: the innermost section named
         part, _, rest_of = tail.partition(".")
-        inner = [_section_model(m.model_fields[part].annotation) for m in sections if part in m.model_fields]
+        inner = [section_model(m.model_fields[part].annotation) for m in sections if part in m.model_fields]
         if not any(inner):
             break
         sections, where, tail = [m for m in inner if m is not None], f"{where}.{part}", rest_of

@@ -44,14 +44,22 @@ def unknown_key(key: str, fields: list[str], where: str) -> str:
     return f"{key} is not a key of {where}{hint} (its keys: {', '.join(fields)})"
 
 
+def section_model(annotation) -> type[BaseModel] | None:
+    """The section a field holds (`Sampling`, or `Sampling | None` as validate's changes hold it)."""
+    for kind in (annotation, *typing.get_args(annotation)):
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind
+    return None
+
+
 def _fields_at(model, loc: list[str]) -> list[str]:
     """The field names of the (nested) model that holds the key at `loc`."""
     cursor = model
     for part in loc[:-1]:
         if isinstance(cursor, type) and issubclass(cursor, BaseModel) and part in cursor.model_fields:
             cursor = cursor.model_fields[part].annotation
-            sections = [a for a in typing.get_args(cursor) if isinstance(a, type) and issubclass(a, BaseModel)]
-            cursor = sections[0] if typing.get_origin(cursor) is not dict and sections else cursor  # Sampling | None
+            if typing.get_origin(cursor) is not dict:  # a mapping's values are a key further on
+                cursor = section_model(cursor) or cursor  # Sampling | None: its Sampling
         elif typing.get_origin(cursor) is dict:
             cursor = typing.get_args(cursor)[1]  # `part` is a key of the mapping
         else:
