@@ -298,6 +298,72 @@ def test_accounting_sums_to_one_per_kind_and_in_total_under_random_operations(na
     assert allocator.accounting().free == allocator.accounting().num_slots
 
 
+def snapshot(allocator) -> tuple:
+    """Every table, counter and pool list of `allocator`: what a decision could depend on."""
+    managers = [m for group in allocator.groups.values() for m in group]
+    pools = [(p.ref_count, p.fill, list(p.free), list(p.evictable), p.cached, p.copies) for p in allocator.pools]
+    return [vars(m) | {"pool": None, "log_copy": None} for m in managers], pools, allocator.accounting()
+
+
+DECODES = st.lists(  # mostly steps, a sequence's tokens one by one
+    st.tuples(
+        st.sampled_from(["admit", "admit", "fork", "free"] + ["grow"] * 16),
+        st.integers(0, 10_000),
+        st.integers(1, 12),
+    ),
+    min_size=20,
+    max_size=200,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["tiny-gpt-oss", "tiny-gemma3", "gemma-3-like"]),
+    policy=st.sampled_from(["shared", "as_full"]),
+    block_size=st.sampled_from([2, 4, 16]),
+    num_slots=st.integers(100, 600),
+    prefix_caching=st.booleans(),
+    ops=DECODES,
+)
+def test_a_decode_step_the_short_way_decides_and_counts_as_the_long_way(
+    name, policy, block_size, num_slots, prefix_caching, ops
+):
+    spec = model(name, window=7) if name == "gemma-3-like" else model(name)  # a window the steps cross
+    short, long = (
+        hybrid(spec, num_slots=num_slots, block_size=block_size, policy=policy, prefix_caching=prefix_caching)
+        for _ in range(2)
+    )
+    long.grow = long._grow  # every step through the general path
+    running = {short: [], long: []}
+    for i, (op, pick, size) in enumerate(ops):
+        for allocator, seqs in running.items():
+            if op == "admit":  # prompts of one shared start, so that prefix hits and shared pages happen
+                prompt = [7] * (pick % 9) + [pick % 5] * (1 + pick % 20)
+                request = Request(i, 0.0, len(prompt), 1 + size, n=1 + pick % 2)
+                seq = Sequence(i, request, len(prompt), token_ids=list(prompt))
+                if allocator.admit(seq):
+                    seqs.append(seq)
+            elif op == "grow" and seqs:
+                seq = seqs[pick % len(seqs)]
+                if seq.num_computed == seq.num_tokens < seq.final_len:
+                    seq.num_tokens += 1  # the previous step sampled a token
+                    seq.token_ids.append(pick % 3)
+                n = min(1 if size < 10 else size, seq.num_tokens - seq.num_computed)  # mostly decode steps
+                if n and allocator.grow(seq, n):
+                    seq.num_computed += n
+            elif op == "fork" and seqs and seqs[pick % len(seqs)].num_computed:
+                parent = seqs[pick % len(seqs)]
+                child = Sequence(1000 + i, parent.request, parent.num_tokens, parent=parent)
+                child.token_ids = list(parent.token_ids)
+                allocator.fork(parent, child)
+                seqs.append(child)
+            elif op == "free" and seqs:
+                allocator.free(seqs.pop(pick % len(seqs)))
+        assert [s.num_computed for s in running[short]] == [s.num_computed for s in running[long]]
+        assert snapshot(short) == snapshot(long)
+    recount(short)
+
+
 # --- the cost model ---------------------------------------------------------------------
 def test_window_layers_read_at_most_their_window_and_linear_layers_their_state():
     hw = Hardware("h", hbm_bytes_per_s=1e12, peak_flops=1e20, memory_bytes=1e12)

@@ -76,7 +76,9 @@ def test_interrupted_sweep_resumes_without_redoing_finished_points(tmp_path, sto
     _, err = proc.communicate(timeout=60)
 
     finished = sorted(sweep.glob("*/metrics.csv"))
-    assert [p.parent.name.split("=")[-1] for p in finished] == ["40", "41"], "the third point was not interrupted"
+    assert [p.parent.name.split("=")[-1] for p in finished] == ["40", "41"], (
+        f"the third point was not interrupted (exit {proc.returncode}); its stderr ends: {err.decode()[-1500:]}"
+    )
     assert not (sweep / "summary.csv").exists()
     if stop != signal.SIGKILL:  # SIGTERM ended the process where it stood: a 70 MB spool left, no line said
         assert not [p for p in sweep.rglob("*") if p.name.endswith(".tmp")]  # no half-written file

@@ -131,6 +131,52 @@ class AttentionManager:
             need += 1  # the shared partial last block is copied before it is written
         return need
 
+    def decode_need(self, seq_id: int, before: int) -> int:
+        """release_before, then pages_needed, for a step that writes position `before` alone
+        (a decode step, the common one): release_before only where a block falls out."""
+        if self.release:
+            table, bs = self.tables[seq_id], self.block_size
+            i = self.first_live[seq_id]
+            if (i + 1) * bs <= before - self.keep + 1 and i < len(table):
+                self.release_before(seq_id, before - self.keep + 1)
+        return self.pages_needed(seq_id, before, before + 1)
+
+    def append_one(self, seq_id: int, before: int, final_len: int, token_ids: list | None = None) -> None:
+        """append(seq_id, before, before + 1, ...): a decode step into its own last block takes
+        this short way, whose every count changes as append's would."""
+        table, bs, pool = self.tables[seq_id], self.block_size, self.pool
+        offset = before % bs
+        # the short way writes into its own last block: not a new block, a copy or a longer table
+        if not offset or len(table) != before // bs + 1 or pool.ref_count[table[-1]] != 1:
+            return self.append(seq_id, before, before + 1, final_len, token_ids)
+        page, after = table[-1], before + 1
+        fill = pool.fill
+        self.filled += offset + 1 - fill[page]
+        fill[page] = offset + 1
+        if self.keep:
+            frontier = after - self.reads_back
+            start = self.stale_end[seq_id]
+            if frontier > start:
+                index = (frontier - 1) // bs
+                # the one block the frontier moved in (never a released one: a window releases
+                # only blocks wholly before it), held by this sequence alone: as _mark_stale
+                if start > index * bs and self.holders[table[index]] is None:
+                    stale_page, new = table[index], frontier - index * bs
+                    self.stale += new - self.page_stale[stale_page]
+                    self.page_stale[stale_page] = new
+                    self.stale_end[seq_id] = frontier
+                else:
+                    self._mark_stale(seq_id, frontier)
+        new = min(len(table) * bs, final_len) - after  # its last block is its own (above)
+        new = new if new > 0 else 0
+        self.reserved += new - self.seq_reserved[seq_id]
+        self.seq_reserved[seq_id] = new
+        if token_ids:
+            hashes = self.hashes.get(seq_id)
+            full = (after if after < len(token_ids) else len(token_ids)) // bs
+            if hashes is None or full > len(hashes):
+                self._cache_full_blocks(seq_id, token_ids, full)
+
     def append(self, seq_id: int, before: int, after: int, final_len: int, token_ids: list | None = None) -> None:
         """Room for positions [before, after), filled; with `token_ids`, full blocks get cached."""
         table, bs, pool = self.tables[seq_id], self.block_size, self.pool

@@ -14,19 +14,24 @@ KVBENCH_TEST_SLOWDOWN=F makes every call this file's benchmarks time take (1 + F
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 from pytest_benchmark.fixture import BenchmarkFixture
 from slowdown import slowed
 from work_counter import count_work
 
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.sequence import Request, Sequence
+from kvbench.core.spec import ModelSpec
 from kvbench.executors.cost_model import CostModelExecutor
 from kvbench.plugins.allocators.contiguous import ContiguousAllocator
+from kvbench.plugins.allocators.hybrid import HybridAllocator
 from kvbench.plugins.allocators.paged import PagedAllocator
 from kvbench.scenarios.build import load_specs
 
@@ -85,9 +90,19 @@ ALLOCATORS = {
 }
 
 
+def gemma_like_hybrid(slots: int) -> HybridAllocator:
+    """The hybrid pool of gemma-3-like's layers (52 window, 10 full: one full group and six window
+    groups of 10 layers, vLLM's grouping) with a 64-token window, so that every window group gives
+    back a block in the steps timed."""
+    conf = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "model" / "gemma-3-like.yaml")
+    spec = dataclasses.replace(ModelSpec.from_cfg(OmegaConf.to_container(conf)), window=64)
+    return HybridAllocator(slots, 2048, block_size=16, model=spec)
+
+
 def record_work_per_step(benchmark, allocator: str, running: int) -> None:
     """Calls and lines of one decode step, counted on a fresh scheduler in the same state every run."""
-    scheduler = running_scheduler(ALLOCATORS[allocator](running * 2048), running)
+    make = gemma_like_hybrid if allocator == "hybrid" else ALLOCATORS[allocator]
+    scheduler = running_scheduler(make(running * 2048), running)
     calls, lines = count_work(lambda: decode_step(scheduler), COUNTED_STEPS)
     benchmark.extra_info.update(calls_per_step=calls, lines_per_step=lines)
 
@@ -107,6 +122,19 @@ def test_scheduler_step_1024_running(benchmark, allocator):
     batch = benchmark.pedantic(decode_step, args=(scheduler,), rounds=ROUNDS // 4, warmup_rounds=5)
     assert len(batch) == 1024 and batch.num_tokens == 1024 and not batch.preempted
     record_work_per_step(benchmark, allocator, 1024)
+
+
+def test_hybrid_scheduler_step_256_running(benchmark):
+    """A step of a model whose layers make seven groups: each sequence's token goes to each
+    group's table (as vLLM's coordinator loops over its groups)."""
+    allocator = gemma_like_hybrid(RUNNING * 2048)
+    scheduler = running_scheduler(allocator)
+    batch = benchmark.pedantic(decode_step, args=(scheduler,), rounds=ROUNDS // 4, warmup_rounds=5)
+    assert len(batch) == RUNNING and batch.num_tokens == RUNNING and not batch.preempted
+    assert {kind: len(g) for kind, g in allocator.groups.items()} == {"full": 1, "window": 6}
+    window = allocator.groups["window"][0]  # a window group holds its window's blocks, no more
+    assert max(window.held_blocks(seq.seq_id) for seq in batch.seqs) <= 64 // 16 + 1
+    record_work_per_step(benchmark, "hybrid", RUNNING)
 
 
 def test_block_table_lookup_256_running(benchmark):
