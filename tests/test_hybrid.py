@@ -201,6 +201,9 @@ def test_forking_a_request_with_linear_layers_copies_its_reserved_spare_state():
     assert [dst for _, _, dst, _ in copies] == linear.states[1]
     assert linear.num_pages == 3 * allocator.pages.pages_per_state  # a spare became the child's
     assert allocator.block_table(child) == allocator.block_table(parent)  # attention is shared
+    # the state's pages, copied on the device, in slots of the model's KV a token
+    copied = len(copies) * allocator.pages.page_bytes / spec.kv_bytes_per_token
+    assert allocator.copied_slots == pytest.approx(copied) and copied > 0
 
 
 # --- accounting -------------------------------------------------------------------------

@@ -54,6 +54,9 @@ class Batch:
     attention_pairs: int = 0  # (query, key) pairs causal attention computes (arith.causal_pairs): FLOPs / 4 / dims
     swapped_blocks: int = 0  # blocks copied to or from the CPU swap pool before this step
     swapped_slots: int = 0
+    # KV copied within the device cache since the last step (copy-on-write, forks), in slots: the
+    # copies are made before this step's forward (KVAllocator.copied_slots)
+    copied_slots: float = 0
     num_steady: int = 0  # lazy decode: sequences decoding one token each that `seqs` leaves out
     num_plain: int = 0  # the first `num_plain` of `seqs` are lone sequences decoding one token
 
@@ -101,6 +104,7 @@ class Scheduler(LazyDecode):
         self.swap_fallbacks = 0  # preemptions by swap that recomputed: the swap pool was full
         self.recomputed_pairs = 0  # sum over recomputed sequences of L(L+1)/2: their attention work
         self.last_admit_s = 0.0
+        self._copied_seen = 0  # the allocator's copied_slots at the last step scheduled
         self.lazy = False  # lazy decode (core/lazy_decode.py): set before the first step
         self._init_lazy_decode()
 
@@ -163,6 +167,10 @@ class Scheduler(LazyDecode):
         batch.swapped_blocks = self.allocator.swapped_blocks - swapped_before
         batch.swapped_slots = batch.swapped_blocks * self.allocator.block_size
         self._schedule_waiting(batch, budget, now)
+        copied = self.allocator.copied_slots  # this step's copies-on-write, and the last step's forks
+        if copied != self._copied_seen:
+            batch.copied_slots = copied - self._copied_seen
+            self._copied_seen = copied
         return batch
 
     def _run(self, seq: Sequence) -> None:

@@ -23,7 +23,7 @@ from kvbench.core.scheduler import Batch
 from kvbench.core.spec import Hardware, ModelSpec
 from kvbench.errors import UserError
 from kvbench.executors.base import StepResult
-from kvbench.executors.cost_model import SwapTime
+from kvbench.executors.cost_model import CopyTime
 from kvbench.executors.step_fit import FEATURES, FitReport, fit
 
 # What a profile must agree with, in the order a refusal checks them.
@@ -233,11 +233,11 @@ class CalibratedExecutor:
         self.profile = profile
         predict = profile.report.model.predict
         self.predict = predict if time_scale == 1.0 else lambda *features: time_scale * predict(*features)
-        # swaps are host <-> device copies the profile did not time: the hardware's copy model
-        self.swap_time = SwapTime(model, hardware)
+        # swaps and copies on the device the profile did not time: the hardware's copy model
+        self.copy_time = CopyTime(model, hardware)
 
     def execute(self, batch: Batch) -> StepResult:
         step_s = self.predict(batch.num_tokens, batch.num_seqs, batch.context_tokens, batch.attention_pairs)
-        if batch.swapped_blocks:
-            step_s += self.swap_time(batch)
+        if batch.swapped_blocks or batch.copied_slots:
+            step_s += self.copy_time(batch)
         return StepResult(step_s)

@@ -12,7 +12,9 @@ attention's output projection and after the MLP), each a fixed latency plus 2(g-
 message (the step's tokens x hidden size x dtype bytes) at the all-reduce's bus bandwidth.
 
 Preemption by swapping adds its copies to the step (a fixed latency per copy plus the bytes
-over PCIe); recomputation costs the re-prefill's FLOPs, which the steps already contain.
+over PCIe); recomputation costs the re-prefill's FLOPs, which the steps already contain. KV
+copied within the device (a shared block copied on write, a reservation copied for a fork) is
+read and written once at the achievable HBM bandwidth, before the step that follows the copy.
 """
 
 from __future__ import annotations
@@ -44,19 +46,26 @@ def copies_per_block(model: ModelSpec) -> int:
     return 2 * (model.num_layers - model.num_layers_of("linear"))
 
 
-class SwapTime:
-    """What a step's swaps add to its time on `hardware`: every swapped block's copies and bytes
-    (the roofline and the calibrated executor both charge it this way)."""
+class CopyTime:
+    """What a step's copies add to its time on `hardware` (the roofline and the calibrated
+    executor both charge them this way): every swapped block's copies and bytes over PCIe, and
+    the KV copied within the device (copy-on-write, forks) read and written once at the
+    achievable HBM bandwidth."""
 
     def __init__(self, model: ModelSpec, hardware: Hardware) -> None:
         self.hardware = hardware
         self.copies_per_block = copies_per_block(model)
         self.bytes_per_slot = model.kv_bytes_per_token
+        hbm_bytes_per_s = hardware.hbm_bytes_per_s * hardware.hbm_efficiency * hardware.num_gpus
+        self.device_s_per_slot = 2.0 * model.kv_bytes_per_token / hbm_bytes_per_s
 
     def __call__(self, batch: Batch) -> float:
-        return swap_time_s(
-            self.hardware, batch.swapped_blocks * self.copies_per_block, batch.swapped_slots * self.bytes_per_slot
-        )
+        step_s = batch.copied_slots * self.device_s_per_slot
+        if batch.swapped_blocks:
+            step_s += swap_time_s(
+                self.hardware, batch.swapped_blocks * self.copies_per_block, batch.swapped_slots * self.bytes_per_slot
+            )
+        return step_s
 
 
 def preemption_costs(
@@ -89,7 +98,7 @@ class CostModelExecutor:
     simulated = True
 
     def __init__(self, model: ModelSpec, hardware: Hardware):
-        self.swap_time = SwapTime(model, hardware)
+        self.copy_time = CopyTime(model, hardware)
         g = hardware.num_gpus
         self.weight_bytes = model.weight_bytes
         self.bytes_per_s = hardware.hbm_bytes_per_s * hardware.hbm_efficiency * g
@@ -171,8 +180,8 @@ class CostModelExecutor:
             step_s = self._hybrid_step_time(batch)
         else:  # O(1): the batch's totals
             step_s = self.step_time(batch.num_tokens, batch.context_tokens, batch.attention_pairs)
-        if batch.swapped_blocks:
-            step_s += self.swap_time(batch)
+        if batch.swapped_blocks or batch.copied_slots:
+            step_s += self.copy_time(batch)
         return StepResult(step_s)
 
     def _hybrid_step_time(self, batch: Batch) -> float:

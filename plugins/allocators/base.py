@@ -117,6 +117,9 @@ class KVAllocator(ABC):
         self.external_frag_waits = 0  # admissions refused although total free space sufficed
         self.num_copies = 0  # block or slot-range copies (copy-on-write, fork of a reservation)
         self.swapped_blocks = 0  # blocks copied to or from the CPU swap pool
+        # KV copied within the device cache (copy-on-write, a reservation's fork), in slots: one
+        # token's KV over every layer. The simulated executors charge it to the next step.
+        self.copied_slots = 0
         # (kind, src_slot, dst_slot, num_slots), kind "device" (within the cache), "out" (cache ->
         # swap pool) or "in" (swap pool -> cache); kept only for an executor that replays them.
         self.record_copies = False
@@ -241,6 +244,8 @@ class KVAllocator(ABC):
         return copies
 
     def _log_copy(self, kind: str, src_slot: int, dst_slot: int, num_slots: int) -> None:
+        if kind == "device":
+            self.copied_slots += num_slots
         if self.record_copies:
             self.copy_log.append((kind, src_slot, dst_slot, num_slots))
 
@@ -280,7 +285,12 @@ class KVAllocator(ABC):
 
     def stats(self) -> dict:
         """Counters a result row records beside the accounting."""
-        return {"external_frag_waits": self.external_frag_waits, "copies": self.num_copies}
+        per_slot = self.model.kv_bytes_per_token if self.model is not None else 0
+        return {
+            "external_frag_waits": self.external_frag_waits,
+            "copies": self.num_copies,
+            "copied_bytes": round(self.copied_slots * per_slot),
+        }
 
     # --- helpers for subclasses ----------------------------------------------------------
     @staticmethod

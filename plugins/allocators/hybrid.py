@@ -354,4 +354,5 @@ class HybridAllocator(KVAllocator):
         """Log ("page", src, dst, 1): attention copy-on-write and forked linear states, in order.
         A page id names one page whatever its kind, so copying a pair in every layer's cache
         changes only the pages that kind owns."""
+        self.copied_slots += self.pages.page_bytes / self.slot_bytes  # a page's bytes, in slots
         self._log_copy("page", src, dst, 1)
