@@ -3,6 +3,7 @@ and the experiment configs themselves."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from kvbench.reporting.paper import (
     fig14_15,
     fig18,
     fig19,
+    markdown,
     report_settings,
     write_comparison,
 )
@@ -497,20 +499,25 @@ def test_a_sweep_whose_paper_comparison_crashes_exits_1_with_one_line(tmp_path, 
     assert (sweep / "report.html").is_file() and (sweep / "summary.csv").is_file()
 
 
-def test_fig18_names_block_sizes_that_tie_and_compares_the_one_nearest_the_paper_s():
+def test_fig18_names_block_sizes_that_tie_and_decides_nothing_from_them():
     """A load no block size strains ties them all: the first folder's (128, in text order) was
-    reported as the best, 700 % off the paper."""
+    reported as the best, 700 % off the paper; then the one nearest 16, a match by construction."""
     tied = [ok_row(allocator="paged", block_size=b) for b in ("128", "16", "8")]
     (row,) = fig18(tied, {})
-    assert row["quantity"] == "block size of lowest normalized latency (tied: 8, 16, 128)"
-    assert row["kvbench"] == 16 and row["delta"] == 0
+    assert (
+        row["quantity"]
+        == "block size of lowest normalized latency (tied: 8, 16, 128; this load does not tell them apart)"
+    )
+    assert math.isnan(row["kvbench"]) and math.isnan(row["delta"])
+    assert "| 16 | n/a | n/a | n/a |" in markdown([row], "fig18")
     slower = [ok_row(allocator="paged", block_size="8", normalized_latency_s_per_tok="0.3"), *tied[:2]]
     (row,) = fig18(slower, {})
-    assert row["quantity"] == "block size of lowest normalized latency (tied: 16, 128)" and row["kvbench"] == 16
+    assert row["quantity"].startswith("block size of lowest normalized latency (tied: 16, 128;")
     (row,) = fig18([ok_row(allocator="paged", block_size="8", normalized_latency_s_per_tok=""), *tied[:2]], {})
-    assert row["kvbench"] == 16  # a block size whose points finished nothing is no candidate (was: a traceback)
+    assert "tied: 16, 128;" in row["quantity"]  # a block size whose points finished nothing is no candidate
     (row,) = fig18([ok_row(block_size="32", normalized_latency_s_per_tok="0.05"), *tied], {})
     assert row["quantity"] == "block size of lowest normalized latency" and row["kvbench"] == 32
+    assert "| 16 | 32 | +16 | +100.0 |" in markdown([row], "fig18")
 
 
 def test_fig13_compares_a_point_only_with_its_own_workload_s_number():
