@@ -206,6 +206,26 @@ def test_forking_a_request_with_linear_layers_copies_its_reserved_spare_state():
     assert allocator.copied_slots == pytest.approx(copied) and copied > 0
 
 
+def test_spare_linear_states_set_aside_for_a_requests_samples_are_reserved_until_forked():
+    """A request of n=3 takes its 2 children's linear states at admission; until a fork starts
+    one they hold no token: counted as token state they would hide as reserved bytes of 0."""
+    allocator = hybrid(model("tiny-qwen3-next"))
+    state = 3 * 4 * 16 * 16 * 4  # 3 linear layers x 4 heads x 16 head_dim x 16 state dim x fp32: 12 KiB
+    assert allocator.pages.state_bytes == state == 12 * allocator.pages.page_bytes  # 12 pages, no rounding
+    parent = new_seq(0, 9, 5, n=3)
+    assert allocator.admit(parent)
+    linear = allocator.accounting().by_kind["linear"]
+    assert (linear.token, linear.reserved, linear.rounding) == (0, 3 * state, 0)  # nothing computed yet
+    assert step(allocator, parent, 9)
+    linear = allocator.accounting().by_kind["linear"]
+    assert (linear.token, linear.reserved) == (state, 2 * state)  # the parent's state; 2 spares
+    child = Sequence(1, parent.request, parent.num_tokens, parent=parent)
+    allocator.fork(parent, child)
+    linear = allocator.accounting().by_kind["linear"]
+    assert (linear.token, linear.reserved) == (2 * state, state)  # a spare became the child's copy
+    recount(allocator)
+
+
 # --- accounting -------------------------------------------------------------------------
 def recount(allocator) -> None:
     """Rebuild every manager's counters from its tables and compare; check each view adds up."""
@@ -379,6 +399,23 @@ def test_window_layers_read_at_most_their_window_and_linear_layers_their_state()
     assert CostModelExecutor(gemma, hw).execute(batch).duration_s == pytest.approx((gemma.weight_bytes + kv) / 1e12)
     kv = 12 * qwen.kv_bytes_per_token_per_layer * 5001 + 2 * 36 * qwen.linear_state_bytes_per_layer
     assert CostModelExecutor(qwen, hw).execute(batch).duration_s == pytest.approx((qwen.weight_bytes + kv) / 1e12)
+
+
+def test_a_compute_bound_prefill_of_linear_layers_pays_their_state_update_flops():
+    """A linear layer updates its state for every token (a rank-1 delta rule, ~6 FLOPs a value):
+    a compute-bound prefill of qwen3-next-like that counts only the weights' and the full
+    layers' attention FLOPs runs 1.8 % fast."""
+    qwen = model("qwen3-next-like")
+    hw = Hardware("h", hbm_bytes_per_s=1e20, peak_flops=1e15, memory_bytes=1e12)  # memory ~0: compute binds
+    seq = new_seq(0, 1000, 10)
+    pairs = 1000 * 1001 // 2  # a causal 1,000-token prefill
+    batch = Batch(seqs=[seq], num_new_tokens=[1000], num_tokens=1000, context_tokens=1000, attention_pairs=pairs)
+    state = 6 * qwen.num_layers_of("linear") * qwen.num_heads * qwen.head_dim * qwen.linear_state_dim
+    assert state == 6 * 36 * 16 * 256 * 128 == 113_246_208  # a token's state update, all 36 linear layers
+    weights = 2 * 3e9  # 2 x 3B active parameters a token
+    attention = 4 * 12 * 16 * 256  # a (query, key) pair: 4 x 12 full layers x 16 heads x 256 head_dim
+    flops = (weights + state) * 1000 + attention * pairs  # 6.0e12 + 1.13e11 + 9.8e10
+    assert CostModelExecutor(qwen, hw).execute(batch).duration_s == pytest.approx(flops / 1e15)
 
 
 # --- serving: hybrid generation equals independent generation ---------------------------
@@ -819,9 +856,20 @@ def test_without_chunked_prefill_a_recompute_longer_than_the_budget_is_sized_who
         run_point(compose_point(at))
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3-next", "tiny-gemma3", "gemma-3-like"])
-def test_a_static_partition_hands_out_every_page(name):
+@pytest.mark.parametrize(
+    "name, num_slots, num_pages, floors",
+    [
+        ("tiny-qwen3-next", 1000, 250, [62, 187]),  # 1,000 x 256 B / 1 KiB pages; 1/4 and 3/4 of 250, floored
+        ("tiny-gemma3", 1001, 1501, [250, 1250]),  # 1,001 x 1,536 B / 1 KiB; 1/6 and 5/6 of 1,501
+        ("gemma-3-like", 1001, 1551, [250, 1300]),  # 1,001 x 496 KiB / 320 KiB; 10/62 and 52/62 of 1,551
+    ],
+)
+def test_a_static_partition_hands_out_every_page(name, num_slots, num_pages, floors):
     """Split in proportion to layer counts, the floors left up to a page a kind in no pool,
     which kv_capacity_tokens still counted (tiny-qwen3-next: 249 of 250 pages)."""
-    allocator = hybrid(model(name), num_slots=4000, policy="static")
+    spec = model(name)
+    allocator = hybrid(spec, num_slots=num_slots, policy="static")
+    kinds = [k for k in ("full", "window", "linear") if spec.num_layers_of(k)]
+    assert allocator.num_pages == num_pages
+    assert [num_pages * spec.num_layers_of(k) // spec.num_layers for k in kinds] == floors  # a page left over
     assert sum(pool.num_blocks for pool in allocator.pools) == allocator.num_pages

@@ -599,12 +599,16 @@ def test_a_judged_benchmark_count_given_as_text_is_refused_not_a_regression(tmp_
 
 
 def test_samples_too_few_for_the_test_are_said_not_judged(tmp_path):
-    """Mann-Whitney's smallest p with 3 and 3 samples is 1/20 = alpha: it could never flag."""
+    """Mann-Whitney's smallest p with 3 and 3 samples is 1/20 = alpha: it could never flag. The
+    values shown are each side's best run (effect: best), and the line says so: they read as the
+    rows' medians (4.1, 2.05) when it did not."""
     serve = dict(scenario="serve", repeats=3)
     write_csv(tmp_path / "base.csv", [row("paged", 4.0, **serve, samples='{"request_throughput":[4.0,4.1,4.2]}')])
     write_csv(tmp_path / "cur.csv", [row("paged", 2.0, **serve, samples='{"request_throughput":[2.0,2.05,2.1]}')])
     result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
-    assert "not statistically meaningful (3 vs 3 samples: Mann-Whitney's smallest p is 0.05" in result.stdout
+    (line,) = [line.split() for line in result.stdout.splitlines() if line.strip().startswith("request_throughput")]
+    assert line[1:4] == ["4.2", "2.1", "0.5000"]
+    assert "not statistically meaningful (best runs, 3 vs 3 samples: Mann-Whitney's smallest p is 0.05" in result.stdout
     assert "run with repeats >= 4 a side" in result.stdout
     assert (
         result.returncode == 0 and "measured metric(s) not tested (too few samples)" in result.stdout.splitlines()[-1]
@@ -670,3 +674,21 @@ def test_a_benchmark_time_or_count_of_the_wrong_kind_is_refused_on_either_side(t
     for sides in (["good.json", "bad.json"], ["bad.json", "good.json"]):
         paths = [str(tmp_path / side) for side in sides]
         assert said in refused(lambda paths=paths: compare.main(paths))
+
+
+def test_a_simulated_number_the_policy_does_not_judge_is_listed_when_it_moves(tmp_path):
+    """Simulated numbers are exact for a seed: a change to one the policy does not gate (a
+    latency's spread, the step count) passed in silence."""
+    write_csv(tmp_path / "base.csv", [row("paged", 2.0, steps=2340, std_tpot_ms=65.0, kv_blocks_saved_frac=0.3)])
+    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, steps=2345, std_tpot_ms=130.0, kv_blocks_saved_frac=0.3)])
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
+    assert result.returncode == 0
+    assert "  not judged by the policy, changed: steps 2340 -> 2345, std_tpot_ms 65 -> 130" in result.stdout
+    assert result.stdout.splitlines()[-1].endswith(
+        "; 2 column(s) the policy does not judge changed (std_tpot_ms, steps: see 'not judged by the policy')"
+    )
+    # the share of blocks sharing saves is judged: halved, it regresses
+    write_csv(tmp_path / "halved.csv", [row("paged", 2.0, steps=2340, std_tpot_ms=65.0, kv_blocks_saved_frac=0.15)])
+    result = run_compare(tmp_path / "base.csv", tmp_path / "halved.csv")
+    assert result.returncode == 1 and "kv_blocks_saved_frac 0.3 -> 0.15 (-50.000%, better: higher" in result.stdout
+    assert "not judged by the policy" not in result.stdout

@@ -16,7 +16,7 @@ from kvbench.core.engine import Engine
 from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Scheduler
 from kvbench.core.sequence import Request
-from kvbench.core.serving_metrics import STATS, ValueCounts
+from kvbench.core.serving_metrics import STATS, ValueCounts, meets_slos
 from kvbench.executors.base import StepResult
 from kvbench.plugins.allocators.paged import PagedAllocator
 
@@ -297,3 +297,46 @@ def test_a_kernel_s_console_shows_a_cpu_s_small_bandwidth_and_the_paging_overhea
     lines = run_table({"scenario": "kernel", "achieved_gbps": 0.0025, "paging_overhead": 1.13}).splitlines()
     assert next(line for line in lines if line.startswith("Achieved bandwidth")).endswith(" 0.0025")
     assert next(line for line in lines if line.startswith("Paged / contiguous latency")).endswith(" 1.13x")
+
+
+class PowerOfTwoStep:
+    """Every step takes 1/64 s, so a request's latencies are exact binary fractions."""
+
+    simulated = True
+
+    def execute(self, batch):
+        return StepResult(1 / 64, None)
+
+
+def goodput_of_one_request(slos: dict) -> float:
+    """request_goodput of one request (prompt 20, output 30) alone: its first token ends step 1 and
+    its last step 30, so TTFT = 1/64 s = 15.625 ms, E2EL = 30/64 s = 468.75 ms and
+    TPOT = (E2EL - TTFT) / (30 - 1) = (29/64 s) / 29 = 15.625 ms; the run lasts 30/64 s."""
+    allocator = PagedAllocator(num_slots=4096, max_model_len=256, block_size=16)
+    recorder = Recorder(warmup_frac=0, goodput=slos)
+    engine = Engine(Scheduler(allocator, 8, 256), PowerOfTwoStep(), recorder, progress=False)
+    row = engine.run([Request(0, 0.0, 20, 30)])
+    assert (recorder.ttft, recorder.e2el, row["median_tpot_ms"]) == ([1 / 64], [30 / 64], 15.625)
+    return row["request_goodput"]
+
+
+def test_a_request_exactly_at_every_slo_counts_toward_goodput():
+    """Catches `measured < limit`: vLLM's --goodput counts a request whose every metric is <= its SLO."""
+    exact = {"ttft_ms": 15.625, "tpot_ms": 15.625, "e2el_ms": 468.75}
+    assert goodput_of_one_request(exact) == 64 / 30  # 1 good request in 30/64 s
+
+
+def test_goodput_s_tpot_excludes_the_first_token_as_vllm_s_does():
+    """Catches TPOT = (E2EL - TTFT) / output_len: 29/64 s over 30 tokens is 15.10 ms, under a 15.5 ms
+    SLO that the true TPOT of 15.625 ms (over 29 gaps) misses."""
+    assert goodput_of_one_request({"tpot_ms": 15.5}) == 0.0
+    assert goodput_of_one_request({"tpot_ms": 15.625}) == 64 / 30  # the same request at its true TPOT
+
+
+def test_a_latency_exactly_at_its_slo_meets_it_in_seconds_as_vllm_converts_it():
+    """vLLM divides the SLO by 1000; multiplying the latency by 1000 instead made a request of
+    exactly 2.007 s miss `e2el_ms: 2007` (2.007 * 1e3 is 2007.0000000000002)."""
+    assert 2.007 * 1e3 > 2007  # the rounding the rule must not depend on
+    assert meets_slos({"e2el_ms": 2007}, 0.0, 0.0, 2.007)
+    assert meets_slos({"e2el_ms": 8191.9, "ttft_ms": 100}, 0.1, 0.0, 8191.9 / 1000)
+    assert not meets_slos({"e2el_ms": 2007}, 0.0, 0.0, 2.0070001)

@@ -112,6 +112,8 @@ def goodput_slos(spec: Mapping | None) -> dict[str, float]:
 
 
 def meets_slos(slos: dict[str, float], ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
-    """vLLM's rule: every SLO set must hold; a one-token request's TPOT counts as 0."""
-    measured = {"ttft_ms": ttft_s * 1e3, "tpot_ms": tpot_s * 1e3, "e2el_ms": e2el_s * 1e3}
-    return all(measured[key] <= limit for key, limit in slos.items())
+    """vLLM's rule: every SLO set must hold; a one-token request's TPOT counts as 0. Compared in
+    seconds, the SLO converted as vLLM converts it (ms / 1000): a latency of exactly 2.007 s
+    meets `e2el_ms: 2007`, which 2.007 * 1e3 = 2007.0000000000002 ms would not."""
+    measured = {"ttft_ms": ttft_s, "tpot_ms": tpot_s, "e2el_ms": e2el_s}
+    return all(measured[key] <= limit / 1000 for key, limit in slos.items())

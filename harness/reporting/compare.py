@@ -229,6 +229,20 @@ def _samples(merged: pd.DataFrame, side: str, name: str, shown, judged) -> pd.Se
     return pd.Series(read, index=merged.index, dtype=object)
 
 
+def _ungated_changes(point: pd.Series, rules: dict, skip) -> list[str]:
+    """`name a -> b` for each number the policy does not judge (nor `skip` names) that differs
+    between the sides of a simulated point, whose numbers are exact for a seed."""
+    changed = []
+    for column in point.index:
+        name = column.removesuffix(BASE)
+        if name == column or name in rules or name in skip or name.startswith("_"):
+            continue
+        base, cur = pd.to_numeric(pd.Series([point[column], point.get(name + CUR)]), errors="coerce")
+        if math.isfinite(base) and math.isfinite(cur) and base != cur:
+            changed.append(f"{name} {base:.6g} -> {cur:.6g}")
+    return changed
+
+
 def _check_judged(measured: pd.DataFrame, baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy, names) -> None:
     """Refuse a comparison that would judge nothing: no metric of the policy in both inputs.
     Only where a matched point ran on both sides: a point that failed is judged by its status."""
@@ -320,6 +334,7 @@ def compare(
     header = f"  {'metric':<30} {'baseline':>12} {'current':>12} {'ratio':>8}  status"
     unmeasured = apart = 0  # matched points that failed on both sides; that took other paths
     unjudged: list[str] = []  # gated metrics a matched point has no baseline value of
+    ungated: set[str] = set()  # simulated numbers the policy does not judge that changed
     for i, point in matched.iterrows():
         label = _label(point, shown)
         print(f"\n{label}", file=out)
@@ -368,9 +383,10 @@ def compare(
                 if math.isfinite(result.base) and math.isfinite(result.current):  # the values judged
                     bv, cv = result.base, result.current
                     ratio = cv / bv if bv else ratio
+                    # the values shown are each side's best run where a side ran more than once
                     detail = (
                         f" (best runs, {result.detail})"
-                        if rule.effect == "best" and verdict != NOT_MEANINGFUL
+                        if rule.effect == "best" and max(map(len, sides)) > 1
                         else detail
                     )
                 tally[verdict] = tally.get(verdict, 0) + 1
@@ -397,6 +413,11 @@ def compare(
                         point,
                     )
             print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {ratio:>8.4f}  {verdict}{detail}", file=out)
+        if scenario == "simulate":  # exact numbers: any that moved is news, judged or not
+            changed = _ungated_changes(point, policy.rules_for(scenario), {*columns, *policy.environment})
+            if changed:
+                print(f"  not judged by the policy, changed: {', '.join(changed)}", file=out)
+                ungated.update(c.split()[0] for c in changed)
     print(file=out)
     if tally["tested"] or tally[NOT_MEANINGFUL]:
         print(
@@ -428,6 +449,12 @@ def compare(
         skipped += (
             f"; {len(unjudged)} gated value(s) not judged, their baseline cell blank "
             f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        )
+    if ungated:
+        names = sorted(ungated)
+        skipped += (
+            f"; {len(names)} column(s) the policy does not judge changed ({', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}: see 'not judged by the policy')"
         )
     if apart:
         skipped += (
