@@ -267,3 +267,23 @@ def test_a_growth_undone_by_preempting_its_group_leaves_its_block_unfindable(pre
     assert (pool.swapped_blocks > 0) == (preemption == "swap")
     later = Sequence(2, Request(1, 0.0, 9, 4), 9, token_ids=list(range(9)))
     assert pool.admit(later) and later.num_cached == 4  # block 0 only: its 4 tokens were computed
+
+
+def test_a_preempted_requests_recompute_does_not_count_what_its_prefix_hit_found_again():
+    """A request preempted by recompute that finds its own freed blocks cached on readmission
+    recomputes only the rest: its attention work (recomputed_pairs, which prices the modelled
+    recompute time) must drop the found tokens' pairs, as recomputed_tokens drops the tokens."""
+    from kvbench.core.scheduler import Batch, Scheduler
+
+    pool = PagedAllocator(num_slots=64, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    scheduler = Scheduler(pool)
+    seq = Sequence(1, Request(0, 0.0, 10, 4), 10, token_ids=list(range(10)))
+    scheduler.add(seq)
+    assert scheduler.schedule().num_tokens == 10  # the prompt; blocks 0 and 1 (tokens 0-7) are named
+    seq.num_tokens, seq.token_ids = 11, list(range(11))  # one token sampled
+    scheduler.preempt(seq, Batch())
+    assert (scheduler.recomputed_tokens, scheduler.recomputed_pairs) == (10, 55)  # 1 + ... + 10
+    readmitted = scheduler.schedule()
+    assert seq.num_computed == 11 and readmitted.num_tokens == 3  # 8 found again: 8, 9 and the new 10
+    # only tokens 8 and 9 are recomputed: 2 tokens attending to 9 and 10 keys = 55 - (1 + ... + 8)
+    assert (scheduler.recomputed_tokens, scheduler.recomputed_pairs) == (2, 19)
