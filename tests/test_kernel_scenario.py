@@ -271,3 +271,22 @@ def test_a_gpu_s_roofline_is_its_own_profile_only_where_one_describes_it(monkeyp
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=["scenario=kernel", "model=tiny", "hardware=a100-40gb"])
     assert kernel.roofline_hardware(cfg, torch.device("cuda")).name == profile
+
+
+def test_a_repeated_kernel_run_shows_the_range_of_its_runs_beside_their_medians():
+    """Five runs of one kernel on a busy host read 0.50x to 2.69x paged over contiguous; the
+    table showed only their median, 1.57x."""
+    row = {
+        "scenario": "kernel",
+        "latency_us_p50": 100.0,
+        "paging_overhead": 1.57,
+        "max_abs_err_vs_eager": 0.0,
+        "samples": '{"paging_overhead": [0.5, 1.57, 1.57, 1.18, 2.69], "latency_us_p50": [90, 100, 100, 100, 130],'
+        ' "max_abs_err_vs_eager": [0, 0, 0, 0, 0]}',
+    }
+    lines = console.run_table(row).splitlines()
+    assert lines[-1] == (
+        "the table shows medians; over the 5 runs (lowest - highest): Latency p50 (us) 90.00 - 130.00; "
+        "Paged / contiguous latency 0.50x - 2.69x"
+    )  # a number every run agrees on has no range to show
+    assert "over the" not in console.run_table({**row, "samples": ""})  # one run: no range

@@ -132,7 +132,8 @@ def test_the_verdict_says_when_the_baseline_itself_wins_and_gives_no_ratio_of_a_
     write_csv(tmp_path / "blank.csv", summary)
     assert bench_report(tmp_path / "blank.csv", "--out", tmp_path / "b", "--baseline", "oracle").returncode == 0
     verdict = (tmp_path / "b" / "report.html").read_text().split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
-    assert "lower normalized latency than oracle</li>" in verdict and "nan" not in verdict
+    margin = verdict.split("lower normalized latency than oracle")[1].split("</li>")[0]
+    assert "its request throughput" not in margin and "nan" not in verdict
 
 
 def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted(sweep, tmp_path):
@@ -682,3 +683,30 @@ def test_a_figure_that_fails_to_draw_costs_only_itself(tmp_path, monkeypatch, ca
     drawn = plots.draw_all(fig13_like(), tmp_path)
     assert [p.name for p in drawn] == ["throughput_latency.png"]
     assert "kv_breakdown.png was not drawn: ValueError: bottom cannot be >= top" in caplog.text
+
+
+def test_a_ratio_against_a_baseline_past_its_capacity_says_it_grows_with_the_run():
+    """A baseline that completes 0.63 of 4 req/s offered has a queue, and a latency, that grow for
+    as long as requests arrive: its ratio to the winner is the run's length as much as the systems."""
+    frame = pd.DataFrame(
+        [("contiguous", 4.0, 140.0, 0.633), ("paged", 4.0, 20.5, 2.15), ("paged", 1.0, 0.05, 1.0)],
+        columns=["allocator", "rate", "normalized_latency_s_per_tok", "request_throughput"],
+    )
+    low = frame.iloc[[2]].assign(allocator="contiguous", normalized_latency_s_per_tok=0.06)
+    frame = pd.concat([frame, low], ignore_index=True)
+    page = verdict_of(frame)
+    assert (
+        "(contiguous completes 0.633 of the 4 req/s offered: past its capacity its latency grows with the run's "
+        "length, and so does this ratio)" in page
+    )
+    assert page.count("past its capacity") == 1  # at 1 req/s contiguous keeps up: its ratio stands alone
+
+
+def test_winners_measured_once_on_the_wall_clock_carry_a_note_and_repeated_ones_do_not():
+    rows = [("serve", "contiguous", 0.2, 1.0), ("serve", "paged", 0.1, 1.5)]
+    frame = pd.DataFrame(rows, columns=["scenario", "allocator", "normalized_latency_s_per_tok", "request_throughput"])
+    page = verdict_of(frame)
+    assert "2 point(s) here are wall-clock measurements (scenario=serve), each run once" in page
+    assert "not a finding" in page and "repeats=5" in page
+    assert "wall-clock measurements" not in verdict_of(frame.assign(repeats=5))
+    assert "wall-clock measurements" not in verdict_of(frame.assign(scenario="simulate"))

@@ -135,6 +135,9 @@ def run_table(row: dict) -> str:
             lines.append(f" {section} ".center(WIDTH, "-"))
         lines += [f"{label + ':':<40}{text:>{WIDTH - 40}}" for label, text in shown]
     lines.append("=" * WIDTH)
+    spread = _spread(row)
+    if spread:
+        lines.append(spread)
     if row.get("interpreted") in (True, "True"):  # serve logs it; a kernel's console said nothing
         lines.append("interpreted: Triton's interpreter ran the kernels (TRITON_INTERPRET=1): times are not a GPU's")
     fallbacks = _value(row, "swap_fallbacks", "{:.0f}")
@@ -146,6 +149,28 @@ def run_table(row: dict) -> str:
     if scenario == "profile" and row.get("profile"):  # what executor=calibrated reads
         lines.append(f"profile: {row['profile']} (bench executor=calibrated executor.profile=PATH)")
     return "\n".join(lines)
+
+
+def _spread(row) -> str | None:
+    """A repeated run's range of each headline number the table shows as its median: one run of
+    a kernel on a busy host can read half or twice its neighbour's time."""
+    from kvbench.errors import UserError
+    from kvbench.scenarios.repeats import SAMPLES, samples_of  # a repeated run's only
+
+    try:
+        samples = samples_of(row.get(SAMPLES))
+    except UserError:
+        return None
+    shown = [
+        f"{label} {fmt.format(min(runs))} - {fmt.format(max(runs))}"
+        for _, specs in RUN_LINES
+        for label, column, fmt in specs
+        if fmt != "{}" and len(runs := [x for x in samples.get(column, []) if x == x]) > 1 and min(runs) < max(runs)
+    ]
+    if not shown:
+        return None
+    count = max(len(v) for v in samples.values())
+    return f"the table shows medians; over the {count} runs (lowest - highest): " + "; ".join(shown)
 
 
 def layout_note(row) -> str | None:

@@ -39,6 +39,10 @@ from kvbench.reporting.results import (
 )
 from kvbench.reporting.winners import DEFAULT_BASELINE, DEFAULT_SLO, METRIC, capacity, verdict_settings, winners
 
+# A baseline that completes less than this share of the offered request rate is past its
+# capacity: its queue, and so its latency, grows for as long as requests arrive.
+SATURATED = 0.9
+
 # The columns a reader looks at first, in this order; every column is one click away.
 KEY_METRICS = [
     "request_throughput",
@@ -473,6 +477,22 @@ def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str
     return parts + ["</ul>"]
 
 
+def _single_measurements(frame: pd.DataFrame) -> list[str]:
+    """A note where the winners come from wall-clock points measured once each: a margin of a
+    few tens of percent is then within what the host's load alone moves."""
+    measured = frame[frame["scenario"].astype(str) != "simulate"] if "scenario" in frame else frame.iloc[0:0]
+    repeats = pd.to_numeric(measured.get("repeats", pd.Series(1, index=measured.index)), errors="coerce")
+    if measured.empty or (repeats.fillna(1) > 1).all():
+        return []
+    return [
+        f"<p class='note'>{len(measured)} point(s) here are wall-clock measurements (scenario="
+        f"{html.escape(', '.join(measured['scenario'].astype(str).unique()))}), "
+        f"{'each' if (repeats.fillna(1) <= 1).all() else 'some'} run once: on a busy or shared host the same "
+        f"code moves by tens of percent from run to run, so a margin of that size is not a finding. "
+        f"repeats=5 gives each point's median and spread, and bench-compare tests a difference.</p>"
+    ]
+
+
 def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) -> list[str]:
     parts = ["<h2>Verdict</h2><div class='verdict'>", *_capacity(frame, baseline, slo)]
     found = winners(frame, baseline)
@@ -501,11 +521,17 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
                     margin += f", {row.throughput_vs_baseline:.2f}× its request throughput"
                 if row.baseline != baseline:
                     margin += f" ({html.escape(baseline)} is not in this sweep)"
+                if math.isfinite(row.rate) and row.baseline_throughput < SATURATED * row.rate:
+                    margin += (  # its queue grows as long as requests arrive: so does its latency
+                        f" ({name} completes {row.baseline_throughput:.3g} of the {row.rate:g} req/s offered: past "
+                        f"its capacity its latency grows with the run's length, and so does this ratio)"
+                    )
             parts.append(
                 f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
                 f"({getattr(row, METRIC):.4g} s/token); {margin}</li>"
             )
         parts.append("</ul>")
+        parts += _single_measurements(frame)
     failed = frame[frame["status"].fillna("ok") != "ok"] if "status" in frame else frame.iloc[0:0]
     if len(failed):
         names = point_labels(frame).loc[failed.index]

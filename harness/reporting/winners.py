@@ -105,11 +105,14 @@ def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
             "baseline_state": "ok" if len(base) else "failed" if (every["allocator"] == local).any() else "absent",
             "latency_vs_baseline": float("nan"),
             "throughput_vs_baseline": float("nan"),
+            "baseline_throughput": float("nan"),
+            "rate": pd.to_numeric(pd.Series([best.get("rate")]), errors="coerce").iloc[0],
         }
         if len(base):
             entry["latency_vs_baseline"] = base[METRIC].iloc[0] / best[METRIC]
             if "request_throughput" in rows:
-                entry["throughput_vs_baseline"] = best["request_throughput"] / base["request_throughput"].iloc[0]
+                entry["baseline_throughput"] = base["request_throughput"].iloc[0]
+                entry["throughput_vs_baseline"] = best["request_throughput"] / entry["baseline_throughput"]
         result.append(entry)
     return pd.DataFrame(result)
 
