@@ -27,6 +27,7 @@ from kvbench.reporting.paper import (
     fig19,
     markdown,
     report_settings,
+    setup_lines,
     write_comparison,
 )
 
@@ -594,3 +595,16 @@ def test_a_fig12_ratio_whose_capacity_is_above_what_its_system_served_says_so():
     )
     found[("sharegpt", "paged")] = Capacity(2.16, (2.0, 2.25), served=2.14)
     assert [row["quantity"] for row in fig12(found, 0.5)] == ["capacity ratio at 0.5 s/token"] * 2
+
+
+def test_the_comparison_says_what_ran_and_that_another_model_is_compared_by_its_shape():
+    """fig14_15 served on the tiny model at its default rate read as the paper's OPT-13B figures,
+    'delta +0', with nothing saying what had run."""
+    simulated = [ok_row(scenario="simulate", model="opt-13b", hardware="a100-40gb", workload="alpaca", rate="20.0")]
+    assert setup_lines(simulated) == ["kvbench ran: opt-13b on a100-40gb (simulate, alpaca at 20.0 req/s)."]
+    served = [ok_row(scenario="serve", model="tiny", hardware="a100-40gb", device="cpu", workload="alpaca", rate="inf")]
+    ran, caveat = setup_lines(served)
+    assert ran == "kvbench ran: tiny on cpu (serve, alpaca at inf req/s)."
+    assert caveat.startswith("The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model")
+    page = markdown([], "fig14_15", setup=[ran, caveat])
+    assert page.index(ran) < page.index(caveat) < page.index("| figure |")

@@ -543,11 +543,32 @@ def report_settings(report) -> dict:
     return {"paper": paper, "slo": float(slo), "baseline": baseline}
 
 
-def markdown(rows: list[dict], title: str, failed: list[dict] = ()) -> str:
-    """The comparison as a table; points that failed (not compared) listed under it."""
+def setup_lines(rows: list[dict]) -> list[str]:
+    """What the compared points ran (scenario, model, the hardware simulated or the device that
+    served), and a caveat where it is not the paper's setup: OPT-13B simulated on an A100-40GB."""
+    ran = []
+    for r in _ok(rows):
+        scenario = r.get("scenario") or "simulate"
+        where = r.get("hardware") if scenario == "simulate" else r.get("device") or r.get("hardware")
+        load = f"{r.get('workload') or '?'} at {r.get('rate') or '?'} req/s"
+        ran.append(f"{r.get('model') or '?'} on {where or '?'} ({scenario}, {load})")
+    ran = list(dict.fromkeys(ran))
+    lines = [f"kvbench ran: {', '.join(ran)}."]
+    if any(r.get("model") != "opt-13b" or (r.get("scenario") or "simulate") != "simulate" for r in _ok(rows)):
+        lines.append(
+            "The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model or served on this "
+            "host, so compare which way and how far each figure moves, not its value."
+        )
+    return lines
+
+
+def markdown(rows: list[dict], title: str, failed: list[dict] = (), setup: list[str] = ()) -> str:
+    """The comparison as a table, under what the points ran (`setup`); points that failed (not
+    compared) listed under it."""
     lines = [
         f"# {title}",
         "",
+        *[line for text in setup for line in (text, "")],
         "| figure | workload | system | quantity | paper | kvbench | delta | delta % |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -615,7 +636,8 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     written = [sweep_dir / "paper_comparison.csv", sweep_dir / "paper_comparison.md"]
     write_csv(written[0], compared)
     failed = [r for r in rows if r.get("status", "ok") != "ok"]
-    write_atomic(written[1], markdown(compared, f"{name}: the paper's numbers and kvbench's", failed))
+    title = f"{name}: the paper's numbers and kvbench's"
+    write_atomic(written[1], markdown(compared, title, failed, setup_lines(rows)))
     if name == "fig12":
         import pandas as pd
 
