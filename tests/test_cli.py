@@ -242,7 +242,24 @@ def test_a_read_only_results_directory_is_one_line(tmp_path, monkeypatch, capsys
     assert "results" in line and "the file system is read-only" in line
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_results_directory_without_write_permission_is_one_line(tmp_path, monkeypatch, capsys):
+    """As the chmod test below, for root too (whom a mode of 0555 does not stop)."""
+    real_mkdir = os.mkdir
+
+    def denied(path, *args, **kwargs):
+        if "results" in str(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", denied)
+    with pytest.raises(SystemExit) as exit_info:
+        in_process(tmp_path, monkeypatch, "workload.num_requests=5")
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "results" in line and "permission denied" in line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories (the test above covers it)")
 def test_a_chmod_read_only_results_directory_is_one_line(tmp_path):
     (tmp_path / "results").mkdir(mode=0o555)
     result = bench(tmp_path, "workload.num_requests=5")

@@ -500,7 +500,10 @@ def test_a_sweep_whose_paper_comparison_crashes_exits_1_with_one_line(tmp_path, 
     assert (sweep / "report.html").is_file() and (sweep / "summary.csv").is_file()
 
 
-def test_fig18_names_block_sizes_that_tie_and_decides_nothing_from_them():
+LOST = {"8": "0.10", "16": "0.12", "32": "0.10", "64": "0.20"}
+
+
+def test_fig18_names_block_sizes_that_tie_and_decides_nothing_from_a_tie_with_16():
     """A load no block size strains ties them all: the first folder's (128, in text order) was
     reported as the best, 700 % off the paper; then the one nearest 16, a match by construction."""
     tied = [ok_row(allocator="paged", block_size=b) for b in ("128", "16", "8")]
@@ -516,6 +519,11 @@ def test_fig18_names_block_sizes_that_tie_and_decides_nothing_from_them():
     assert row["quantity"].startswith("block size of lowest normalized latency (tied: 16, 128;")
     (row,) = fig18([ok_row(allocator="paged", block_size="8", normalized_latency_s_per_tok=""), *tied[:2]], {})
     assert "tied: 16, 128;" in row["quantity"]  # a block size whose points finished nothing is no candidate
+    # a tie without 16, which is slower: the paper's choice lost, and the delta says by how much
+    lost = [ok_row(allocator="paged", block_size=b, normalized_latency_s_per_tok=t) for b, t in LOST.items()]
+    (row,) = fig18(lost, {})
+    assert row["quantity"] == "block size of lowest normalized latency (tied: 8, 32)"
+    assert (row["kvbench"], row["delta"]) == (8, -8)
     (row,) = fig18([ok_row(block_size="32", normalized_latency_s_per_tok="0.05"), *tied], {})
     assert row["quantity"] == "block size of lowest normalized latency" and row["kvbench"] == 32
     assert "| 16 | 32 | +16 | +100.0 |" in markdown([row], "fig18")

@@ -120,6 +120,33 @@ def test_every_copy_on_the_device_reaches_the_step_that_follows_it(allocator, nu
     assert steps[0].copied_slots == 0  # the prompt's step: the samples fork after it, and copy before the next
 
 
+@pytest.mark.parametrize("long_decode", [True, False])
+def test_copies_made_before_an_idle_pool_or_a_quiet_stretch_are_charged_to_the_next_step(long_decode):
+    """A request of two one-token samples forks after its prefill (a reserving allocator copies
+    the prompt's range) and finishes at once: the copy was taken by the empty schedule() before
+    the next arrival, or by nobody where a steady decode ran on in a quiet stretch, and never
+    cost a step. (Paged copies on write, inside the step that writes.)"""
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=["+allocator=contiguous", "progress=false"])
+    model, hardware = load_specs(cfg)
+    charged = []
+
+    class Charged(CostModelExecutor):
+        def execute(self, batch):
+            charged.append(batch.copied_slots)
+            return super().execute(batch)
+
+    engine = build_engine(cfg, model, 8192, lambda pool: Charged(model, hardware))
+    requests = [
+        Request(0, 0.0, 20, 400 if long_decode else 2),  # a long decode runs on in quiet stretches
+        Request(1, 0.5, 20, 1, np.arange(20), n=2),  # forks, then both samples end at once
+        Request(2, 30.0, 20, 5),  # an arrival after everything else has ended
+    ]
+    row = engine.run(requests)
+    assert row["completed"] == 3 and engine.allocator.copied_slots == 20  # the prompt's range, once
+    assert sum(charged) == engine.allocator.copied_slots  # every copy paid for, once
+
+
 def test_a_step_pays_for_its_copies_as_their_bytes_read_and_written_once():
     """OPT-13B on A100-40GB: a 16-token block is 16 x 819,200 bytes, read and written at 75 % of
     1,555 GB/s: 22.5 us."""

@@ -250,8 +250,8 @@ class LazyDecode:
         step = len(self.step_clocks)
         if self._active:
             self._become_steady(step)  # as the step's schedule() would first
-        if self._active or self.swapped or not self._expiry:
-            return None
+        if self._active or self.swapped or not self._expiry or self.allocator.copied_slots != self._copied_seen:
+            return None  # copies made since the last scheduled step are charged to the next one
         met = self.next_meeting()
         waiting = bool(self.waiting)
         if waiting and not self.head_stays_refused(met - step):

@@ -168,7 +168,7 @@ class Scheduler(LazyDecode):
         batch.swapped_slots = batch.swapped_blocks * self.allocator.block_size
         self._schedule_waiting(batch, budget, now)
         copied = self.allocator.copied_slots  # this step's copies-on-write, and the last step's forks
-        if copied != self._copied_seen:
+        if copied != self._copied_seen and (batch.seqs or batch.num_steady):  # an empty batch does not run
             batch.copied_slots = copied - self._copied_seen
             self._copied_seen = copied
         return batch

@@ -434,9 +434,9 @@ def fig14_15(rows: list[dict], cfg) -> list[dict]:
 
 
 def fig18(rows: list[dict], cfg) -> list[dict]:
-    """The block size of lowest latency, per workload. Where several tie (a load no block size
-    strains), the quantity names them all and the one compared is the nearest to the paper's 16:
-    the paper's choice is then one of the best, and the delta says so."""
+    """The block size of lowest latency, per workload. Where several tie, the quantity names them
+    all: a tie that includes the paper's 16 (a load no block size strains) neither confirms nor
+    refutes it, and compares nothing (n/a); one without it compares its block nearest 16."""
     others = sorted({r.get("allocator") for r in _ok(rows)} - {"paged", None, ""})
     if others:
         raise UserError(f"fig18 is vLLM's block size (allocator paged); this sweep ran allocator {', '.join(others)}")
@@ -457,9 +457,11 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
             raise UserError(f"fig18: no point of {workload} finished a request, so none has a latency to compare")
         tied = [block for block, value in latency.items() if value <= min(latency.values()) * (1 + 1e-9)]
         quantity = "block size of lowest normalized latency"
-        best = float(tied[0])
-        if len(tied) > 1:  # a load that strains no block size: it neither confirms the paper's 16 nor refutes it
-            quantity += f" (tied: {', '.join(map(str, tied))}; this load does not tell them apart)"
+        best = float(min(tied, key=lambda block: (abs(block - 16), block)))
+        if len(tied) > 1:
+            quantity += f" (tied: {', '.join(map(str, tied))}"
+            quantity += "; this load does not tell them apart)" if 16 in tied else ")"
+        if len(tied) > 1 and 16 in tied:  # the paper's 16 among equals: neither confirmed nor refuted
             best = math.nan
         out.append(comparison_row("fig18", workload, "vLLM", quantity, 16.0, best, len(by_block)))
     return out
