@@ -710,3 +710,10 @@ def test_winners_measured_once_on_the_wall_clock_carry_a_note_and_repeated_ones_
     assert "not a finding" in page and "repeats=5" in page
     assert "wall-clock measurements" not in verdict_of(frame.assign(repeats=5))
     assert "wall-clock measurements" not in verdict_of(frame.assign(scenario="simulate"))
+
+
+def test_a_report_of_kernel_points_beside_served_runs_says_they_share_no_metric():
+    frame = pd.DataFrame({"scenario": ["kernel", "kernel", "simulate"], "allocator": ["paged"] * 3})
+    (line,) = report.mixed_scenarios(frame)
+    assert line.startswith("These inputs mix kernel points") and "with simulate runs" in line
+    assert report.mixed_scenarios(frame.iloc[:2]) == [] and report.mixed_scenarios(frame.iloc[2:]) == []

@@ -337,7 +337,7 @@ def _summarize(sweep_dirs, out_dir, baseline, slo, plots) -> tuple[list[Path], p
         for stale in set(PLOTS) - {path.name for path in drawn}:  # an earlier report's, of other points
             (out_dir / stale).unlink(missing_ok=True)
     page = out_dir / "report.html"
-    notes = [note for note in map(missing_points, sweep_dirs) if note]
+    notes = [note for note in map(missing_points, sweep_dirs) if note] + mixed_scenarios(frame)
     write_atomic(page, render_html(frame, drawn, sweep_dirs, chosen, asked, slo, notes))
     return [*written, *drawn, page], frame, chosen, slo
 
@@ -363,6 +363,19 @@ def listed_points(sweep_dir: Path) -> int | None:
         return count
     except Exception:  # noqa: BLE001 (a file of another version or a sweep it cannot count: say nothing)
         return None
+
+
+def mixed_scenarios(frame: pd.DataFrame) -> list[str]:
+    """A line where kernel points (one attention call timed) sit beside runs that served a
+    workload: the two share no metric, so each table column and plot holds one kind only."""
+    scenarios = set(frame["scenario"].dropna().astype(str)) if "scenario" in frame else set()
+    if "kernel" not in scenarios or not scenarios - {"kernel"}:
+        return []
+    return [
+        f"These inputs mix kernel points (one attention call timed: latency, bandwidth) with "
+        f"{', '.join(sorted(scenarios - {'kernel'}))} runs (a workload served): they share no metric, so the "
+        f"verdict and the throughput plots are the runs' alone and the latency-against-context plot the kernels'."
+    ]
 
 
 def missing_points(sweep_dir: Path) -> str | None:
