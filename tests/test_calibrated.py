@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 
 from kvbench.core.scheduler import Scheduler
 from kvbench.errors import UserError
@@ -136,6 +137,18 @@ def test_a_profile_of_another_model_is_refused(tmp_path):
     profile = synthetic_profile(tmp_path / "small.csv", model="small")
     with pytest.raises(UserError, match="measured for model='small', not 'tiny'"):
         calibrated(profile)
+
+
+def test_a_cpu_profile_without_a_kv_pool_of_its_own_is_refused(tiny_profile, tmp_path):
+    """Without engine.kv_cache_bytes the pool was the modelled A100's memory less tiny's weights:
+    75 million slots, a run that could never fill its pool, without a word."""
+    cfg = compose_cfg("executor=calibrated", f"executor.profile={tiny_profile}", "model=tiny")
+    with pytest.raises(UserError, match=r"profile measured on cpu.*the KV pool would be hardware=a100-40gb's"):
+        simulate(cfg)
+    gpu = synthetic_profile(tmp_path / "gpu.csv", device="cuda:NVIDIA A100-SXM4-40GB")  # the GPU modelled
+    cfg = compose_cfg("executor=calibrated", f"executor.profile={gpu}", "executor.device=any", "model=tiny")
+    row, _ = simulate(OmegaConf.merge(cfg, {"workload": {"num_requests": 5}}))
+    assert row["completed"] == 5
 
 
 def test_a_model_of_the_same_name_but_another_shape_is_refused(tiny_profile):
