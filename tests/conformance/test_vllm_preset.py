@@ -93,3 +93,18 @@ def test_bench_runs_the_preset_and_an_unknown_preset_is_one_line_with_exit_code_
     result = bench(tmp_path, "+preset=sglang")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: unknown preset 'sglang'; known: vllm"]
+
+
+def test_the_preset_on_a_large_gpu_says_vllm_s_defaults_there_are_larger():
+    """vLLM 0.33 gives a GPU of 70 GiB or more that is not an A100 1,024 sequences and 8,192
+    tokens a step; the preset keeps the smaller GPUs' 256 and 2,048 and said nothing."""
+    from kvbench.scenarios.simulate import vllm_large_gpu_note
+
+    def note(*overrides):
+        cfg = composed("+preset=vllm", *overrides)
+        return vllm_large_gpu_note(cfg, load_specs(cfg)[1], "vllm")
+
+    assert "on h100-sxm vLLM 0.33 uses 1,024 and 8,192" in note("hardware=h100-sxm", "model=llama-3-8b")
+    assert note("hardware=a100-80gb", "model=llama-3-8b") is None  # an A100 keeps the small defaults
+    assert note("hardware=a100-40gb") is None
+    assert note("hardware=h200", "scheduler.max_num_seqs=1024", "scheduler.max_num_batched_tokens=8192") is None
