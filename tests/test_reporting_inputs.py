@@ -692,3 +692,17 @@ def test_a_simulated_number_the_policy_does_not_judge_is_listed_when_it_moves(tm
     result = run_compare(tmp_path / "base.csv", tmp_path / "halved.csv")
     assert result.returncode == 1 and "kv_blocks_saved_frac 0.3 -> 0.15 (-50.000%, better: higher" in result.stdout
     assert "not judged by the policy" not in result.stdout
+
+
+def test_a_simulated_number_that_went_blank_is_listed_and_host_time_and_commit_are_not(tmp_path):
+    """A number that turned blank or text on one side moved too; the scheduler's host time and
+    an all-digit commit id are no simulated numbers (a custom policy that names neither listed
+    them on every point of identical sweeps)."""
+    base = row("paged", 2.0, steps=2340, schedule_us_per_step=0.433, git_sha="123456789012")
+    write_csv(tmp_path / "base.csv", [base])
+    write_csv(tmp_path / "cur.csv", [{**base, "steps": "", "schedule_us_per_step": 0.476}])
+    (tmp_path / "policy.yaml").write_text("metrics:\n  request_throughput: {better: higher, tolerance: 0}\n")
+    result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv", "--policy", tmp_path / "policy.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "  not judged by the policy, changed: steps 2340 -> (blank)" in result.stdout
+    assert "schedule_us_per_step" not in result.stdout.split("changed:")[1] and "git_sha" not in result.stdout

@@ -229,17 +229,30 @@ def _samples(merged: pd.DataFrame, side: str, name: str, shown, judged) -> pd.Se
     return pd.Series(read, index=merged.index, dtype=object)
 
 
+# columns of a simulated row that are no simulated number: the host's time, the code's commit
+NOT_SIMULATED = ("schedule_us_per_step", "git_sha")
+
+
 def _ungated_changes(point: pd.Series, rules: dict, skip) -> list[str]:
     """`name a -> b` for each number the policy does not judge (nor `skip` names) that differs
-    between the sides of a simulated point, whose numbers are exact for a seed."""
+    between the sides of a simulated point, whose numbers are exact for a seed; a number on one
+    side only (blank, text or infinite on the other) is a change too."""
     changed = []
     for column in point.index:
         name = column.removesuffix(BASE)
-        if name == column or name in rules or name in skip or name.startswith("_"):
+        if name == column or name in rules or name in skip or name in NOT_SIMULATED or name.startswith("_"):
             continue
-        base, cur = pd.to_numeric(pd.Series([point[column], point.get(name + CUR)]), errors="coerce")
-        if math.isfinite(base) and math.isfinite(cur) and base != cur:
+        cells = point[column], point.get(name + CUR)
+        base, cur = pd.to_numeric(pd.Series(cells), errors="coerce")
+        finite = math.isfinite(base), math.isfinite(cur)
+        if all(finite) and base != cur:
             changed.append(f"{name} {base:.6g} -> {cur:.6g}")
+        elif any(finite) and not all(finite):
+            shown = [
+                f"{v:.6g}" if ok else ("(blank)" if pd.isna(c) else str(c))
+                for v, ok, c in zip((base, cur), finite, cells)
+            ]
+            changed.append(f"{name} {shown[0]} -> {shown[1]}")
     return changed
 
 
@@ -392,8 +405,9 @@ def compare(
                 tally[verdict] = tally.get(verdict, 0) + 1
                 tally["tested"] += verdict != NOT_MEANINGFUL
                 if verdict == "REGRESSED":
+                    best = "best runs " if detail.startswith(" (best runs") else ""
                     problem(
-                        f"{label}: {metric} {bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
+                        f"{label}: {metric} {best}{bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
                         f"(min_effect {rule.min_effect:.0%}; {result.detail})",
                         point,
                         measured=True,
@@ -412,7 +426,8 @@ def compare(
                         f"tolerance {rule.tolerance:g})",
                         point,
                     )
-            print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {ratio:>8.4f}  {verdict}{detail}", file=out)
+            shown_ratio = f"{ratio:>8.4f}" if abs(ratio) < 1e6 else f"{ratio:>8.3g}"  # not 300 digits
+            print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {shown_ratio}  {verdict}{detail}", file=out)
         if scenario == "simulate":  # exact numbers: any that moved is news, judged or not
             changed = _ungated_changes(point, policy.rules_for(scenario), {*columns, *policy.environment})
             if changed:

@@ -170,7 +170,10 @@ def _spread(row) -> str | None:
     if not shown:
         return None
     count = max(len(v) for v in samples.values())
-    return f"the table shows medians; over the {count} runs (lowest - highest): " + "; ".join(shown)
+    return (
+        f"the table shows the runs' medians (its KV shares: the median run's); over the {count} runs "
+        f"(lowest - highest): " + "; ".join(shown)
+    )
 
 
 def layout_note(row) -> str | None:

@@ -436,7 +436,8 @@ def fig14_15(rows: list[dict], cfg) -> list[dict]:
 def fig18(rows: list[dict], cfg) -> list[dict]:
     """The block size of lowest latency, per workload. Where several tie, the quantity names them
     all: a tie that includes the paper's 16 (a load no block size strains) neither confirms nor
-    refutes it, and compares nothing (n/a); one without it compares its block nearest 16."""
+    refutes it, and compares nothing (n/a); one without it compares its block nearest 16. A
+    sweep that did not run 16 compares nothing either, and names its best."""
     others = sorted({r.get("allocator") for r in _ok(rows)} - {"paged", None, ""})
     if others:
         raise UserError(f"fig18 is vLLM's block size (allocator paged); this sweep ran allocator {', '.join(others)}")
@@ -458,11 +459,15 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
         tied = [block for block, value in latency.items() if value <= min(latency.values()) * (1 + 1e-9)]
         quantity = "block size of lowest normalized latency"
         best = float(min(tied, key=lambda block: (abs(block - 16), block)))
-        if len(tied) > 1:
-            quantity += f" (tied: {', '.join(map(str, tied))}"
-            quantity += "; this load does not tell them apart)" if 16 in tied else ")"
+        notes = [f"tied: {', '.join(map(str, tied))}"] if len(tied) > 1 else []
         if len(tied) > 1 and 16 in tied:  # the paper's 16 among equals: neither confirmed nor refuted
+            notes[0] += "; this load does not tell them apart"
             best = math.nan
+        if 16 not in latency:  # the best of what ran says nothing of a block that did not run
+            notes.append(f"16 not run: of the blocks run, {' and '.join(map(str, tied))} lowest")
+            best = math.nan
+        if notes:
+            quantity += f" ({'; '.join(notes)})"
         out.append(comparison_row("fig18", workload, "vLLM", quantity, 16.0, best, len(by_block)))
     return out
 
@@ -556,10 +561,11 @@ def setup_lines(rows: list[dict]) -> list[str]:
         ran.append(f"{r.get('model') or '?'} on {where or '?'} ({scenario}, {load})")
     ran = list(dict.fromkeys(ran))
     lines = [f"kvbench ran: {', '.join(ran)}."]
-    if any(r.get("model") != "opt-13b" or (r.get("scenario") or "simulate") != "simulate" for r in _ok(rows)):
+    paper = ("opt-13b", "a100-40gb", "simulate")
+    if any((r.get("model"), r.get("hardware"), r.get("scenario") or "simulate") != paper for r in _ok(rows)):
         lines.append(
-            "The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model or served on this "
-            "host, so compare which way and how far each figure moves, not its value."
+            "The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model or GPU, or served "
+            "on this host, so compare which way and how far each figure moves, not its value."
         )
     return lines
 

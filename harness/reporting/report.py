@@ -39,9 +39,11 @@ from kvbench.reporting.results import (
 )
 from kvbench.reporting.winners import DEFAULT_BASELINE, DEFAULT_SLO, METRIC, capacity, verdict_settings, winners
 
-# A baseline that completes less than this share of the offered request rate is past its
-# capacity: its queue, and so its latency, grows for as long as requests arrive.
-SATURATED = 0.9
+# A baseline whose requests wait on average more than this share of the span they arrived over
+# for their first token has a queue that grew through the run: its latency grows with the run's
+# length. (A server that keeps up starts a request within a step or a few; completing less than
+# the offered rate is no sign of it: a short run's drain after its last arrival does that too.)
+SATURATED_WAIT = 0.1
 
 # The columns a reader looks at first, in this order; every column is one click away.
 KEY_METRICS = [
@@ -534,10 +536,12 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
                     margin += f", {row.throughput_vs_baseline:.2f}× its request throughput"
                 if row.baseline != baseline:
                     margin += f" ({html.escape(baseline)} is not in this sweep)"
-                if math.isfinite(row.rate) and row.baseline_throughput < SATURATED * row.rate:
-                    margin += (  # its queue grows as long as requests arrive: so does its latency
-                        f" ({name} completes {row.baseline_throughput:.3g} of the {row.rate:g} req/s offered: past "
-                        f"its capacity its latency grows with the run's length, and so does this ratio)"
+                span, wait = row.arrival_span_s, row.baseline_wait_s
+                if 0 < span < math.inf and wait > SATURATED_WAIT * span:
+                    margin += (
+                        f" ({name}'s requests waited {wait:.3g} s on average for a first token, {wait / span:.0%} of "
+                        f"the {span:.3g} s they arrived over: its queue grew through the run, so its latency, and this "
+                        f"ratio, grow with the run's length)"
                     )
             parts.append(
                 f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "

@@ -105,14 +105,19 @@ def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
             "baseline_state": "ok" if len(base) else "failed" if (every["allocator"] == local).any() else "absent",
             "latency_vs_baseline": float("nan"),
             "throughput_vs_baseline": float("nan"),
-            "baseline_throughput": float("nan"),
-            "rate": pd.to_numeric(pd.Series([best.get("rate")]), errors="coerce").iloc[0],
+            # the baseline's mean wait for a first token, and the span its requests arrived over
+            "baseline_wait_s": float("nan"),
+            "arrival_span_s": float("nan"),
         }
         if len(base):
             entry["latency_vs_baseline"] = base[METRIC].iloc[0] / best[METRIC]
             if "request_throughput" in rows:
-                entry["baseline_throughput"] = base["request_throughput"].iloc[0]
-                entry["throughput_vs_baseline"] = best["request_throughput"] / entry["baseline_throughput"]
+                entry["throughput_vs_baseline"] = best["request_throughput"] / base["request_throughput"].iloc[0]
+            wait, requests, rate = (
+                pd.to_numeric(base.get(column, pd.Series([None])), errors="coerce").iloc[0]
+                for column in ("mean_ttft_ms", "requests", "rate")
+            )
+            entry["baseline_wait_s"], entry["arrival_span_s"] = wait / 1e3, (requests - 1) / rate
         result.append(entry)
     return pd.DataFrame(result)
 
