@@ -703,7 +703,7 @@ def test_a_ratio_against_a_baseline_past_its_capacity_says_it_grows_with_the_run
     )
     page = verdict_of(frame)
     assert (
-        "(contiguous's requests waited 2.31e+03 s on average for a first token, 262% of the 880 s they arrived "
+        "(contiguous's requests waited 2,311 s on average for a first token, 262% of the 880 s they arrived "
         "over: its queue grew through the run, so its latency, and this ratio, grow with the run's length)" in page
     )
     assert page.count("its queue grew") == 1  # at 0.25 req/s contiguous kept up

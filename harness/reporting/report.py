@@ -538,10 +538,11 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
                     margin += f" ({html.escape(baseline)} is not in this sweep)"
                 span, wait = row.arrival_span_s, row.baseline_wait_s
                 if 0 < span < math.inf and wait > SATURATED_WAIT * span:
+                    seconds = lambda s: f"{s:,.0f}" if s >= 100 else f"{s:.3g}"  # 2,311 s, not 2.31e+03
                     margin += (
-                        f" ({name}'s requests waited {wait:.3g} s on average for a first token, {wait / span:.0%} of "
-                        f"the {span:.3g} s they arrived over: its queue grew through the run, so its latency, and this "
-                        f"ratio, grow with the run's length)"
+                        f" ({name}'s requests waited {seconds(wait)} s on average for a first token, {wait / span:.0%} "
+                        f"of the {seconds(span)} s they arrived over: its queue grew through the run, so its latency, "
+                        f"and this ratio, grow with the run's length)"
                     )
             parts.append(
                 f"<li><b>{html.escape(row.setting)}</b>: <b>{html.escape(row.winner)}</b> "
