@@ -147,6 +147,25 @@ def test_copies_made_before_an_idle_pool_or_a_quiet_stretch_are_charged_to_the_n
     assert sum(charged) == engine.allocator.copied_slots  # every copy paid for, once
 
 
+@pytest.mark.parametrize("allocator", ["contiguous", "paged"])
+def test_beams_that_end_are_not_forked_so_no_copy_outlives_the_last_step(allocator):
+    """Beams were re-forked at the step that gave their last token: a reserving allocator copied
+    KV that no step would read, counted in copied_bytes and charged to no step."""
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=[f"+allocator={allocator}", "progress=false"])
+    model, hardware = load_specs(cfg)
+    charged = []
+
+    class Charged(CostModelExecutor):
+        def execute(self, batch):
+            charged.append(batch.copied_slots)
+            return super().execute(batch)
+
+    engine = build_engine(cfg, model, 8192, lambda pool: Charged(model, hardware))
+    row = engine.run([Request(i, 0.0, 40, 12, np.arange(40) + i, beam_width=4) for i in range(3)])
+    assert row["completed"] == 3 and sum(charged) == engine.allocator.copied_slots
+
+
 def test_a_step_pays_for_its_copies_as_their_bytes_read_and_written_once():
     """OPT-13B on A100-40GB: a 16-token block is 16 x 819,200 bytes, read and written at 75 % of
     1,555 GB/s: 22.5 us."""

@@ -402,10 +402,12 @@ class Engine:
             else:
                 again.append(pick)
         unpicked = [slot for slot in range(width) if slots[slot] is None]
+        last = beams[0].num_tokens + 1 >= beams[0].request.max_tokens  # this token ends the request
         for slot, pick in zip(unpicked, again):
             beam, parent = beams[slot], beams[pick[0]]
-            self.allocator.free(beam)
-            self.allocator.fork(parent, beam)
+            if not last:  # a beam that decodes on reads its parent's KV; one that ends now reads none
+                self.allocator.free(beam)
+                self.allocator.fork(parent, beam)
             beam.num_tokens, beam.token_ids = parent.num_tokens, list(parent.token_ids)
             slots[slot] = pick
         for beam, (_, token, logprob) in zip(beams, slots):
