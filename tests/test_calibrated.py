@@ -145,6 +145,10 @@ def test_a_cpu_profile_without_a_kv_pool_of_its_own_is_refused(tiny_profile, tmp
     cfg = compose_cfg("executor=calibrated", f"executor.profile={tiny_profile}", "model=tiny")
     with pytest.raises(UserError, match=r"profile measured on cpu.*the KV pool would be hardware=a100-40gb's"):
         simulate(cfg)
+    other = synthetic_profile(tmp_path / "rtx.csv", device="cuda:NVIDIA GeForce RTX 4090")
+    other_cfg = compose_cfg("executor=calibrated", f"executor.profile={other}", "executor.device=any", "model=tiny")
+    with pytest.raises(UserError, match=r"measured on cuda:NVIDIA GeForce RTX 4090: the KV pool would be hardware="):
+        simulate(other_cfg)
     gpu = synthetic_profile(tmp_path / "gpu.csv", device="cuda:NVIDIA A100-SXM4-40GB")  # the GPU modelled
     cfg = compose_cfg("executor=calibrated", f"executor.profile={gpu}", "executor.device=any", "model=tiny")
     row, _ = simulate(OmegaConf.merge(cfg, {"workload": {"num_requests": 5}}))

@@ -286,7 +286,7 @@ def test_a_repeated_kernel_run_shows_the_range_of_its_runs_beside_their_medians(
     }
     lines = console.run_table(row).splitlines()
     assert lines[-1] == (
-        "the table shows the runs' medians (its KV shares: the median run's); over the 5 runs (lowest - highest): "
+        "the table shows the runs' medians; over the 5 runs (lowest - highest): "
         "Latency p50 (us) 90.00 - 130.00; "
         "Paged / contiguous latency 0.50x - 2.69x"
     )  # a number every run agrees on has no range to show

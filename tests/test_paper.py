@@ -528,6 +528,9 @@ def test_fig18_names_block_sizes_that_tie_and_decides_nothing_from_a_tie_with_16
     (row,) = fig18([r for r in lost if r["block_size"] != "16"], {})
     assert row["quantity"].endswith("(tied: 8, 32; 16 not run: of the blocks run, 8 and 32 lowest)")
     assert math.isnan(row["kvbench"])
+    no_finish = [r if r["block_size"] != "16" else {**r, "normalized_latency_s_per_tok": ""} for r in lost]
+    (row,) = fig18(no_finish, {})
+    assert "16 finished no request: of the blocks run, 8 and 32 lowest" in row["quantity"]
     (row,) = fig18([ok_row(block_size="32", normalized_latency_s_per_tok="0.05"), *tied], {})
     assert row["quantity"] == "block size of lowest normalized latency" and row["kvbench"] == 32
     assert "| 16 | 32 | +16 | +100.0 |" in markdown([row], "fig18")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import re
 import shutil
 import subprocess
@@ -314,8 +315,8 @@ def linear_sweep(rates) -> pd.DataFrame:
     )
 
 
-def verdict_of(frame: pd.DataFrame, slo: float = 0.5) -> str:
-    page = report.render_html(frame, [], [Path("sweep")], "contiguous", "contiguous", slo)
+def verdict_of(frame: pd.DataFrame, slo: float = 0.5, baseline: str = "contiguous") -> str:
+    page = report.render_html(frame, [], [Path("sweep")], baseline, baseline, slo)
     return page.split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
 
 
@@ -707,6 +708,15 @@ def test_a_ratio_against_a_baseline_past_its_capacity_says_it_grows_with_the_run
         "over: its queue grew through the run, so its latency, and this ratio, grow with the run's length)" in page
     )
     assert page.count("its queue grew") == 1  # at 0.25 req/s contiguous kept up
+    # 8 ms, one prefill, is 11 % of 4 requests' 75 ms span: no queue grew
+    light = [("paged", 40.0, 4, 0.02, 30.0, 7.92), ("contiguous", 40.0, 4, 0.01, 35.0, 5.0)]
+    assert "its queue grew" not in verdict_of(pd.DataFrame(light, columns=columns), baseline="paged")
+    # all at once: the waits grow with the number of requests, whatever the server
+    burst = [("contiguous", math.inf, 24, 0.9, 5.0, 4600.0), ("paged", math.inf, 24, 0.1, 9.0, 40.0)]
+    assert (
+        "(every request arrived at once: the waits of contiguous's, 4.6 s on average for a first token, and so "
+        "this ratio, grow with their number)" in verdict_of(pd.DataFrame(burst, columns=columns))
+    )
 
 
 def test_winners_measured_once_on_the_wall_clock_carry_a_note_and_repeated_ones_do_not():
@@ -717,6 +727,9 @@ def test_winners_measured_once_on_the_wall_clock_carry_a_note_and_repeated_ones_
     assert "not a finding" in page and "repeats=5" in page
     assert "wall-clock measurements" not in verdict_of(frame.assign(repeats=5))
     assert "wall-clock measurements" not in verdict_of(frame.assign(scenario="simulate"))
+    kernels = pd.DataFrame({"scenario": ["kernel"] * 2, "allocator": ["contiguous", "paged"], "latency_us_p50": [9, 8]})
+    mixed = pd.concat([frame.assign(scenario="simulate"), kernels], ignore_index=True)
+    assert "wall-clock measurements" not in verdict_of(mixed)  # the winners are the simulated runs' alone
 
 
 def test_a_report_of_kernel_points_beside_served_runs_says_they_share_no_metric():

@@ -700,7 +700,7 @@ def test_a_simulated_number_that_went_blank_is_listed_and_host_time_and_commit_a
     them on every point of identical sweeps)."""
     base = row("paged", 2.0, steps=2340, schedule_us_per_step=0.433, git_sha="123456789012")
     write_csv(tmp_path / "base.csv", [base])
-    write_csv(tmp_path / "cur.csv", [{**base, "steps": "", "schedule_us_per_step": 0.476}])
+    write_csv(tmp_path / "cur.csv", [{**base, "steps": "", "schedule_us_per_step": 0.476, "git_sha": "987654321098"}])
     (tmp_path / "policy.yaml").write_text("metrics:\n  request_throughput: {better: higher, tolerance: 0}\n")
     result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv", "--policy", tmp_path / "policy.yaml")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -170,10 +170,8 @@ def _spread(row) -> str | None:
     if not shown:
         return None
     count = max(len(v) for v in samples.values())
-    return (
-        f"the table shows the runs' medians (its KV shares: the median run's); over the {count} runs "
-        f"(lowest - highest): " + "; ".join(shown)
-    )
+    shares = " (its KV shares: the median run's, or the middle two's mean)" if "kv_token_util" in row else ""
+    return f"the table shows the runs' medians{shares}; over the {count} runs (lowest - highest): " + "; ".join(shown)
 
 
 def layout_note(row) -> str | None:

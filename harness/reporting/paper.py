@@ -464,7 +464,8 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
             notes[0] += "; this load does not tell them apart"
             best = math.nan
         if 16 not in latency:  # the best of what ran says nothing of a block that did not run
-            notes.append(f"16 not run: of the blocks run, {' and '.join(map(str, tied))} lowest")
+            missing = "16 finished no request" if 16 in by_block else "16 not run"
+            notes.append(f"{missing}: of the blocks run, {' and '.join(map(str, tied))} lowest")
             best = math.nan
         if notes:
             quantity += f" ({'; '.join(notes)})"

@@ -40,10 +40,13 @@ from kvbench.reporting.results import (
 from kvbench.reporting.winners import DEFAULT_BASELINE, DEFAULT_SLO, METRIC, capacity, verdict_settings, winners
 
 # A baseline whose requests wait on average more than this share of the span they arrived over
-# for their first token has a queue that grew through the run: its latency grows with the run's
-# length. (A server that keeps up starts a request within a step or a few; completing less than
-# the offered rate is no sign of it: a short run's drain after its last arrival does that too.)
+# for their first token, and at least SATURATED_WAIT_S, has a queue that grew through the run:
+# its latency grows with the run's length. (A server that keeps up starts a request within a
+# step or a few; completing less than the offered rate is no sign of it: a short run's drain
+# after its last arrival does that too. Below these bounds the note says nothing, a queue that
+# grew slowly included.)
 SATURATED_WAIT = 0.1
+SATURATED_WAIT_S = 1.0
 
 # The columns a reader looks at first, in this order; every column is one click away.
 KEY_METRICS = [
@@ -495,7 +498,8 @@ def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str
 def _single_measurements(frame: pd.DataFrame) -> list[str]:
     """A note where the winners come from wall-clock points measured once each: a margin of a
     few tens of percent is then within what the host's load alone moves."""
-    measured = frame[frame["scenario"].astype(str) != "simulate"] if "scenario" in frame else frame.iloc[0:0]
+    ranked = frame[METRIC].notna() if METRIC in frame else pd.Series(False, index=frame.index)  # what winners read
+    measured = frame[ranked & (frame["scenario"].astype(str) != "simulate")] if "scenario" in frame else frame.iloc[0:0]
     repeats = pd.to_numeric(measured.get("repeats", pd.Series(1, index=measured.index)), errors="coerce")
     if measured.empty or (repeats.fillna(1) > 1).all():
         return []
@@ -537,7 +541,12 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
                 if row.baseline != baseline:
                     margin += f" ({html.escape(baseline)} is not in this sweep)"
                 span, wait = row.arrival_span_s, row.baseline_wait_s
-                if 0 < span < math.inf and wait > SATURATED_WAIT * span:
+                if span == 0 and wait == wait:  # rate=inf: every request arrived at once
+                    margin += (
+                        f" (every request arrived at once: the waits of {name}'s, {wait:.3g} s on average for a first "
+                        f"token, and so this ratio, grow with their number)"
+                    )
+                elif 0 < span < math.inf and wait > max(SATURATED_WAIT * span, SATURATED_WAIT_S):
                     seconds = lambda s: f"{s:,.0f}" if s >= 100 else f"{s:.3g}"  # 2,311 s, not 2.31e+03
                     margin += (
                         f" ({name}'s requests waited {seconds(wait)} s on average for a first token, {wait / span:.0%} "

@@ -117,7 +117,9 @@ def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
                 pd.to_numeric(base.get(column, pd.Series([None])), errors="coerce").iloc[0]
                 for column in ("mean_ttft_ms", "requests", "rate")
             )
-            entry["baseline_wait_s"], entry["arrival_span_s"] = wait / 1e3, (requests - 1) / rate
+            # 0 where every request arrived at once (rate=inf); unknown for one request, or no rate (a trace)
+            span = 0.0 if rate == math.inf else (requests - 1) / rate if requests > 1 else float("nan")
+            entry["baseline_wait_s"], entry["arrival_span_s"] = wait / 1e3, span
         result.append(entry)
     return pd.DataFrame(result)
 

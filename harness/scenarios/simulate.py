@@ -74,12 +74,13 @@ def make_executor(cfg: DictConfig, model, hardware) -> tuple:
         expected["device"] = local_device_name() if device == "local" else device
     check_profile(profile, expected)
     profiled = str(profile.identity["device"])
-    if profiled.startswith("cpu") and cfg.engine.get("kv_cache_bytes") is None:
+    chip = hardware.name.split("-")[0].lower()  # a100 of a100-40gb: the GPU the pool is sized for
+    if cfg.engine.get("kv_cache_bytes") is None and chip not in profiled.lower():
         # the pool would be the modelled GPU's memory less the weights: 75 million slots for tiny
         raise UserError(
             f"executor=calibrated with a profile measured on {profiled}: the KV pool would be hardware="
             f"{hardware.name}'s, not that device's; set engine.kv_cache_bytes to the KV memory of the device "
-            f"you model (docs/simulator.md runs small with engine.kv_cache_bytes=16777216)"
+            f"you model (docs/simulator.md runs small with engine.kv_cache_bytes=16777216), or hardware= that GPU"
         )
     report = profile.report
     time_scale = float(chosen.get("time_scale", 1.0))
