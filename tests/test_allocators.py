@@ -104,6 +104,18 @@ def test_first_fit_leaves_external_fragmentation_that_blocks_a_request(seq_facto
     assert allocator.admit(big)
 
 
+def test_a_request_exactly_the_size_of_the_scattered_free_slots_waits_on_fragmentation(seq_factory):
+    """200 free slots in two holes of 100 and a request of exactly 200: the slots are there, not
+    in one piece, which is external fragmentation (a `>` counted it as a plain lack of room)."""
+    allocator = OracleAllocator(num_slots=300, max_model_len=300, block_size=1, placement="first_fit")
+    a, _, c = (grown(allocator, seq_factory(50, 50)) for _ in range(3))
+    allocator.free(a)
+    allocator.free(c)
+    assert allocator.num_free_slots == 200
+    assert not allocator.admit(seq_factory(100, 100)) and allocator.external_frag_waits == 1
+    assert not allocator.admit(seq_factory(101, 100)) and allocator.external_frag_waits == 1  # 201: no room
+
+
 @pytest.mark.parametrize("cls", [PagedAllocator, HybridAllocator])
 def test_a_placement_is_refused_by_an_allocator_that_places_no_reservation(cls):
     with pytest.raises(UserError, match="placement='buddy' cannot be used with"):

@@ -287,3 +287,5 @@ def test_a_preempted_requests_recompute_does_not_count_what_its_prefix_hit_found
     assert seq.num_computed == 11 and readmitted.num_tokens == 3  # 8 found again: 8, 9 and the new 10
     # only tokens 8 and 9 are recomputed: 2 tokens attending to 9 and 10 keys = 55 - (1 + ... + 8)
     assert (scheduler.recomputed_tokens, scheduler.recomputed_pairs) == (2, 19)
+    # the lookup counts apart from the prefix hit rate (vLLM's preempted hits): 8 found, 10 queried once
+    assert (pool.preempted_hit_tokens, pool.prefix_hit_tokens, pool.prefix_query_tokens) == (8, 0, 10)
