@@ -226,37 +226,29 @@ def test_ctrl_c_in_a_single_run_is_one_line_exit_130_and_leaves_no_result(tmp_pa
     assert not list(tmp_path.glob("results/runs/*/metrics.csv"))
 
 
-def test_a_read_only_results_directory_is_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        (OSError(errno.EROFS, os.strerror(errno.EROFS)), "the file system is read-only"),
+        # the chmod test below, for root too (whom a mode of 0555 does not stop)
+        (PermissionError(errno.EACCES, os.strerror(errno.EACCES)), "permission denied"),
+    ],
+    ids=["read-only", "no-write-permission"],
+)
+def test_a_results_directory_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys, error, said):
     real_mkdir = os.mkdir
 
-    def read_only(path, *args, **kwargs):  # the test runs as root, whom chmod does not stop
+    def refused(path, *args, **kwargs):  # the test runs as root, whom chmod does not stop
         if "results" in str(path):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            raise type(error)(error.errno, error.strerror, str(path))
         return real_mkdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(os, "mkdir", read_only)
+    monkeypatch.setattr(os, "mkdir", refused)
     with pytest.raises(SystemExit) as exit_info:
         in_process(tmp_path, monkeypatch, "workload.num_requests=5")
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert "results" in line and "the file system is read-only" in line
-
-
-def test_a_results_directory_without_write_permission_is_one_line(tmp_path, monkeypatch, capsys):
-    """As the chmod test below, for root too (whom a mode of 0555 does not stop)."""
-    real_mkdir = os.mkdir
-
-    def denied(path, *args, **kwargs):
-        if "results" in str(path):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_mkdir(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "mkdir", denied)
-    with pytest.raises(SystemExit) as exit_info:
-        in_process(tmp_path, monkeypatch, "workload.num_requests=5")
-    assert exit_info.value.code == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert "results" in line and "permission denied" in line
+    assert "results" in line and said in line
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories (the test above covers it)")

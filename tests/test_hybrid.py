@@ -266,15 +266,17 @@ def recount(allocator) -> None:
     assert acc.rounding == sum(v.rounding for v in acc.by_kind.values())
 
 
-OPS = st.lists(
-    st.tuples(
-        st.sampled_from(["admit", "grow", "grow", "grow", "grow", "fork", "free"]),
-        st.integers(0, 10_000),
-        st.integers(1, 12),
-    ),
-    min_size=1,
-    max_size=70,
-)
+def operations(kinds: list[str], min_size: int, max_size: int):
+    """Lists of (operation, a pick among the sequences, a size), the operations drawn from `kinds`
+    (repeated to weigh them)."""
+    return st.lists(
+        st.tuples(st.sampled_from(kinds), st.integers(0, 10_000), st.integers(1, 12)),
+        min_size=min_size,
+        max_size=max_size,
+    )
+
+
+OPS = operations(["admit", "grow", "grow", "grow", "grow", "fork", "free"], 1, 70)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -328,15 +330,7 @@ def snapshot(allocator) -> tuple:
     return [vars(m) | {"pool": None, "log_copy": None} for m in managers], pools, allocator.accounting()
 
 
-DECODES = st.lists(  # mostly steps, a sequence's tokens one by one
-    st.tuples(
-        st.sampled_from(["admit", "admit", "fork", "free"] + ["grow"] * 16),
-        st.integers(0, 10_000),
-        st.integers(1, 12),
-    ),
-    min_size=20,
-    max_size=200,
-)
+DECODES = operations(["admit", "admit", "fork", "free"] + ["grow"] * 16, 20, 200)  # mostly steps, token by token
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -120,37 +120,9 @@ def test_every_copy_on_the_device_reaches_the_step_that_follows_it(allocator, nu
     assert steps[0].copied_slots == 0  # the prompt's step: the samples fork after it, and copy before the next
 
 
-@pytest.mark.parametrize("long_decode", [True, False])
-def test_copies_made_before_an_idle_pool_or_a_quiet_stretch_are_charged_to_the_next_step(long_decode):
-    """A request of two one-token samples forks after its prefill (a reserving allocator copies
-    the prompt's range) and finishes at once: the copy was taken by the empty schedule() before
-    the next arrival, or by nobody where a steady decode ran on in a quiet stretch, and never
-    cost a step. (Paged copies on write, inside the step that writes.)"""
-    with initialize_config_module("kvbench.conf", version_base="1.3"):
-        cfg = compose("bench", overrides=["+allocator=contiguous", "progress=false"])
-    model, hardware = load_specs(cfg)
-    charged = []
-
-    class Charged(CostModelExecutor):
-        def execute(self, batch):
-            charged.append(batch.copied_slots)
-            return super().execute(batch)
-
-    engine = build_engine(cfg, model, 8192, lambda pool: Charged(model, hardware))
-    requests = [
-        Request(0, 0.0, 20, 400 if long_decode else 2),  # a long decode runs on in quiet stretches
-        Request(1, 0.5, 20, 1, np.arange(20), n=2),  # forks, then both samples end at once
-        Request(2, 30.0, 20, 5),  # an arrival after everything else has ended
-    ]
-    row = engine.run(requests)
-    assert row["completed"] == 3 and engine.allocator.copied_slots == 20  # the prompt's range, once
-    assert sum(charged) == engine.allocator.copied_slots  # every copy paid for, once
-
-
-@pytest.mark.parametrize("allocator", ["contiguous", "paged"])
-def test_beams_that_end_are_not_forked_so_no_copy_outlives_the_last_step(allocator):
-    """Beams were re-forked at the step that gave their last token: a reserving allocator copied
-    KV that no step would read, counted in copied_bytes and charged to no step."""
+def charged_run(allocator: str, requests: list) -> tuple[dict, object, list]:
+    """A simulated run (OPT-13B on an A100-40GB, `allocator`): its row, engine, and the device
+    copies each executed step was charged for."""
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         cfg = compose("bench", overrides=[f"+allocator={allocator}", "progress=false"])
     model, hardware = load_specs(cfg)
@@ -162,7 +134,31 @@ def test_beams_that_end_are_not_forked_so_no_copy_outlives_the_last_step(allocat
             return super().execute(batch)
 
     engine = build_engine(cfg, model, 8192, lambda pool: Charged(model, hardware))
-    row = engine.run([Request(i, 0.0, 40, 12, np.arange(40) + i, beam_width=4) for i in range(3)])
+    return engine.run(requests), engine, charged
+
+
+@pytest.mark.parametrize("long_decode", [True, False])
+def test_copies_made_before_an_idle_pool_or_a_quiet_stretch_are_charged_to_the_next_step(long_decode):
+    """A request of two one-token samples forks after its prefill (a reserving allocator copies
+    the prompt's range) and finishes at once: the copy was taken by the empty schedule() before
+    the next arrival, or by nobody where a steady decode ran on in a quiet stretch, and never
+    cost a step. (Paged copies on write, inside the step that writes.)"""
+    requests = [
+        Request(0, 0.0, 20, 400 if long_decode else 2),  # a long decode runs on in quiet stretches
+        Request(1, 0.5, 20, 1, np.arange(20), n=2),  # forks, then both samples end at once
+        Request(2, 30.0, 20, 5),  # an arrival after everything else has ended
+    ]
+    row, engine, charged = charged_run("contiguous", requests)
+    assert row["completed"] == 3 and engine.allocator.copied_slots == 20  # the prompt's range, once
+    assert sum(charged) == engine.allocator.copied_slots  # every copy paid for, once
+
+
+@pytest.mark.parametrize("allocator", ["contiguous", "paged"])
+def test_beams_that_end_are_not_forked_so_no_copy_outlives_the_last_step(allocator):
+    """Beams were re-forked at the step that gave their last token: a reserving allocator copied
+    KV that no step would read, counted in copied_bytes and charged to no step."""
+    requests = [Request(i, 0.0, 40, 12, np.arange(40) + i, beam_width=4) for i in range(3)]
+    row, engine, charged = charged_run(allocator, requests)
     assert row["completed"] == 3 and sum(charged) == engine.allocator.copied_slots
 
 
