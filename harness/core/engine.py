@@ -402,7 +402,7 @@ class Engine:
             else:
                 again.append(pick)
         unpicked = [slot for slot in range(width) if slots[slot] is None]
-        last = beams[0].num_tokens + 1 >= beams[0].request.max_tokens  # this token ends the request
+        last = beams[0].num_tokens + 1 >= beams[0].max_tokens  # this token ends the request
         for slot, pick in zip(unpicked, again):
             beam, parent = beams[slot], beams[pick[0]]
             if not last:  # a beam that decodes on reads its parent's KV; one that ends now reads none

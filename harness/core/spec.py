@@ -116,6 +116,11 @@ class Hardware:
     allreduce_latency_s: float = 9e-6
     allreduce_bytes_per_s: float = 200e9
 
+    @property
+    def achievable_hbm_bytes_per_s(self) -> float:
+        """HBM bandwidth a step reaches: the datasheet's x hbm_efficiency x num_gpus."""
+        return self.hbm_bytes_per_s * self.hbm_efficiency * self.num_gpus
+
     @classmethod
     def from_cfg(cls, cfg: dict) -> Hardware:
         hw = _from_cfg(cls, dict(cfg), f"hardware {cfg.get('name', '?')}")

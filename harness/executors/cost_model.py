@@ -56,8 +56,7 @@ class CopyTime:
         self.hardware = hardware
         self.copies_per_block = copies_per_block(model)
         self.bytes_per_slot = model.kv_bytes_per_token
-        hbm_bytes_per_s = hardware.hbm_bytes_per_s * hardware.hbm_efficiency * hardware.num_gpus
-        self.device_s_per_slot = 2.0 * model.kv_bytes_per_token / hbm_bytes_per_s
+        self.device_s_per_slot = 2.0 * self.bytes_per_slot / hardware.achievable_hbm_bytes_per_s
 
     def __call__(self, batch: Batch) -> float:
         step_s = batch.copied_slots * self.device_s_per_slot
@@ -101,7 +100,7 @@ class CostModelExecutor:
         self.copy_time = CopyTime(model, hardware)
         g = hardware.num_gpus
         self.weight_bytes = model.weight_bytes
-        self.bytes_per_s = hardware.hbm_bytes_per_s * hardware.hbm_efficiency * g
+        self.bytes_per_s = hardware.achievable_hbm_bytes_per_s
         self.flops_per_s = hardware.peak_flops * hardware.flops_efficiency * g
         self.flops_per_token = 2.0 * model.active_params
         per_layer, pair_flops = model.kv_bytes_per_token_per_layer, 4.0 * model.num_heads * model.head_dim

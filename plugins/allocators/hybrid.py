@@ -87,6 +87,7 @@ class HybridAllocator(KVAllocator):
         else:
             pools = dict.fromkeys(kinds, BlockPool(num_pages, watermark=watermark))
         self.pools = list({id(p): p for p in pools.values()}.values())
+        self.one_pool = len(self.pools) == 1  # a decode step's short way (_grow_one) needs one
         self.num_pages = num_pages
         self.groups: dict = {}  # kind -> its managers: one a layer group (hybrid_pages), one for linear states
         for kind in kinds:
@@ -185,7 +186,7 @@ class HybridAllocator(KVAllocator):
             self.preempted_hit_tokens += hit
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
-        if num_tokens == 1 and len(self.pools) == 1:  # a decode step in one pool
+        if num_tokens == 1 and self.one_pool:  # a decode step in one pool
             return self._grow_one(seq)
         return self._grow(seq, num_tokens)
 

@@ -135,10 +135,9 @@ class AttentionManager:
         """release_before, then pages_needed, for a step that writes position `before` alone
         (a decode step, the common one): release_before only where a block falls out."""
         if self.release:
-            table, bs = self.tables[seq_id], self.block_size
-            i = self.first_live[seq_id]
-            if (i + 1) * bs <= before - self.keep + 1 and i < len(table):
-                self.release_before(seq_id, before - self.keep + 1)
+            first, i = self.first_needed(before), self.first_live[seq_id]
+            if (i + 1) * self.block_size <= first and i < len(self.tables[seq_id]):
+                self.release_before(seq_id, first)
         return self.pages_needed(seq_id, before, before + 1)
 
     def append_one(self, seq_id: int, before: int, final_len: int, token_ids: list | None = None) -> None:
