@@ -22,7 +22,7 @@ import pandas as pd
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, guarded_stdout, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks, non_negative_metrics
-from kvbench.reporting.results import identity_text, path_given
+from kvbench.reporting.results import ENVIRONMENT, identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
 
@@ -229,30 +229,31 @@ def _samples(merged: pd.DataFrame, side: str, name: str, shown, judged) -> pd.Se
     return pd.Series(read, index=merged.index, dtype=object)
 
 
-# columns of a simulated row that are no simulated number: the host's time, the code's commit
-NOT_SIMULATED = ("schedule_us_per_step", "git_sha")
+# a simulated row's column that is no simulated number and that a policy may leave unnamed: the
+# host's time (the code's commit is an environment column, results.ENVIRONMENT)
+HOST_TIME = "schedule_us_per_step"
 
 
-def _ungated_changes(point: pd.Series, rules: dict, skip) -> list[str]:
-    """`name a -> b` for each number the policy does not judge (nor `skip` names) that differs
-    between the sides of a simulated point, whose numbers are exact for a seed; a number on one
-    side only (blank, text or infinite on the other) is a change too."""
+def _ungated_changes(point: pd.Series, rules: dict, skip) -> list[tuple[str, str]]:
+    """(name, `name a -> b`) for each number the policy does not judge (nor `skip` names) that
+    differs between the sides of a simulated point, whose numbers are exact for a seed; a number
+    on one side only (blank, text or infinite on the other) is a change too."""
     changed = []
     for column in point.index:
         name = column.removesuffix(BASE)
-        if name == column or name in rules or name in skip or name in NOT_SIMULATED or name.startswith("_"):
+        if name == column or name in rules or name in skip or name == HOST_TIME or name.startswith("_"):
             continue
         cells = point[column], point.get(name + CUR)
         base, cur = pd.to_numeric(pd.Series(cells), errors="coerce")
         finite = math.isfinite(base), math.isfinite(cur)
         if all(finite) and base != cur:
-            changed.append(f"{name} {base:.6g} -> {cur:.6g}")
+            changed.append((name, f"{name} {base:.6g} -> {cur:.6g}"))
         elif any(finite) and not all(finite):
             shown = [
                 f"{v:.6g}" if ok else ("(blank)" if pd.isna(c) else str(c))
                 for v, ok, c in zip((base, cur), finite, cells)
             ]
-            changed.append(f"{name} {shown[0]} -> {shown[1]}")
+            changed.append((name, f"{name} {shown[0]} -> {shown[1]}"))
     return changed
 
 
@@ -392,20 +393,16 @@ def compare(
                     print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  not measured on either side", file=out)
                     continue
                 result = judge(*sides, rule, policy.test)
-                verdict, detail = result.verdict, f" ({result.detail})"
+                verdict, detail, best = result.verdict, f" ({result.detail})", ""
                 if math.isfinite(result.base) and math.isfinite(result.current):  # the values judged
                     bv, cv = result.base, result.current
                     ratio = cv / bv if bv else ratio
                     # the values shown are each side's best run where a side ran more than once
-                    detail = (
-                        f" (best runs, {result.detail})"
-                        if rule.effect == "best" and max(map(len, sides)) > 1
-                        else detail
-                    )
+                    if rule.effect == "best" and max(map(len, sides)) > 1:
+                        best, detail = "best runs ", f" (best runs, {result.detail})"
                 tally[verdict] = tally.get(verdict, 0) + 1
                 tally["tested"] += verdict != NOT_MEANINGFUL
                 if verdict == "REGRESSED":
-                    best = "best runs " if detail.startswith(" (best runs") else ""
                     problem(
                         f"{label}: {metric} {best}{bv:.6g} -> {cv:.6g}, {result.change:+.1%} the worse way "
                         f"(min_effect {rule.min_effect:.0%}; {result.detail})",
@@ -429,10 +426,11 @@ def compare(
             shown_ratio = f"{ratio:>8.4f}" if abs(ratio) < 1e6 else f"{ratio:>8.3g}"  # not 300 digits
             print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {shown_ratio}  {verdict}{detail}", file=out)
         if scenario == "simulate":  # exact numbers: any that moved is news, judged or not
-            changed = _ungated_changes(point, policy.rules_for(scenario), {*columns, *policy.environment})
+            skip = {*columns, *policy.environment, *ENVIRONMENT}
+            changed = _ungated_changes(point, policy.rules_for(scenario), skip)
             if changed:
-                print(f"  not judged by the policy, changed: {', '.join(changed)}", file=out)
-                ungated.update(c.split()[0] for c in changed)
+                print(f"  not judged by the policy, changed: {', '.join(text for _, text in changed)}", file=out)
+                ungated.update(name for name, _ in changed)
     print(file=out)
     if tally["tested"] or tally[NOT_MEANINGFUL]:
         print(
@@ -459,17 +457,16 @@ def compare(
     if tally[NOT_MEANINGFUL]:
         measured += f"; {tally[NOT_MEANINGFUL]} measured metric(s) not tested (too few samples)"
     skipped = f" ({unmeasured} failed in both, not compared)" if unmeasured else ""
+    first = lambda names: f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"  # noqa: E731
     if unjudged:
-        names = list(dict.fromkeys(unjudged))
         skipped += (
             f"; {len(unjudged)} gated value(s) not judged, their baseline cell blank "
-            f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            f"({first(list(dict.fromkeys(unjudged)))})"
         )
     if ungated:
-        names = sorted(ungated)
         skipped += (
-            f"; {len(names)} column(s) the policy does not judge changed ({', '.join(names[:3])}"
-            f"{', ...' if len(names) > 3 else ''}: see 'not judged by the policy')"
+            f"; {len(ungated)} column(s) the policy does not judge changed ({first(sorted(ungated))}: "
+            f"see 'not judged by the policy')"
         )
     if apart:
         skipped += (

@@ -155,7 +155,7 @@ def _spread(row) -> str | None:
     """A repeated run's range of each headline number the table shows as its median: one run of
     a kernel on a busy host can read half or twice its neighbour's time."""
     from kvbench.errors import UserError
-    from kvbench.scenarios.repeats import SAMPLES, samples_of  # a repeated run's only
+    from kvbench.scenarios.repeats import KV_SHARES, SAMPLES, samples_of  # a repeated run's only
 
     try:
         samples = samples_of(row.get(SAMPLES))
@@ -170,7 +170,7 @@ def _spread(row) -> str | None:
     if not shown:
         return None
     count = max(len(v) for v in samples.values())
-    shares = " (its KV shares: the median run's, or the middle two's mean)" if "kv_token_util" in row else ""
+    shares = " (its KV shares: the median run's, or the middle two's mean)" if KV_SHARES[0] in row else ""
     return f"the table shows the runs' medians{shares}; over the {count} runs (lowest - highest): " + "; ".join(shown)
 
 

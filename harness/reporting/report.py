@@ -37,7 +37,16 @@ from kvbench.reporting.results import (
     write_atomic,
     write_csv,
 )
-from kvbench.reporting.winners import DEFAULT_BASELINE, DEFAULT_SLO, METRIC, capacity, verdict_settings, winners
+from kvbench.reporting.winners import (
+    DEFAULT_BASELINE,
+    DEFAULT_SLO,
+    METRIC,
+    capacity,
+    ranked,
+    verdict_settings,
+    winners,
+)
+from kvbench.scenarios.repeats import MEASURED
 
 # A baseline whose requests wait on average more than this share of the span they arrived over
 # for their first token, and at least SATURATED_WAIT_S, has a queue that grew through the run:
@@ -498,15 +507,16 @@ def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str
 def _single_measurements(frame: pd.DataFrame) -> list[str]:
     """A note where the winners come from wall-clock points measured once each: a margin of a
     few tens of percent is then within what the host's load alone moves."""
-    ranked = frame[METRIC].notna() if METRIC in frame else pd.Series(False, index=frame.index)  # what winners read
-    measured = frame[ranked & (frame["scenario"].astype(str) != "simulate")] if "scenario" in frame else frame.iloc[0:0]
+    points = ranked(frame)
+    measured = points[points["scenario"].astype(str).isin(MEASURED)] if "scenario" in points else points.iloc[0:0]
     repeats = pd.to_numeric(measured.get("repeats", pd.Series(1, index=measured.index)), errors="coerce")
-    if measured.empty or (repeats.fillna(1) > 1).all():
+    once = repeats.fillna(1) <= 1
+    if not once.any():
         return []
     return [
         f"<p class='note'>{len(measured)} point(s) here are wall-clock measurements (scenario="
         f"{html.escape(', '.join(measured['scenario'].astype(str).unique()))}), "
-        f"{'each' if (repeats.fillna(1) <= 1).all() else 'some'} run once: on a busy or shared host the same "
+        f"{'each' if once.all() else 'some'} run once: on a busy or shared host the same "
         f"code moves by tens of percent from run to run, so a margin of that size is not a finding. "
         f"repeats=5 gives each point's median and spread, and bench-compare tests a difference.</p>"
     ]

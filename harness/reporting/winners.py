@@ -72,6 +72,12 @@ def resolve_baseline(frame: pd.DataFrame, name: str, explicit: bool) -> str | No
     return min(systems, key=lambda s: rank.get(s, len(rank)))
 
 
+def ranked(frame: pd.DataFrame) -> pd.DataFrame:
+    """The points winners are named from: those that ran and measured normalized latency."""
+    ok = ok_rows(frame)
+    return ok[ok[METRIC].notna()] if METRIC in ok else ok.iloc[0:0]
+
+
 def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     """One row per setting: the winner (`a = b` for a tie), its normalized latency and throughput,
     and both as ratios to the baseline's (NaN where the baseline has no successful point there).
@@ -79,8 +85,7 @@ def winners(frame: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     not run there). Of several sweeps (a `sweep` column), one that never ran the baseline takes
     its own first system in the paper's order (`baseline` names each row's; empty for a sweep of
     one system), as its own report does."""
-    ok = ok_rows(frame)
-    ok = ok[ok[METRIC].notna()] if METRIC in ok else ok.iloc[0:0]
+    ok = ranked(frame)
     if ok.empty or "allocator" not in ok:
         return pd.DataFrame()
     keys = [k for k in varying_keys(frame) if k != "allocator"]
