@@ -53,13 +53,13 @@ sweep_dir: str | None = None  # the sweep being run, for the line an interrupted
 OmegaConf.register_new_resolver("kvbench.pid", os.getpid, use_cache=True, replace=True)
 
 
-def _field_docs() -> str:
+def _field_docs(*, _root_) -> str:
     from kvbench.schema.docs import help_text
 
-    return help_text()
+    return help_text(OmegaConf.select(_root_, "hydra.runtime.choices", default=None))
 
 
-OmegaConf.register_new_resolver("kvbench.field_docs", _field_docs, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("kvbench.field_docs", _field_docs, replace=True)
 
 
 def point_dirname(overrides: str) -> str:
@@ -163,11 +163,13 @@ ROOFLINE_UNREAD = ("model.hidden_size", "model.intermediate_size", "model.rope_t
 SWEEP_END_KEYS = ("report.paper", "report.baseline", "report.slo_s_per_token")
 
 
-def refuse_unread_overrides(cfg: DictConfig) -> None:
+def refuse_unread_overrides(cfg: DictConfig, task: list[str] | None = None) -> None:
+    """Refuse a key the command line gives (`task`: its overrides, by default the running
+    point's) that this run would not read."""
     from kvbench.scenarios.build import plugin_cfg  # loaded by the point's run next anyway
 
     scenario = str(cfg.scenario.name)
-    task = list(HydraConfig.get().overrides.task)
+    task = list(HydraConfig.get().overrides.task if task is None else task)
     overridden = [key for key, _ in map(split_override, task)]
     # a section set through a dict (scenario.serve={rate:2}) sets each of its keys
     for item in task:
@@ -1041,6 +1043,7 @@ def refuse_bad_points(batch, configs) -> None:
             allocator_class(point, model)
             refuse_plugins_that_cannot_meet(point, model)
             preflight(point)
+            refuse_unread_overrides(point, OmegaConf.select(config, "hydra.overrides.task", default=None) or overrides)
             trace = point.workload.get("path") if point.workload.get("kind") == "trace" else None
             if trace and str(trace) not in traces_read:  # a malformed row fails its point only as it runs
                 from kvbench.core.workload import load_trace

@@ -668,6 +668,11 @@ RUN_CASES = [
         "would fail: workload.n reads fig14_15.knobs.foo.n, but fig14_15.knobs has no 'foo'",
     ),
     (["-m", "workload.rate=1,2", "workload.duration_s=${nosuch.key}", "hydra.sweep.dir=FILES/q6"], "'nosuch.key' not"),
+    # each point ran as its turn came, and was recorded failed, where a single run refused it at once
+    (
+        ["-m", "workload=trace", "workload.path=FILES/timed.csv", "workload.rate=inf,2", "hydra.sweep.dir=FILES/q7"],
+        "would fail: workload.rate is not read: the trace",
+    ),
     (["~workload"], "workload is required"),
     (["workload.num_requests=20", "~workload"], "workload.num_requests=20 sets a key of workload, which ~workload"),
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=x"], "hydra.launcher.n_jobs=x"),

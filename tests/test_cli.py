@@ -120,6 +120,22 @@ def test_help_lists_the_groups_every_field_with_its_doc_and_the_launchers(tmp_pa
         assert launcher in result.stdout
 
 
+def test_help_documents_a_key_as_the_chosen_option_reads_it():
+    """`bench --help workload=trace` gave ShareGPT's doc of workload.rate, which a trace with
+    arrival times does not read."""
+    from omegaconf import OmegaConf
+
+    import kvbench.cli  # noqa: F401 (registers the help's resolver)
+
+    def rate_doc(choices):
+        text = OmegaConf.create({"hydra": {"runtime": {"choices": choices}}, "help": "${kvbench.field_docs:}"}).help
+        return next(line for line in text.splitlines() if line.split()[0] == "workload.rate")
+
+    assert "requests/s when the file has no arrival times" in rate_doc({"workload": "trace"})
+    assert "requests/s; inf = every request at t=0 (then set num_requests)" in rate_doc({"workload": "sharegpt"})
+    assert rate_doc({}) == rate_doc({"workload": "sharegpt", "hydra/launcher": "basic"})
+
+
 def test_every_field_a_user_can_set_has_a_doc_line():
     undocumented = [key for key, same in schema_fields().items() if not doc_of(key, same)]
     assert undocumented == []

@@ -737,3 +737,17 @@ def test_a_report_of_kernel_points_beside_served_runs_says_they_share_no_metric(
     (line,) = report.mixed_scenarios(frame)
     assert line.startswith("These inputs mix kernel points") and "with simulate runs" in line
     assert report.mixed_scenarios(frame.iloc[:2]) == [] and report.mixed_scenarios(frame.iloc[2:]) == []
+
+
+def test_a_sweep_over_goodput_slos_shows_each_point_s_goodput():
+    """Two points that differ only in their SLOs printed two identical lines."""
+    from kvbench.reporting.console import sweep_table
+
+    rows = [
+        {"allocator": "paged", "report.goodput.ttft_ms": t, "request_throughput": 1.5, "request_goodput": g}
+        for t, g in ((100, 0.875), (1e5, 1.156))
+    ]
+    lines = sweep_table(pd.DataFrame(rows)).splitlines()
+    assert lines[1].split()[-2:] == ["goodput", "req/s"]
+    assert [line.split()[-1] for line in lines[2:4]] == ["0.875", "1.156"]
+    assert "goodput" not in sweep_table(pd.DataFrame(rows).drop(columns="request_goodput"))

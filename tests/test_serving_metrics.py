@@ -340,3 +340,18 @@ def test_a_latency_exactly_at_its_slo_meets_it_in_seconds_as_vllm_converts_it():
     assert meets_slos({"e2el_ms": 2007}, 0.0, 0.0, 2.007)
     assert meets_slos({"e2el_ms": 8191.9, "ttft_ms": 100}, 0.1, 0.0, 8191.9 / 1000)
     assert not meets_slos({"e2el_ms": 2007}, 0.0, 0.0, 2.0070001)
+
+
+def test_a_goodput_slo_given_as_an_interpolation_is_resolved():
+    """`report.goodput.ttft_ms=${report.goodput.tpot_ms}` was refused as the text '${...}'."""
+    from omegaconf import OmegaConf
+
+    from kvbench.scenarios.build import build_recorder
+
+    cfg = OmegaConf.create(
+        {
+            "report": {"goodput": {"ttft_ms": "${report.goodput.tpot_ms}", "tpot_ms": 50, "e2el_ms": None}},
+            "measure": {"warmup_frac": 0.1},
+        }
+    )
+    assert build_recorder(cfg).goodput == {"ttft_ms": 50.0, "tpot_ms": 50.0}

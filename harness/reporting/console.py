@@ -86,6 +86,7 @@ RUN_LINES = [
 # the sweep table's columns: (header, column, format)
 SWEEP_COLUMNS = [
     ("req/s", "request_throughput", "{:.3f}"),
+    ("goodput req/s", "request_goodput", "{:.3f}"),  # where report.goodput set SLOs
     ("out tok/s", "output_throughput", "{:.1f}"),
     ("median TTFT ms", "median_ttft_ms", "{:.1f}"),
     ("median TPOT ms", "median_tpot_ms", "{:.2f}"),

@@ -231,7 +231,7 @@ def build_recorder(cfg: DictConfig) -> Recorder:
     requests.K.jsonl: its row holds the repeats' medians, and each file recomputes its repeat's
     entries of the `samples` column."""
     report = cfg.get("report") or {}
-    slos = goodput_slos(OmegaConf.to_container(report["goodput"]) if report.get("goodput") else None)
+    slos = goodput_slos(OmegaConf.to_container(report["goodput"], resolve=True) if report.get("goodput") else None)
     log = None
     if cfg.measure.get("save_requests", True) and HydraConfig.initialized():
         index = repeats.repeat.get()

@@ -1,8 +1,9 @@
 """`bench --help`'s field list: every schema field with its type, its range and its one-line doc.
 
-The doc of a field is the comment beside it in the YAML that sets it (the one place a field is
-documented, docs/configs.md), the first one found across the group's options; a field no YAML comments
-falls back to the schema's `Field(description=...)`.
+The doc of a field is the comment beside it in the YAML that sets it (docs/configs.md): the
+chosen option's where the command line chose one, else the first found across the group's
+options. A schema `Field(description=...)` comes first: it is given where the YAML comments
+describe one option only.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def yaml_docs(text: str, prefix: str = "") -> dict[str, str]:
         if not match["value"].strip():
             path.append((indent, match["key"]))
     return docs
+
+
+@functools.cache
+def option_docs(group: str, option: str) -> dict[str, str]:
+    """The YAML comments of one option of a group (conf/workload/trace.yaml's for workload=trace)."""
+    path = resources.files("kvbench.conf") / group / f"{option}.yaml"
+    return yaml_docs(path.read_text(), group) if path.is_file() else {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -148,13 +156,25 @@ def describe_all(same_key: list) -> str:
     return describe(same_key[0])
 
 
-def doc_of(key: str, same_key: list) -> str:
-    """The schema's description (kept for fields whose YAML comments are about one option), else the YAML's."""
-    return next((f.description for f in same_key if f.description), None) or all_docs().get(key) or ""
+def doc_of(key: str, same_key: list, chosen: dict[str, str] | None = None) -> str:
+    """The schema's description (kept for fields whose YAML comments are about one option), else
+    the YAML comment of the option chosen (`chosen`: its docs), else the first one found."""
+    return (
+        next((f.description for f in same_key if f.description), None)
+        or (chosen or {}).get(key)
+        or all_docs().get(key)
+        or ""
+    )
 
 
-def help_text() -> str:
+def help_text(choices=None) -> str:
+    """The field list; `choices` (group -> option, Hydra's runtime choices) makes the options a
+    command line chose document their own keys (`bench --help workload=trace`: a trace's rate)."""
+    chosen: dict[str, str] = {}
+    for group, option in (choices or {}).items():
+        if "/" not in str(group) and option is not None:  # hydra/launcher and the like are Hydra's
+            chosen.update(option_docs(str(group), str(option)))
     lines = []
     for key, same_key in schema_fields().items():
-        lines.append(f"  {key:<36} {describe_all(same_key):<30}  {doc_of(key, same_key)}".rstrip())
+        lines.append(f"  {key:<36} {describe_all(same_key):<30}  {doc_of(key, same_key, chosen)}".rstrip())
     return "\n".join(lines).replace("$", "$$")
