@@ -433,7 +433,10 @@ def presets() -> list[str]:
 class KvbenchSide:
     """kvbench's Engine (Scheduler + PagedAllocator) built from the config tree, stepped by hand."""
 
-    def __init__(self, case: Case, cfg):
+    def __init__(self, case: Case, cfg, simulated: bool = False):
+        """`simulated`: kvbench is fed as a simulated run feeds it, with no token ids (a prompt has
+        them only where the case shares a prefix, as workload.prefix_len gives them; the model
+        samples none), so its prefix cache names blocks by stand-ins (sequence.stand_in_ids)."""
         from kvbench.scenarios.build import build_engine, load_specs
 
         model, _ = load_specs(cfg)
@@ -444,8 +447,12 @@ class KvbenchSide:
             raise UserError(f"the conformance harness compares the paged allocator, not {self.allocator.name}")
         self.watermark_blocks = self.allocator.watermark_blocks
         self.seqs = {}
+        self.case, self.simulated = case, simulated
+        self.allocator.stand_in_tokens = simulated
 
     def add(self, request) -> None:
+        if self.simulated and not self.case.prefix_len:
+            request = replace(request, prompt_tokens=None)
         seq = self.engine.new_sequence(request)
         self.seqs[request.request_id] = seq
         self.scheduler.add(seq)
@@ -479,8 +486,9 @@ class KvbenchSide:
             self.free_blocks(),
         )
 
-    @staticmethod
-    def model_output(batch) -> list:
+    def model_output(self, batch) -> list | None:
+        if self.simulated:  # a cost model times a step and samples nothing
+            return None
         return [
             fake_token(s.request.request_id, s.num_tokens) if s.num_computed >= s.num_tokens else None
             for s in batch.seqs
@@ -592,7 +600,9 @@ def run_case(
     overrides: list = (),
     max_steps: int | None = None,
     model_dir: str | None = None,
+    simulated: bool = False,
 ) -> Report:
+    """`simulated`: kvbench's side is fed as a simulated run is (KvbenchSide); vLLM's is not."""
     vllm = import_vllm()
     cfg = kvbench_config(case, preset, overrides)
     with tempfile.TemporaryDirectory(prefix="kvbench-vllm-model-") as tmp:
@@ -600,7 +610,7 @@ def run_case(
             with open(os.path.join(tmp, "config.json"), "w") as f:
                 json.dump(MODEL_CONFIG, f)
         vside = VllmSide(case, model_dir or tmp)
-    kvside = KvbenchSide(case, cfg)
+    kvside = KvbenchSide(case, cfg, simulated)
     report = Report(case.name, vllm.__version__, ([f"+preset={preset}"] if preset else []) + list(overrides))
     stream = requests_for(case)
     next_arrival, step, clock = 0, 0, 0  # step: schedule() calls; clock: arrival time in steps
@@ -684,6 +694,11 @@ def main(argv: list | None = None) -> int:
         metavar="KEY=VALUE",
         help="a kvbench config override on top of the preset (repeatable)",
     )
+    parser.add_argument(
+        "--simulated",
+        action="store_true",
+        help="feed kvbench as a simulated run does: no token ids (its prefix cache names blocks by stand-ins)",
+    )
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
@@ -717,7 +732,7 @@ def main(argv: list | None = None) -> int:
         )
         reports = []
         for name in names:
-            report = run_case(CASES[name], preset, args.set, args.max_steps)
+            report = run_case(CASES[name], preset, args.set, args.max_steps, simulated=args.simulated)
             reports.append(report)
             print(report.summary(), flush=True)
     except UserError as err:

@@ -8,6 +8,7 @@ before its head, and only once no never-cached block is free.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -289,3 +290,87 @@ def test_a_preempted_requests_recompute_does_not_count_what_its_prefix_hit_found
     assert (scheduler.recomputed_tokens, scheduler.recomputed_pairs) == (2, 19)
     # the lookup counts apart from the prefix hit rate (vLLM's preempted hits): 8 found, 10 queried once
     assert (pool.preempted_hit_tokens, pool.prefix_hit_tokens, pool.prefix_query_tokens) == (8, 0, 10)
+
+
+class SamplesIds:
+    """A simulated step that samples token ids no other token has, as a model with distinct
+    outputs would: what a simulated run's stand-ins must decide as. Beams continue from the rows
+    the engine's generator draws, as a simulated run's do."""
+
+    simulated, needs_sequences = True, True
+
+    def __init__(self):
+        self.engine, self.fresh = None, itertools.count(10**6)
+
+    def pick(self, seq):
+        request = seq.request
+        if seq.num_computed < seq.num_tokens or (seq.group and seq is not seq.group[0] and request.beam_width > 1):
+            return None  # a prefill chunk; a beam other than the root (the root's row steps them all)
+        if request.width > 1 and seq.group is None:  # the prompt is done: each sample's first token
+            return [
+                (0, next(self.fresh), 0.0) if request.beam_width > 1 else next(self.fresh) for _ in range(seq.width)
+            ]
+        if request.beam_width > 1:
+            rows = self.engine.rng.integers(request.width, size=request.width)
+            return [(int(row), next(self.fresh), 0.0) for row in rows]
+        return next(self.fresh)
+
+    def execute(self, batch):
+        from kvbench.executors.base import StepResult
+
+        return StepResult(0.01, [self.pick(s) for s in batch.seqs])
+
+
+class SamplesNothing:
+    """A simulated step that, as the cost models, reads the batch's totals and samples no ids."""
+
+    simulated, needs_sequences = True, False
+
+    def execute(self, batch):
+        from kvbench.executors.base import StepResult
+
+        return StepResult(0.01)
+
+
+@pytest.mark.parametrize(
+    "system",
+    [
+        ["+allocator=paged", "allocator.watermark=0"],
+        ["+allocator=paged", "engine.preemption=swap", "allocator.watermark=0"],
+        ["+allocator=hybrid", "model=gpt-oss-like", "hardware=h100-sxm"],
+        ["+allocator=paged", "workload.n=2"],
+        ["+allocator=paged", "workload.beam_width=3"],
+    ],
+    ids=["paged", "paged-swap", "hybrid", "parallel", "beams"],
+)
+def test_a_simulated_run_s_stand_in_ids_decide_as_distinct_real_ids(system):
+    """A simulated run has no token ids. Its prefix cache found none of a preempted request's own
+    blocks (vLLM's finds them: its 300 ShareGPT requests at once made 486 preemptions instead of
+    471). Named by stand-ins, the blocks decide as a run with ids: every prompt and every sampled
+    token distinct (the lazy decode of one, the eager loop of the other)."""
+    import dataclasses
+
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose(
+            "bench",
+            overrides=[*system, "allocator.prefix_caching=true", "workload.num_requests=120", "workload.rate=inf"],
+        )
+    model, _ = load_specs(cfg)
+    requests = generate(dict(cfg.workload), 0, model.max_model_len)
+    fed = [dataclasses.replace(r, prompt_tokens=np.arange(r.prompt_len) + 10**9 * (r.request_id + 1)) for r in requests]
+    pool = 6 * max(r.prompt_len + r.output_len for r in requests) * (2 if "beam" in str(system) else 1)
+
+    def run(executor, requests):
+        engine = build_engine(cfg, model, pool, lambda allocator: executor)
+        executor.engine = engine
+        row = engine.run(requests)
+        return row, engine.allocator
+
+    (ids, with_ids), (stand_ins, without) = run(SamplesIds(), fed), run(SamplesNothing(), requests)
+    assert ids["preemptions"] > 10
+    keys = ["steps", "preemptions", "recomputed_tokens", "swapped_blocks", "completed", "median_e2el_ms"]
+    assert {k: stand_ins[k] for k in keys} == {k: ids[k] for k in keys}
+    assert without.prefix_hit_tokens == with_ids.prefix_hit_tokens == 0  # no two requests share a token
+    assert without.preempted_hit_tokens == with_ids.preempted_hit_tokens
+    if "engine.preemption=swap" not in system:
+        assert without.preempted_hit_tokens > 0  # the victims found their own blocks again

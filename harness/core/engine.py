@@ -26,7 +26,7 @@ import numpy as np
 from kvbench.arith import cdiv
 from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Batch, Scheduler
-from kvbench.core.sequence import Request, SeqStatus, Sequence
+from kvbench.core.sequence import Request, SeqStatus, Sequence, stand_in_ids
 from kvbench.errors import UserError
 
 
@@ -169,10 +169,16 @@ class Engine:
         seq = Sequence(next(self._seq_ids), request, request.prompt_len, token_ids=tokens)
         if parent is not None:
             seq.num_tokens = parent.num_tokens
-            seq.token_ids = list(parent.token_ids)
+            seq.token_ids, seq.block_hashes = list(self._ids(parent)), list(parent.block_hashes)
             seq.first_token_s = parent.first_token_s
             seq.parent = parent
         return seq
+
+    def _ids(self, seq: Sequence) -> list:
+        """`seq`'s token ids, for a sequence forked from it to copy: all of them, stand-ins
+        included where its allocator names blocks by them (so the fork's hashes of the blocks
+        they share are the parent's)."""
+        return stand_in_ids(seq, seq.num_tokens) if self.allocator.stand_in_tokens else seq.token_ids
 
     def run(self, requests: list[Request]) -> dict:
         with few_collections():
@@ -192,6 +198,7 @@ class Engine:
 
             bar = tqdm(total=total, unit="req", desc=self.allocator.name, mininterval=1.0, leave=False)
         allocator, executor, simulated = self.allocator, self.executor, self.executor.simulated
+        allocator.stand_in_tokens = simulated  # its sequences carry no token ids: a prefix cache names stand-ins
         # an executor that reads only a batch's totals lets the scheduler advance steady decodes in bulk
         scheduler.lazy = simulated and not getattr(executor, "needs_sequences", True)
         step_clocks = scheduler.step_clocks
@@ -408,7 +415,8 @@ class Engine:
             if not last:  # a beam that decodes on reads its parent's KV; one that ends now reads none
                 self.allocator.free(beam)
                 self.allocator.fork(parent, beam)
-            beam.num_tokens, beam.token_ids = parent.num_tokens, list(parent.token_ids)
+            beam.num_tokens, beam.token_ids = parent.num_tokens, list(self._ids(parent))
+            beam.block_hashes = list(parent.block_hashes)  # its own were of the tokens it had
             slots[slot] = pick
         for beam, (_, token, logprob) in zip(beams, slots):
             beam.cumulative_logprob = logprob

@@ -57,6 +57,9 @@ class Sequence:
     num_computed: int = 0
     status: SeqStatus = SeqStatus.WAITING
     token_ids: list = field(default_factory=list)  # prompt + generated ids (serve only)
+    # the chained hashes of its full blocks of token_ids, as a prefix-cache lookup extends them
+    # (each admission a waiting sequence is refused would hash its prompt again)
+    block_hashes: list = field(default_factory=list)
     num_cached: int = 0  # prompt tokens whose KV a prefix-cache hit supplied at its first admission
     first_token_s: float | None = None
     # when each generated token came (a group's root): float64s in a C array, which numpy reads
@@ -98,3 +101,25 @@ class Sequence:
     def __post_init__(self):
         request = self.request
         self.final_len, self.max_tokens, self.width = request.final_len, request.max_tokens, request.width
+
+
+# A stand-in id's span of positions: one sequence's ids never reach another's range
+STAND_IN_SPAN = 1 << 32
+
+
+def stand_in_ids(seq: Sequence, upto: int) -> list:
+    """`seq.token_ids`, first extended to `upto` ids where a simulated run has none to give.
+
+    A simulated run draws no token ids (only lengths), yet the prefix cache names a block by its
+    ids, and vLLM's finds a preempted request's own blocks again when it is readmitted, decoded
+    tokens included. A missing id is a stand-in: a negative number (a real id is >= 0) unique to
+    its position and owner, the request for a prompt position (its samples share the prompt),
+    the sequence for a generated one. So a request matches no other request's blocks, as
+    distinct prompts and outputs do not, and every block of its own."""
+    tokens = seq.token_ids
+    if len(tokens) < upto:
+        prompt = seq.request.prompt_len
+        asked = -(2 * seq.request.request_id + 1) * STAND_IN_SPAN  # odd multiples: prompt positions
+        generated = -(2 * seq.seq_id + 2) * STAND_IN_SPAN  # even multiples: generated ones
+        tokens.extend([asked - p if p < prompt else generated - p for p in range(len(tokens), upto)])
+    return tokens

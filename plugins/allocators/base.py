@@ -41,7 +41,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from kvbench.core.sequence import Sequence
+from kvbench.core.sequence import Sequence, stand_in_ids
 from kvbench.errors import UserError
 
 
@@ -174,6 +174,16 @@ class KVAllocator(ABC):
         count them, and the engine runs such steps without scheduling them one by one; False,
         the default, keeps every step scheduled."""
         return False
+
+    # Set by an engine whose executor is simulated: its sequences carry no token ids, and a
+    # prefix cache names their blocks by stand-ins (sequence.stand_in_ids)
+    stand_in_tokens: bool = False
+
+    def _ids(self, seq: Sequence, upto: int) -> list:
+        """The token ids a prefix cache names `seq`'s first `upto` positions' blocks by: its own,
+        or where it has none (a simulated run) stand-ins."""
+        tokens = seq.token_ids
+        return stand_in_ids(seq, upto) if len(tokens) < upto and self.stand_in_tokens else tokens
 
     # True when room_ran_out does nothing: lazy decode then meets a sequence whose room ends
     # only at its next allocator call, not at its last step of room.

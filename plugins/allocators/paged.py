@@ -122,20 +122,20 @@ class PagedAllocator(KVAllocator):
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks (and their hashes) that hold the sequence's first tokens, in order."""
-        tokens, bs = seq.token_ids, self.block_size
-        blocks, hashes, parent, cached = [], [], ROOT_HASH, self.pool.cached
-        for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
-            parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
-            block = cached.get(parent)
+        tokens, bs = self._ids(seq, seq.num_tokens - 1), self.block_size
+        hashes = extend_hashes(seq.block_hashes, tokens, bs, min(seq.num_tokens - 1, len(tokens)) // bs)
+        blocks, cached = [], self.pool.cached
+        for block_hash in hashes:
+            block = cached.get(block_hash)
             if block is None:
                 break
             blocks.append(block)
-            hashes.append(parent)
-        return blocks, hashes
+        return blocks, hashes[: len(blocks)]
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Name the sequence's blocks that are full once `num_tokens` tokens are stored."""
-        hashes, tokens, bs = self._hashes[seq.seq_id], seq.token_ids, self.block_size
+        hashes, bs = self._hashes[seq.seq_id], self.block_size
+        tokens = self._ids(seq, num_tokens)
         table, known = self.block_tables[seq.seq_id], len(hashes)
         extend_hashes(hashes, tokens, bs, min(num_tokens, len(tokens)) // bs)
         for index in range(known, len(hashes)):
@@ -144,7 +144,7 @@ class PagedAllocator(KVAllocator):
     def _name_last_block(self, seq: Sequence, block: int, num_tokens: int) -> None:
         """`seq`'s last block `block` just filled at `num_tokens` tokens: name it (the common
         case of _cache_full_blocks, once a block on every decoding sequence's way)."""
-        hashes, tokens, bs = self._hashes[seq.seq_id], seq.token_ids, self.block_size
+        hashes, tokens, bs = self._hashes[seq.seq_id], self._ids(seq, num_tokens), self.block_size
         if len(hashes) * bs + bs != num_tokens or len(tokens) < num_tokens:
             return self._cache_full_blocks(seq, num_tokens)
         block_hash = hash_block(hashes[-1] if hashes else ROOT_HASH, tokens[num_tokens - bs : num_tokens])

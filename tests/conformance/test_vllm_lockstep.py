@@ -57,6 +57,19 @@ def test_the_preset_makes_vllms_decisions_at_every_step(name, record_property):
         assert report.idle_admissions == case.num_requests, report.summary()
 
 
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.prefix_caching])
+def test_a_simulated_run_without_token_ids_makes_vllms_prefix_cache_decisions(name):
+    """A simulated run has no token ids: its prompts have none without a shared prefix, and its
+    cost model samples none. Its prefix cache found nothing then, not even a preempted request's
+    own blocks, which vLLM's finds again (sharegpt-prefix diverged at step 23)."""
+    case = CASES[name]
+    report = conformance.run_case(case, simulated=True)
+    assert report.divergence is None, report.summary()
+    assert report.finished == case.num_requests, report.summary()
+    if not case.prefix_len:  # no shared prompt: every hit is a resumed request's own blocks
+        assert report.prefix_hit_tokens == 0 and report.preempted_hit_tokens > 0, report.summary()
+
+
 def test_with_kvbenchs_own_watermark_the_first_divergence_is_reported_with_step_and_reason():
     report = conformance.run_case(CASES["sharegpt"], overrides=KVBENCH_WATERMARK)
     d = report.divergence
