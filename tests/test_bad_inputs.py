@@ -288,8 +288,14 @@ CROSS_CASES = [
     (["scenario=serve", "model=tiny", "engine.kv_cache_bytes=1e15"], "KV cache 1e+06 GB"),
     (["scenario=serve", "model=tiny", "scenario.kv_cache_tokens=1e10", "model.num_layers=64"], "would allocate"),
     (["scenario=kernel", "model=tiny", "batch=100000000d1k"], "scenario=kernel with model=tiny would allocate"),
+    # a traceback from torch after 23 s: the eager reference's scores of one 100,000-token prompt
+    (["scenario=kernel", "model=tiny", "batch=2p100000"], "(queries 0.102 GB, eager attention scores 480 GB)"),
+    # it drew 10^8 requests (2.4 GB and growing): its estimate counted the workload's 4 req/s x 900 s
+    (["scenario=serve", "model=tiny", "scenario.num_requests=100000000"], "would allocate about"),
     (["scenario=kernel", "model=llama-3-70b", "batch=1000000d8k"], "would allocate"),
     (["workload.num_requests=100000000"], "would allocate"),
+    # it ran: 13 parameters left the whole GPU to the KV pool (47,184 slots, not 15,808), 1.40 req/s, not 0.48
+    (["model.num_params=13"], "model.num_params=13 is below a tenth of the 4.45e+09 parameters its embeddings"),
     # a pool thousands of times the simulated GPU's memory ran, and its numbers meant nothing
     (["engine.kv_cache_bytes=1e14"], "engine.kv_cache_bytes=1e+14 is more than hardware=a100-40gb holds beside"),
     # the scenarios that build a real model: the host would run out of memory part-way
@@ -668,6 +674,11 @@ RUN_CASES = [
         "would fail: workload.n reads fig14_15.knobs.foo.n, but fig14_15.knobs has no 'foo'",
     ),
     (["-m", "workload.rate=1,2", "workload.duration_s=${nosuch.key}", "hydra.sweep.dir=FILES/q6"], "'nosuch.key' not"),
+    # its 24 points ran, and the summary gained a fig13.foo column
+    (
+        ["+experiment=fig13", "+fig13.foo=1", "hydra.sweep.dir=FILES/q8"],
+        "fig13.foo is not a key of +experiment=fig13 (its keys: rates, duration_s)",
+    ),
     # each point ran as its turn came, and was recorded failed, where a single run refused it at once
     (
         ["-m", "workload=trace", "workload.path=FILES/timed.csv", "workload.rate=inf,2", "hydra.sweep.dir=FILES/q7"],

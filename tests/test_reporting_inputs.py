@@ -128,7 +128,15 @@ def test_a_folder_whose_table_has_a_header_and_no_row_names_that_table(tmp_path)
     assert message.endswith(f"{tmp_path / 'summary.csv'} has no result rows")
 
 
-@pytest.mark.parametrize("slo, said", [("inf", "--slo inf must be a finite number"), ("0", "must be a number > 0")])
+@pytest.mark.parametrize(
+    "slo, said",
+    [
+        ("inf", "--slo inf must be a number > 0 and <= 1e+06"),
+        ("0", "--slo 0 must be a number > 0"),
+        ("1e30", "--slo 1e+30 must be a number > 0 and <= 1e+06 (seconds per output token)"),  # it was taken
+        ("nan", "--slo nan must be a number > 0"),
+    ],
+)
 def test_an_infinite_latency_target_is_refused_as_the_sweep_setting_is(tmp_path, slo, said):
     source = sweep(tmp_path / "s", RATES)
     assert said in refused(lambda: report.main([str(source), "--slo", slo, "--out", str(tmp_path / "out")]))
@@ -202,6 +210,20 @@ def test_a_comparison_that_judges_no_metric_is_refused_not_ok(tmp_path, policy, 
         args += ["--policy", str(tmp_path / "policy.yaml")]
     message = refused(lambda: compare.main(args))
     assert "no metric of the policy is in both the baseline" in message and said in message
+
+
+@pytest.mark.parametrize("identity", ["[nonexistent_col]", "[]"])
+def test_a_policy_whose_identity_names_no_column_is_blamed_not_the_data(tmp_path, identity):
+    """It said only that the baseline had two rows for one point, as if two sweeps were mixed."""
+    write_csv(tmp_path / "s.csv", [row(a, 1.0, **{"workload.rate": 4}) for a in ("contiguous", "paged")])
+    (tmp_path / "policy.yaml").write_text(
+        f"identity: {identity}\nmetrics:\n  request_throughput: {{better: higher, tolerance: 0.01}}\n"
+    )
+    args = [str(tmp_path / "s.csv")] * 2 + ["--policy", str(tmp_path / "policy.yaml")]
+    message = refused(lambda: compare.main(args))
+    assert f"(the policy's identity, {identity}, names no column of either side: list the columns" in message
+    write_csv(tmp_path / "s.csv", [row("paged", 1.0)] * 2)  # the data's fault: the policy's columns are there
+    assert "policy's identity" not in refused(lambda: compare.main([str(tmp_path / "s.csv")] * 2))
 
 
 def test_a_current_that_failed_everywhere_is_still_a_regression(tmp_path):

@@ -157,10 +157,17 @@ def match(baseline: pd.DataFrame, current: pd.DataFrame, policy: Policy, sources
         frame[columns] = identity_text(frame, columns)
         twice = frame[frame.duplicated(columns, keep=False)]
         if not twice.empty:
+            unnamed = not any(c in union for c in policy.identity)  # the policy's fault, not the data's
+            hint = (
+                f" (the policy's identity, [{', '.join(policy.identity)}], names no column of either side: list "
+                f"the columns that tell points apart, e.g. scenario, allocator, workload)"
+                if unnamed
+                else ""
+            )
             raise UserError(
                 f"the {name} has two rows for the point {_label(twice.iloc[0], columns)}"
                 f"{f' in {path}' if path else ''}; compare "
-                f"one sweep at a time, or sweeps that differ in a recorded parameter"
+                f"one sweep at a time, or sweeps that differ in a recorded parameter{hint}"
             )
         sides.append(frame.assign(_order=range(len(frame))).copy())  # copy: one block a dtype, not a column
     base, cur = sides

@@ -56,6 +56,16 @@ HARNESS_ARGUMENTS = {"self", "num_slots", "max_model_len", "model", "forward", "
 EXPERIMENT_SECTIONS = tuple(name for name, field in groups.Root.model_fields.items() if field.annotation == dict | None)
 
 
+@functools.cache
+def experiment_keys(name: str) -> list[str]:
+    """The settings conf/experiment/NAME.yaml gives its own section (fig13: rates, duration_s)."""
+    import yaml
+
+    path = resources.files("kvbench.conf") / "experiment" / f"{name}.yaml"
+    section = (yaml.safe_load(path.read_text()) or {}).get(name) if path.is_file() else None
+    return list(section) if isinstance(section, dict) else []
+
+
 def top_level_keys() -> list[str]:
     return [*groups.Root.model_fields, *OPTION_GROUPS, *SINGLE_GROUPS, *PLUGIN_GROUPS]
 
@@ -325,6 +335,11 @@ def validate(cfg: DictConfig | dict) -> dict:
                 f"{name}.{first} is a setting of +experiment={name}, which this run does not choose: "
                 f"add +experiment={name}"
             )
+    if paper in EXPERIMENT_SECTIONS and isinstance(data.get(paper), dict):  # +fig13.foo=1 became a column
+        known_keys = experiment_keys(paper)
+        unknown = next((k for k in data[paper] if known_keys and k not in known_keys), None)
+        if unknown is not None:
+            raise UserError(unknown_key(f"{paper}.{unknown}", known_keys, f"+experiment={paper}"))
     for group in (*SINGLE_GROUPS, *OPTION_GROUPS):
         if data.get(group) is None:
             raise UserError(f"{group} is required: choose one with {group}=NAME (bench --help lists them)")

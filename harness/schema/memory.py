@@ -107,6 +107,8 @@ def _num_requests(workload, scenario) -> float:
     if workload.kind == "trace":  # a trace gives at most its rows, whatever the rate
         count = min(count, _lines(workload.path)) if count else _lines(workload.path)
     cap = getattr(scenario, "num_requests", None)
+    if cap and workload.num_requests is None and workload.kind != "trace":
+        return cap  # serve draws that many, whatever the duration (scenarios/serve.serve_workload)
     return min(count, cap) if cap else count
 
 
@@ -165,6 +167,10 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
         parts["KV cache"] = (kv_tokens + num_seqs * block_size) * layer_token
         parts["queries"] = num_tokens * model.num_heads * model.head_dim * DTYPE_BYTES[model.dtype] * 2
         parts["sequences"] = num_seqs * SEQUENCE_BYTES
+        # the eager reference (every backend's result is checked against it) attends one sequence
+        # at a time in fp32: its scores, their masked copy and their softmax, heads x queries x context
+        longest = max((g.query_len * g.length for g in groups), default=0)
+        parts["eager attention scores"] = 3 * model.num_heads * longest * 4
     else:
         kv_bytes = root.engine.kv_cache_bytes
         if kv_bytes is None:
