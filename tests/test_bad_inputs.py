@@ -674,6 +674,8 @@ RUN_CASES = [
         "would fail: workload.n reads fig14_15.knobs.foo.n, but fig14_15.knobs has no 'foo'",
     ),
     (["-m", "workload.rate=1,2", "workload.duration_s=${nosuch.key}", "hydra.sweep.dir=FILES/q6"], "'nosuch.key' not"),
+    # the whole grid was measured first (9.7 s), then the folder could not be made
+    (["scenario=profile", "model=tiny", "scenario.out_dir=/proc/nope"], "scenario.out_dir=/proc/nope cannot be made"),
     # its 24 points ran, and the summary gained a fig13.foo column
     (
         ["+experiment=fig13", "+fig13.foo=1", "hydra.sweep.dir=FILES/q8"],
@@ -1146,6 +1148,8 @@ def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
         ),
         (["+preset=vllm", "scenario=kernel", "model=tiny", "batch=2d64"], "preset is read by scenario=simulate or"),
         # printed as fine, refused by the scenario as it started (and a sweep's every point failed so)
+        (["scenario=profile", "model=tiny", "scenario.prefill_len=[1000]"], "each entry must be an integer in 1..512"),
+        (["scenario=kernel", "model=tiny", "batch=2p100000"], "eager attention scores 480 GB"),
         (["engine.async_scheduling=true"], "engine.async_scheduling=true is measured by scenario=serve"),
         (["executor=calibrated", "executor.profile=abc"], "executor.profile='abc': no such file"),
         (["scenario=validate", "model=tiny", "scenario.profile=abc"], "scenario.profile='abc': no such file"),

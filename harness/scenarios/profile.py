@@ -262,10 +262,34 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     return rows, ruled_out + len(shapes) - len(measured)
 
 
+def preflight(cfg: DictConfig) -> None:
+    """What a profile run refuses before it measures (scenarios.run.preflight): its settings, its
+    grid (a length beyond the model's), a folder it would overwrite or cannot write."""
+    scenario, sched = cfg.scenario, cfg.scheduler
+    validate(scenario)
+    grid(scenario, int(cfg.model.max_model_len), int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
+    refuse_replacing(scenario, ("profile.csv", "profile_fit.json"))
+
+
+def make_out_dir(scenario: DictConfig) -> Path:
+    """The run's output folder, made before anything is measured: one that cannot be made
+    (scenario.out_dir=/proc/x, where a check of its parent's permissions passes) fails now, not
+    after minutes of measuring."""
+    folder = out_dir(scenario)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(
+            f"scenario.out_dir={folder} cannot be made ({err.strerror}); give a folder you can write"
+        ) from None
+    return folder
+
+
 def run(cfg: DictConfig, between=None) -> list[dict]:
     scenario = cfg.scenario
     _, _, heldout_frac = validate(scenario)
-    refuse_replacing(scenario, ("profile.csv", "profile_fit.json"))
+    preflight(cfg)
+    make_out_dir(scenario)
     started, cpu_started = time.perf_counter(), time.process_time()
     rows, skipped = profile_rows(cfg, bool(cfg.progress), between)
     profile_s, profile_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started

@@ -55,7 +55,7 @@ def timed_trace(cfg: DictConfig) -> bool:
 
 # scenarios whose run checks its config first with a `preflight(cfg)` of its own, which --cfg job
 # and a sweep's check before its first point run too (a module is imported only to ask it)
-PREFLIGHT = ("simulate", "validate")
+PREFLIGHT = ("simulate", "validate", "profile")
 
 
 def preflight(cfg: DictConfig) -> None:

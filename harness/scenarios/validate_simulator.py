@@ -24,7 +24,7 @@ from kvbench.executors.calibrated import load_profile
 from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios import repeats
 from kvbench.scenarios.build import load_specs, plugin_cfg, resolve_device
-from kvbench.scenarios.profile import out_dir, refuse_replacing, step_timer
+from kvbench.scenarios.profile import make_out_dir, refuse_replacing, step_timer
 from kvbench.scenarios.profile import run as run_profile
 from kvbench.scenarios.serve import serve
 from kvbench.scenarios.simulate import make_executor, simulate
@@ -352,7 +352,7 @@ def preflight(cfg: DictConfig) -> tuple:
 def run(cfg: DictConfig) -> list[dict]:
     scenario = cfg.scenario
     runs, load = preflight(cfg)
-    folder = out_dir(scenario)
+    folder = make_out_dir(scenario)
     model, hardware = load_specs(cfg)
     dtype = validated_dtype(cfg)
     model = dataclasses.replace(model, dtype=dtype)  # both sides' pool in the served dtype's bytes
