@@ -295,6 +295,8 @@ CROSS_CASES = [
     (["scenario=kernel", "model=llama-3-70b", "batch=1000000d8k"], "would allocate"),
     (["workload.num_requests=100000000"], "would allocate"),
     # it ran: 13 parameters left the whole GPU to the KV pool (47,184 slots, not 15,808), 1.40 req/s, not 0.48
+    # it said "allocator.block_size=16 must be a whole number"
+    (["+allocator=paged", "allocator.block_size=16.0000000001"], "allocator.block_size=16.0000000001 must be a whole"),
     (["model.num_params=13"], "model.num_params=13 is below a tenth of the 4.45e+09 parameters its embeddings"),
     # a pool thousands of times the simulated GPU's memory ran, and its numbers meant nothing
     (["engine.kv_cache_bytes=1e14"], "engine.kv_cache_bytes=1e+14 is more than hardware=a100-40gb holds beside"),
@@ -1197,3 +1199,12 @@ def test_a_serve_run_whose_largest_step_would_not_fit_is_refused_before_it_start
         UserError, match=r"would allocate about 76.8 GB \(weights \(fp32\) 15.4 GB, a step's activations 61.4"
     ):
         schema.validate(cfg)
+
+
+@pytest.mark.parametrize("given, recorded", [([], "inf"), (["scenario.rate=2"], 2.0), (["scenario.rate=null"], 4.0)])
+def test_a_failed_served_point_records_the_rate_a_served_run_records(given, recorded):
+    """A failed serve point recorded the workload's 4 req/s where its sibling that ran recorded
+    serve's inf: a rerun that fixed it matched no point of the first sweep."""
+    from kvbench.cli import failed_rows
+
+    assert failed_rows(compose_fresh(["scenario=serve", "model=tiny", *given]))[0]["rate"] == recorded

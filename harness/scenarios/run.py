@@ -21,7 +21,8 @@ SCENARIOS = {
 
 
 def identity(cfg: DictConfig) -> dict:
-    rate = float(cfg.workload.rate)
+    served = cfg.scenario.get("rate") if cfg.scenario.name == "serve" else None  # serve's replaces the workload's
+    rate = float(cfg.workload.rate if served is None else served)
     seed = cfg.seed
     if isinstance(seed, float) and seed.is_integer():  # seed=1e3 is seed 1000 (the schema took it so)
         seed = int(seed)

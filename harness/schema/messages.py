@@ -15,11 +15,10 @@ def show(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return (
-            "nan"
-            if math.isnan(value)
-            else ("inf" if value == math.inf else "-inf" if value == -math.inf else f"{value:g}")
-        )
+        if math.isnan(value) or math.isinf(value):
+            return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+        short = f"{value:g}"  # six digits, unless they lose what was given (16.0000000001 is not 16)
+        return short if float(short) == value else repr(value)
     if isinstance(value, str):
         return value
     try:
