@@ -1208,3 +1208,30 @@ def test_a_failed_served_point_records_the_rate_a_served_run_records(given, reco
     from kvbench.cli import failed_rows
 
     assert failed_rows(compose_fresh(["scenario=serve", "model=tiny", *given]))[0]["rate"] == recorded
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # a real model counts its own weights: tiny's num_params is nominal, whatever its vocabulary
+        ["scenario=serve", "model=tiny", "model.vocab_size=32000"],
+        # no eager attention runs: neither the reference (check_error=false) nor the timed backend
+        ["scenario=kernel", "model=llama-3-8b", "batch=1p16k", "scenario.check_error=false", "+backend=triton_paged"],
+    ],
+)
+def test_what_a_bound_would_refuse_wrongly_is_accepted(args):
+    schema.validate(compose_fresh(args))
+
+
+def test_a_resumed_profile_sweep_s_finished_point_is_not_refused_before_it_is_skipped(tmp_path):
+    """The sweep's check refused a point whose folder held its own finished profile.csv, so a
+    resumed profile sweep could not start; the run refuses replacing it as it starts."""
+    from kvbench import errors as kvbench_errors
+    from kvbench.scenarios import profile
+    from kvbench.scenarios.run import preflight
+
+    (tmp_path / "profile.csv").write_text("done\n")
+    cfg = compose_fresh(["scenario=profile", "model=tiny", f"scenario.out_dir={tmp_path}"])
+    preflight(cfg)
+    with pytest.raises(kvbench_errors.UserError, match="holds an earlier run.s profile.csv"):
+        profile.refuse_replacing(cfg.scenario, ("profile.csv", "profile_fit.json"))

@@ -198,7 +198,8 @@ class Engine:
 
             bar = tqdm(total=total, unit="req", desc=self.allocator.name, mininterval=1.0, leave=False)
         allocator, executor, simulated = self.allocator, self.executor, self.executor.simulated
-        allocator.stand_in_tokens = simulated  # its sequences carry no token ids: a prefix cache names stand-ins
+        # its sequences carry no token ids: a prefix cache names their blocks by stand-ins
+        allocator.stand_in_tokens = simulated and bool(getattr(allocator, "prefix_caching", False))
         # an executor that reads only a batch's totals lets the scheduler advance steady decodes in bulk
         scheduler.lazy = simulated and not getattr(executor, "needs_sequences", True)
         step_clocks = scheduler.step_clocks

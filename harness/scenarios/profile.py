@@ -263,12 +263,12 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
 
 
 def preflight(cfg: DictConfig) -> None:
-    """What a profile run refuses before it measures (scenarios.run.preflight): its settings, its
-    grid (a length beyond the model's), a folder it would overwrite or cannot write."""
+    """What a profile run refuses before it measures (scenarios.run.preflight): its settings and
+    its grid (a length beyond the model's). Its folder is checked as the run starts: a resumed
+    sweep's finished point holds its profile.csv, and is skipped, not refused."""
     scenario, sched = cfg.scenario, cfg.scheduler
     validate(scenario)
     grid(scenario, int(cfg.model.max_model_len), int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
-    refuse_replacing(scenario, ("profile.csv", "profile_fit.json"))
 
 
 def make_out_dir(scenario: DictConfig) -> Path:
@@ -289,6 +289,7 @@ def run(cfg: DictConfig, between=None) -> list[dict]:
     scenario = cfg.scenario
     _, _, heldout_frac = validate(scenario)
     preflight(cfg)
+    refuse_replacing(scenario, ("profile.csv", "profile_fit.json"))
     make_out_dir(scenario)
     started, cpu_started = time.perf_counter(), time.process_time()
     rows, skipped = profile_rows(cfg, bool(cfg.progress), between)

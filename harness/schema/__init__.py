@@ -357,13 +357,38 @@ def validate(cfg: DictConfig | dict) -> dict:
             f"workload.prefix_len={workload.prefix_len} must be shorter than "
             f"max_model_len={model.max_model_len} (model.max_model_len)"
         )
+    refuse_params_given_in_billions(checked)
     refuse_pool_beyond_the_gpu(checked)
     refuse_uneven_tensor_parallelism(checked)
     refuse_shapes_the_real_model_cannot_run(checked)
     refuse_if_too_big(
-        checked["root"], model, checked["hardware"], workload, checked["scenario"], checked.get("allocator") or {}
+        checked["root"],
+        model,
+        checked["hardware"],
+        workload,
+        checked["scenario"],
+        checked.get("allocator") or {},
+        str((checked.get("backend") or {}).get("name", "eager")),
     )
     return checked
+
+
+def refuse_params_given_in_billions(checked: dict) -> None:
+    """A simulated model's num_params (its weights' bytes, so its KV pool, and its FLOPs) below a
+    tenth of what its embeddings and attention projections alone hold: a count given in
+    billions (num_params=13 for 13e9) left the whole GPU to the KV pool. A real model (serve,
+    profile) counts its own weights, so its num_params is not read there (tiny's is nominal)."""
+    model = checked["model"]
+    if checked["scenario"].name != "simulate":
+        return
+    held = model.vocab_size * model.hidden_size
+    held += model.num_layers * 2 * model.hidden_size * model.head_dim * (model.num_heads + model.num_kv_heads)
+    if model.num_params < held / 10:
+        raise UserError(
+            f"model.num_params={model.num_params:g} is below a tenth of the {held:.3g} parameters its embeddings and "
+            f"attention projections hold (vocab_size x hidden_size, and the layers' q, k, v and o): give the whole "
+            f"count (13e9, not 13)"
+        )
 
 
 def settle_whole_numbers(cfg: DictConfig, checked: dict) -> None:

@@ -175,17 +175,6 @@ class Model(Section):
             )
         if "linear" in self.layer_pattern and self.linear_state_dim < 1:
             raise ValueError(f"linear_state_dim={self.linear_state_dim} must be > 0 for linear layers")
-        # the embeddings and the attention projections alone; a tenth of it leaves room for any
-        # real model, and refuses a count given in billions (num_params=13 for 13e9)
-        held = self.vocab_size * self.hidden_size + self.num_layers * 2 * self.hidden_size * self.head_dim * (
-            self.num_heads + self.num_kv_heads
-        )
-        if self.num_params < held / 10:
-            raise ValueError(
-                f"num_params={self.num_params:g} is below a tenth of the {held:.3g} parameters its embeddings and "
-                f"attention projections hold (vocab_size x hidden_size, and the layers' q, k, v and o): give the "
-                f"whole count (13e9, not 13)"
-            )
         if self.num_active_params > self.num_params:
             raise ValueError(f"num_active_params={self.num_active_params:g} must be <= num_params={self.num_params:g}")
         pattern = self.layer_pattern or ["full"]

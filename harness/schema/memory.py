@@ -122,8 +122,11 @@ def _lines(path) -> int:
         return 0
 
 
-def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tuple[float, list[str]]:
-    """Bytes the point would allocate, and the parts as `name size` strings for the message."""
+def estimate(
+    root, model, hardware, workload, scenario, allocator: dict, backend: str = "eager"
+) -> tuple[float, list[str]]:
+    """Bytes the point would allocate on this host, and the parts as `name size` strings for the
+    message (`backend`: the kernel scenario's)."""
     parts: dict[str, float] = {}
     requests = _num_requests(workload, scenario)
     parts["requests"] = requests * REQUEST_BYTES + workload.num_prefixes * (workload.prefix_len * 8 + 128)
@@ -167,10 +170,12 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
         parts["KV cache"] = (kv_tokens + num_seqs * block_size) * layer_token
         parts["queries"] = num_tokens * model.num_heads * model.head_dim * DTYPE_BYTES[model.dtype] * 2
         parts["sequences"] = num_seqs * SEQUENCE_BYTES
-        # the eager reference (every backend's result is checked against it) attends one sequence
-        # at a time in fp32: its scores, their masked copy and their softmax, heads x queries x context
-        longest = max((g.query_len * g.length for g in groups), default=0)
-        parts["eager attention scores"] = 3 * model.num_heads * longest * 4
+        # the eager backend, timed or as the reference a result is checked against, attends one
+        # sequence at a time in fp32: its scores, their masked copy and their softmax, heads x
+        # queries x context; on this host where the kernel runs on its CPU
+        if (scenario.check_error or backend == "eager") and _kernel_on_cpu(scenario.device):
+            longest = max((g.query_len * g.length for g in groups), default=0)
+            parts["eager attention scores"] = 3 * model.num_heads * longest * 4
     else:
         kv_bytes = root.engine.kv_cache_bytes
         if kv_bytes is None:
@@ -184,8 +189,16 @@ def estimate(root, model, hardware, workload, scenario, allocator: dict) -> tupl
     return total, [f"{name} {_gb(size)}" for name, size in parts.items() if size >= 1e8]
 
 
-def refuse_if_too_big(root, model, hardware, workload, scenario, allocator: dict) -> None:
-    total, parts = estimate(root, model, hardware, workload, scenario, allocator)
+def _kernel_on_cpu(device: str) -> bool:
+    if device != "auto":
+        return device == "cpu"
+    import torch  # a kernel run imports it anyway
+
+    return not torch.cuda.is_available()
+
+
+def refuse_if_too_big(root, model, hardware, workload, scenario, allocator: dict, backend: str = "eager") -> None:
+    total, parts = estimate(root, model, hardware, workload, scenario, allocator, backend)
     free = available_bytes()
     if total > free:
         shrink = {  # what each scenario's estimate is made of

@@ -175,8 +175,9 @@ class KVAllocator(ABC):
         the default, keeps every step scheduled."""
         return False
 
-    # Set by an engine whose executor is simulated: its sequences carry no token ids, and a
-    # prefix cache names their blocks by stand-ins (sequence.stand_in_ids)
+    # Set by an engine whose executor is simulated, where the allocator caches prefixes: its
+    # sequences carry no token ids, and the cache names their blocks by stand-ins
+    # (sequence.stand_in_ids)
     stand_in_tokens: bool = False
 
     def _ids(self, seq: Sequence, upto: int) -> list:
