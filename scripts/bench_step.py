@@ -120,6 +120,7 @@ def decoding_engine(
     )
     engine = engine_mod.Engine(scheduler, executor=None, progress=False)
     scheduler.lazy = simulated  # a tree without lazy decode ignores it
+    allocator.stand_in_tokens = simulated and prefix_caching  # as a simulated run's engine sets it (ignored before)
     clocks = getattr(scheduler, "step_clocks", [])  # the engine's step clock, one per schedule()
     for i in range(num_seqs):
         prompt = PROMPT + i % 16

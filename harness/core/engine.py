@@ -43,6 +43,9 @@ class Engine:
         self.rng = np.random.default_rng(seed)  # simulated beam search: which beams continue
         self.allocator = scheduler.allocator
         self.executor = executor
+        # a simulated executor samples no token ids: a prefix cache names their blocks by stand-ins
+        simulated = getattr(executor, "simulated", False)
+        self.allocator.stand_in_tokens = bool(simulated and getattr(self.allocator, "prefix_caching", False))
         self.recorder = recorder or Recorder()
         self.progress = progress
         self._seq_ids = itertools.count()
@@ -169,7 +172,7 @@ class Engine:
         seq = Sequence(next(self._seq_ids), request, request.prompt_len, token_ids=tokens)
         if parent is not None:
             seq.num_tokens = parent.num_tokens
-            seq.token_ids, seq.block_hashes = list(self._ids(parent)), list(parent.block_hashes)
+            seq.token_ids = list(self._ids(parent))
             seq.first_token_s = parent.first_token_s
             seq.parent = parent
         return seq
@@ -198,8 +201,6 @@ class Engine:
 
             bar = tqdm(total=total, unit="req", desc=self.allocator.name, mininterval=1.0, leave=False)
         allocator, executor, simulated = self.allocator, self.executor, self.executor.simulated
-        # its sequences carry no token ids: a prefix cache names their blocks by stand-ins
-        allocator.stand_in_tokens = simulated and bool(getattr(allocator, "prefix_caching", False))
         # an executor that reads only a batch's totals lets the scheduler advance steady decodes in bulk
         scheduler.lazy = simulated and not getattr(executor, "needs_sequences", True)
         step_clocks = scheduler.step_clocks
@@ -417,7 +418,6 @@ class Engine:
                 self.allocator.free(beam)
                 self.allocator.fork(parent, beam)
             beam.num_tokens, beam.token_ids = parent.num_tokens, list(self._ids(parent))
-            beam.block_hashes = list(parent.block_hashes)  # its own were of the tokens it had
             slots[slot] = pick
         for beam, (_, token, logprob) in zip(beams, slots):
             beam.cumulative_logprob = logprob

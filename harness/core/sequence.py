@@ -57,9 +57,6 @@ class Sequence:
     num_computed: int = 0
     status: SeqStatus = SeqStatus.WAITING
     token_ids: list = field(default_factory=list)  # prompt + generated ids (serve only)
-    # the chained hashes of its full blocks of token_ids, as a prefix-cache lookup extends them
-    # (each admission a waiting sequence is refused would hash its prompt again)
-    block_hashes: list = field(default_factory=list)
     num_cached: int = 0  # prompt tokens whose KV a prefix-cache hit supplied at its first admission
     first_token_s: float | None = None
     # when each generated token came (a group's root): float64s in a C array, which numpy reads

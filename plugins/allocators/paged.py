@@ -123,19 +123,19 @@ class PagedAllocator(KVAllocator):
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks (and their hashes) that hold the sequence's first tokens, in order."""
         tokens, bs = self._ids(seq, seq.num_tokens - 1), self.block_size
-        hashes = extend_hashes(seq.block_hashes, tokens, bs, min(seq.num_tokens - 1, len(tokens)) // bs)
-        blocks, cached = [], self.pool.cached
-        for block_hash in hashes:
-            block = cached.get(block_hash)
+        blocks, hashes, parent, cached = [], [], ROOT_HASH, self.pool.cached
+        for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
+            parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
+            block = cached.get(parent)
             if block is None:
                 break
             blocks.append(block)
-        return blocks, hashes[: len(blocks)]
+            hashes.append(parent)
+        return blocks, hashes
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Name the sequence's blocks that are full once `num_tokens` tokens are stored."""
-        hashes, bs = self._hashes[seq.seq_id], self.block_size
-        tokens = self._ids(seq, num_tokens)
+        hashes, tokens, bs = self._hashes[seq.seq_id], self._ids(seq, num_tokens), self.block_size
         table, known = self.block_tables[seq.seq_id], len(hashes)
         extend_hashes(hashes, tokens, bs, min(num_tokens, len(tokens)) // bs)
         for index in range(known, len(hashes)):

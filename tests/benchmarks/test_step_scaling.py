@@ -27,6 +27,7 @@ def decoding_engine(num_seqs: int, lazy: bool = False) -> Engine:
     allocator = PagedAllocator(num_seqs * 2048, 4096, block_size=16, prefix_caching=True)
     scheduler = Scheduler(allocator, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * (PROMPT + 16))
     scheduler.lazy = lazy
+    allocator.stand_in_tokens = lazy  # as a simulated run's engine sets it: decoded blocks are named by stand-ins
     engine = Engine(scheduler, executor=None, progress=False)
     for i in range(num_seqs):
         prompt = PROMPT + i % 16
