@@ -1151,6 +1151,9 @@ def test_the_experiments_with_a_settings_table_are_the_ones_root_names():
         (["+preset=vllm", "scenario=kernel", "model=tiny", "batch=2d64"], "preset is read by scenario=simulate or"),
         # printed as fine, refused by the scenario as it started (and a sweep's every point failed so)
         (["scenario=profile", "model=tiny", "scenario.prefill_len=[1000]"], "each entry must be an integer in 1..512"),
+        (["scenario=serve", "model=tiny", "scenario.cpu_affinity=[0,9999]"], "may run on cores 0"),
+        (["scenario=profile", "model=tiny", "scenario.cpu_affinity=[]"], "scenario.cpu_affinity=[] names no core"),
+        (["scenario=serve", "model=tiny", "scenario.cpu_threads=4096"], "scenario.cpu_threads=4096 is more than the"),
         (["scenario=kernel", "model=tiny", "batch=2p100000"], "eager attention scores 480 GB"),
         (["engine.async_scheduling=true"], "engine.async_scheduling=true is measured by scenario=serve"),
         (["executor=calibrated", "executor.profile=abc"], "executor.profile='abc': no such file"),
@@ -1175,6 +1178,7 @@ def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, mes
         (["+allocator=paged", "workload.rate=2"], "rate: 2"),
         (["+experiment=fig2"], "fig2"),
         (["scenario=validate", "model=tiny", "scenario.out_dir=run-1e999"], "run-1e999"),  # a name, not a number
+        (["scenario=serve", "model=tiny", "scenario.cpu_affinity=[0]", "scenario.cpu_threads=1"], "cpu_threads: 1"),
     ],
 )
 def test_cfg_job_of_a_config_a_run_accepts_ends_as_usual(args, shown):

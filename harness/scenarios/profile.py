@@ -30,6 +30,7 @@ from kvbench.executors.step_fit import FEATURES, fit, heldout_split
 from kvbench.reporting.results import write_atomic, write_csv
 from kvbench.scenarios.build import build_allocator, plugin_cfg
 from kvbench.scenarios.serve import RealModel, real_model, step_clock
+from kvbench.scenarios.serve import preflight as serve_preflight
 from kvbench.scenarios.synthetic_steps import Shape, StepTimer
 
 log = logging.getLogger("kvbench")
@@ -269,6 +270,7 @@ def preflight(cfg: DictConfig) -> None:
     scenario, sched = cfg.scenario, cfg.scheduler
     validate(scenario)
     grid(scenario, int(cfg.model.max_model_len), int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
+    serve_preflight(cfg)  # the real model is served's, its cores and threads pinned as a served run's
 
 
 def make_out_dir(scenario: DictConfig) -> Path:

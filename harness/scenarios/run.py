@@ -56,7 +56,7 @@ def timed_trace(cfg: DictConfig) -> bool:
 
 # scenarios whose run checks its config first with a `preflight(cfg)` of its own, which --cfg job
 # and a sweep's check before its first point run too (a module is imported only to ask it)
-PREFLIGHT = ("simulate", "validate", "profile")
+PREFLIGHT = ("simulate", "validate", "profile", "serve")
 
 
 def preflight(cfg: DictConfig) -> None:

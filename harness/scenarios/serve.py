@@ -83,9 +83,10 @@ def serve_workload(cfg: DictConfig) -> tuple[dict, int | None]:
 START_CORES = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 
 
-def pin_cores(cores: list[int]) -> None:
-    """Run this process on exactly `cores`, or refuse: the kernel would silently drop the cores
-    it cannot use ([0, 99] runs on core 0 alone) and refuse a set of none with a bare errno."""
+def check_cores(cores: list[int]) -> None:
+    """Refuse cores this process could not be pinned to exactly: the kernel would silently drop
+    the cores it cannot use ([0, 99] runs on core 0 alone) and refuse a set of none with a bare
+    errno."""
     setting = f"scenario.cpu_affinity={cores}"
     if not hasattr(os, "sched_setaffinity"):
         raise UserError(f"{setting}: this platform cannot pin a process to cores; set it to null")
@@ -95,6 +96,12 @@ def pin_cores(cores: list[int]) -> None:
     unknown = sorted(set(cores) - START_CORES)
     if unknown:
         raise UserError(f"{setting}: this process may run on cores {allowed} only, not {unknown}")
+
+
+def pin_cores(cores: list[int]) -> None:
+    """Run this process on exactly `cores`, or refuse (check_cores)."""
+    check_cores(cores)
+    setting = f"scenario.cpu_affinity={cores}"
     try:
         os.sched_setaffinity(0, set(cores))
     except OSError as err:
@@ -112,23 +119,44 @@ def _ranges(cores: list[int]) -> list[str]:
     return [f"{a}-{b}" if b > a else str(a) for a, b in spans]
 
 
-def pin_threads(scenario: DictConfig, device: torch.device) -> None:
-    """Fix torch's intra- and inter-op thread counts and, if set, the cores this process runs on."""
+def check_threads(scenario: DictConfig, device_type: str) -> None:
+    """Refuse the cores (scenario.cpu_affinity) and the torch thread count (scenario.cpu_threads)
+    a run on `device_type` could not have: asked before the run, and again as it pins them."""
     cores = scenario.get("cpu_affinity")
     if cores is not None:
-        pin_cores([int(c) for c in cores])
+        check_cores([int(c) for c in cores])
     threads = scenario.get("cpu_threads")
-    if device.type != "cpu" or threads is None:
+    if device_type != "cpu" or threads is None:
         return
     if int(threads) < 1:
         raise UserError(f"scenario.cpu_threads={threads} must be >= 1 (or null for torch's default)")
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores is not None:
+        usable = len({int(c) for c in cores})
+    else:
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if int(threads) > usable:  # oversubscribed threads wait on each other (a 4-request run on 2 cores:
         # 7.7 s with 16 threads, 27 s with 256; 4096 ran past a minute)
         raise UserError(
             f"scenario.cpu_threads={threads} is more than the {usable} core(s) this process may use: "
             f"at most {usable} (or null for torch's default)"
         )
+
+
+def preflight(cfg: DictConfig) -> None:
+    """What a served run refuses before it builds its model (scenarios.run.preflight): the
+    cores and threads it would pin."""
+    check_threads(cfg.scenario, resolve_device(str(cfg.scenario.device)).type)
+
+
+def pin_threads(scenario: DictConfig, device: torch.device) -> None:
+    """Fix torch's intra- and inter-op thread counts and, if set, the cores this process runs on."""
+    check_threads(scenario, device.type)
+    cores = scenario.get("cpu_affinity")
+    if cores is not None:
+        pin_cores([int(c) for c in cores])
+    threads = scenario.get("cpu_threads")
+    if device.type != "cpu" or threads is None:
+        return
     torch.set_num_threads(int(threads))
     try:
         torch.set_num_interop_threads(1)
