@@ -678,6 +678,8 @@ RUN_CASES = [
     (["-m", "workload.rate=1,2", "workload.duration_s=${nosuch.key}", "hydra.sweep.dir=FILES/q6"], "'nosuch.key' not"),
     # the whole grid was measured first (9.7 s), then the folder could not be made
     (["scenario=profile", "model=tiny", "scenario.out_dir=/proc/nope"], "scenario.out_dir=/proc/nope cannot be made"),
+    # it said "known groups: seed, batch, progress, ...", the config's keys
+    (["--config-name", "foo"], "cannot find the config foo: bench has one, bench (--config-name bench, the default)"),
     # its 24 points ran, and the summary gained a fig13.foo column
     (
         ["+experiment=fig13", "+fig13.foo=1", "hydra.sweep.dir=FILES/q8"],

@@ -209,6 +209,15 @@ def hydra_line(err: BaseException) -> str | None:
                 f"unknown {group} {option!r}{closest(option, err.options)}; known: "
                 f"{', '.join(sorted(err.options))}{LAUNCHERS if group == 'hydra/launcher' else ''}"
             )
+        if missing and "/" not in missing:  # --config-name foo: a primary config, not a group's option
+            from kvbench.schema import OPTION_GROUPS, PLUGIN_GROUPS, SINGLE_GROUPS
+
+            chosen = sorted({*OPTION_GROUPS, *PLUGIN_GROUPS, *SINGLE_GROUPS})
+            return (
+                f"cannot find the config {missing}: bench has one, bench (--config-name bench, the default); "
+                f"choose its groups' options instead, GROUP=NAME ({', '.join(chosen)}), or +experiment=NAME "
+                f"(bench --help lists them)"
+            )
         return f"cannot find the config {missing or _first(err)}; known groups: {', '.join(top_level_keys())}"
     if "does not support sweep type" in str(err):
         return (
