@@ -35,7 +35,6 @@ from kvbench import launch, schema, sweep
 from kvbench.core import recorder, request_log
 from kvbench.errors import (
     UserError,
-    end_on_termination,
     exit_interrupted,
     exit_with,
     guarded_stdout,
@@ -1188,5 +1187,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # `python -m kvbench.cli` (bench-compare --against runs bench so): run the module by its own
+    # name, whose functions a joblib worker can unpickle; __main__'s it cannot
+    from kvbench import cli
+    from kvbench.errors import end_on_termination
+
     end_on_termination()
-    main()
+    cli.main()

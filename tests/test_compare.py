@@ -449,6 +449,35 @@ def test_ab_a_test_path_that_is_not_there_is_refused_before_anything_runs(capsys
     assert len(err) == 1 and "no_such_test_path.py: no such test file or folder" in err[0]
 
 
+@pytest.mark.parametrize("where", ["s1", "outside"])
+def test_ab_a_target_that_is_no_path_in_the_tree_is_refused_not_run(tmp_path, capsys, where):
+    """`s1` (no .py, no slash) and a folder outside the tree passed the check, and each side's
+    pytest then failed: exit 1, a regression's code, for bad input."""
+    (tmp_path / "outside").mkdir()
+    target = "s1" if where == "s1" else str(tmp_path / "outside")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--against", "HEAD", "--repeats", "2", target])
+    assert exit_info.value.code == 2
+    assert f"{target}: no such test file or folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "out, said",
+    [
+        ("", "--out is empty (an unset variable?)"),  # it wrote into the current folder
+        ("a-file", "is a file: give a folder"),
+        ("kept", "holds an earlier A/B's baseline.json, which this one would replace"),  # it replaced it
+    ],
+)
+def test_ab_an_out_folder_that_is_empty_a_file_or_holds_an_earlier_ab_is_refused(tmp_path, capsys, out, said):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "baseline.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--against", "HEAD", "--repeats", "2", "--out", str(tmp_path / out) if out else ""])
+    assert exit_info.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_sigterm_while_measuring_removes_refs_worktree_and_exits_143(monkeypatch, capsys):
     """A CI job's time limit sends SIGTERM: REF's worktree must not stay registered."""
     import signal

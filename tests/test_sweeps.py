@@ -35,9 +35,11 @@ def summary(sweep_dir) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_four_point_sweep_under_the_joblib_launcher(tmp_path):
-    result = bench(
-        tmp_path,
+@pytest.mark.parametrize("entry", ["kvbench.launch", "kvbench.cli"])  # cli: as bench-compare --against runs it
+def test_four_point_sweep_under_the_joblib_launcher(tmp_path, entry):
+    """Run as `python -m kvbench.cli`, a joblib worker could not unpickle __main__'s functions: a
+    traceback."""
+    args = [
         "-m",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
@@ -45,6 +47,9 @@ def test_four_point_sweep_under_the_joblib_launcher(tmp_path):
         "workload.num_requests=50",
         *SMALL,
         "hydra.sweep.dir=sweep",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", entry, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr
     assert "Joblib.Parallel(n_jobs=2" in result.stdout + result.stderr

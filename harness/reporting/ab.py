@@ -221,6 +221,19 @@ def measure(
     return frames
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """--out: a folder to keep each side's results in, refused where it is a file or holds an
+    earlier A/B's results, which this one would replace."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file: give a folder to keep each side's results in")
+    earlier = sorted(out_dir.glob("baseline*.csv")) + sorted(out_dir.glob("baseline*.json")) if out_dir.is_dir() else []
+    if earlier:
+        raise UserError(
+            f"--out {out_dir} holds an earlier A/B's {earlier[0].name}, which this one would replace: give a new or "
+            f"empty folder"
+        )
+
+
 def _select(frame: pd.DataFrame, points: list[dict]) -> pd.DataFrame:
     """The rows of `frame` that are one of `points` (identity values as compare matched them)."""
     columns = list(points[0])
@@ -308,10 +321,11 @@ def run_ab(
     tree = source_tree()
     for target in targets:
         path = target.split("::")[0]
-        if not target.startswith("-") and (path.endswith(".py") or "/" in path) and not (tree / path).exists():
+        inside = (tree / path).resolve().is_relative_to(tree.resolve())  # both trees run their own copy of it
+        if not target.startswith("-") and (not inside or not (tree / path).exists()):
             raise UserError(
                 f"{target}: no such test file or folder in {tree} (pytest runs there); give pytest paths "
-                f"relative to it, or bench overrides (KEY=VALUE)"
+                f"relative to it (tests/benchmarks), or bench overrides (KEY=VALUE)"
             )
     extra = {}
     for item in current_env:
@@ -365,7 +379,7 @@ def run_ab(
             file=out,
         )
         keep = Path(out_dir) if out_dir else work
-        keep.mkdir(parents=True, exist_ok=True)
+        keep.mkdir(parents=True, exist_ok=True)  # (a given folder was checked before the runs: check_out_dir)
         frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out, keep)
         if frames is None:
             return 1

@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> None:
         "--against", metavar="REF", help="measure REF (a git ref) and this tree here, interleaved, and compare them"
     )
     parser.add_argument("--repeats", type=int, help="with --against: runs per side (default 5)")
-    parser.add_argument("--out", type=Path, help="with --against: keep each side's results in this directory")
+    parser.add_argument("--out", help="with --against: keep each side's results in this directory (a new one)")
     parser.add_argument(
         "--current-env",
         action="append",
@@ -537,7 +537,11 @@ def main(argv: list[str] | None = None) -> None:
             )
         policy = load_policy(None if args.policy is None else path_given(args.policy, "--policy", "a policy YAML file"))
         if args.against is not None:
-            from kvbench.reporting.ab import run_ab
+            from kvbench.reporting.ab import check_out_dir, run_ab
+
+            if args.out is not None:  # an empty one is the current folder to Path: refused, not taken
+                args.out = path_given(args.out, "--out", "a folder to keep each side's results in")
+                check_out_dir(args.out)
 
             code = run_ab(
                 args.against,
