@@ -44,9 +44,10 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
 fi
 
 log=$(mktemp /tmp/vllm-env.XXXXXX.log)
+trap '[ -n "${keep_log:-}" ] || rm -f "$log"' EXIT  # kept where a failure names it; else gone, however it ends
 pipi() {  # pip's log is shown only when it fails
   "$VENV/bin/pip" install --progress-bar off "$@" >>"$log" 2>&1 \
-    || { tail -30 "$log"; echo "vllm_env: FAILED: pip install $* (log: $log)" >&2; exit 1; }
+    || { tail -30 "$log"; keep_log=1; echo "vllm_env: FAILED: pip install $* (log: $log)" >&2; exit 1; }
 }
 t0=$SECONDS
 # rebuilt only where it is a virtual environment (this script's, stale) or nothing yet: any other

@@ -173,7 +173,8 @@ def test_gpu_check_script_runs_its_whole_pipeline_in_cpu_mode(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable},
+        # TMPDIR: the script keeps its work folder (the stages' logs); in /tmp, one was left a run
+        env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "TMPDIR": str(tmp_path)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     with open(tmp_path / "kernel.csv") as f:
