@@ -679,6 +679,8 @@ def composing_once(args):
         refuse_twice_swept(batch, configs)
         folders = point_folders(configs)  # None: they resolve only as each point launches
         if folders is not None:
+            subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
+            refuse_a_sweep_of_nothing(str(subdir), folders)
             refuse_nested_folders(folders)
             refuse_shared_folders(batch, folders)
             refuse_other_sweeps_points(sweep_dir, folders, swept_folders)
@@ -933,6 +935,17 @@ def refuse_unmeasured_sweeps(batch) -> None:
             f"the sweep varies {', '.join(unmeasured)}, which {'changes' if one else 'change'} how a point runs, "
             f"not what it measures: {'it names' if one else 'they name'} no point folder, so two points would "
             f"be one; give {'it' if one else 'each'} one value"
+        )
+
+
+def refuse_a_sweep_of_nothing(subdir: str, folders: list[str]) -> None:
+    """`bench -m` with no values to sweep (or only settings that name no point): under the
+    default subdir (`subdir`: its text, unresolved), which names a point by its overrides, its
+    one point had no name, and was refused as a subdir of '.', which nobody gave."""
+    if [os.path.normpath(f) for f in folders] == ["."] and "point_dirname" in subdir:
+        raise UserError(
+            "-m sweeps the values given as lists (-m +allocator=paged,contiguous workload.rate=1,2); with none to "
+            "sweep, run once without -m"
         )
 
 

@@ -680,6 +680,8 @@ RUN_CASES = [
     (["scenario=profile", "model=tiny", "scenario.out_dir=/proc/nope"], "scenario.out_dir=/proc/nope cannot be made"),
     # it said "known groups: seed, batch, progress, ...", the config's keys
     (["--config-name", "foo"], "cannot find the config foo: bench has one, bench (--config-name bench, the default)"),
+    # it blamed hydra.sweep.subdir '.', which nobody gave
+    (["-m", "hydra.sweep.dir=FILES/q9"], "-m sweeps the values given as lists (-m +allocator=paged,contiguous"),
     # its 24 points ran, and the summary gained a fig13.foo column
     (
         ["+experiment=fig13", "+fig13.foo=1", "hydra.sweep.dir=FILES/q8"],
