@@ -26,7 +26,7 @@ import numpy as np
 from kvbench.arith import cdiv
 from kvbench.core.recorder import Recorder
 from kvbench.core.scheduler import Batch, Scheduler
-from kvbench.core.sequence import Request, SeqStatus, Sequence, stand_in_ids
+from kvbench.core.sequence import Request, SeqStatus, Sequence
 from kvbench.errors import UserError
 
 
@@ -181,7 +181,7 @@ class Engine:
         """`seq`'s token ids, for a sequence forked from it to copy: all of them, stand-ins
         included where its allocator names blocks by them (so the fork's hashes of the blocks
         they share are the parent's)."""
-        return stand_in_ids(seq, seq.num_tokens) if self.allocator.stand_in_tokens else seq.token_ids
+        return self.allocator.token_ids(seq, seq.num_tokens)
 
     def run(self, requests: list[Request]) -> dict:
         with few_collections():

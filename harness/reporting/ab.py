@@ -316,6 +316,8 @@ def run_ab(
         )
     if repeats > MOST_REPEATS:  # each run a side is a whole process: 100,000 of them is days
         raise UserError(f"--repeats {repeats} must be at most {MOST_REPEATS} (5 to 20 tell a change on a noisy host)")
+    if out_dir is not None:
+        check_out_dir(Path(out_dir))
     bench_overrides = [w for w in what if "=" in w and not w.startswith("-")]
     targets = [w for w in what if w not in bench_overrides] or HOT_PATHS
     tree = source_tree()
@@ -379,7 +381,7 @@ def run_ab(
             file=out,
         )
         keep = Path(out_dir) if out_dir else work
-        keep.mkdir(parents=True, exist_ok=True)  # (a given folder was checked before the runs: check_out_dir)
+        keep.mkdir(parents=True, exist_ok=True)
         frames = measure(sides, bench_overrides, targets, repeats, ref, ref_tree, out, keep)
         if frames is None:
             return 1

@@ -537,11 +537,10 @@ def main(argv: list[str] | None = None) -> None:
             )
         policy = load_policy(None if args.policy is None else path_given(args.policy, "--policy", "a policy YAML file"))
         if args.against is not None:
-            from kvbench.reporting.ab import check_out_dir, run_ab
+            from kvbench.reporting.ab import run_ab
 
             if args.out is not None:  # an empty one is the current folder to Path: refused, not taken
                 args.out = path_given(args.out, "--out", "a folder to keep each side's results in")
-                check_out_dir(args.out)
 
             code = run_ab(
                 args.against,

@@ -263,14 +263,16 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     return rows, ruled_out + len(shapes) - len(measured)
 
 
-def preflight(cfg: DictConfig) -> None:
+def preflight(cfg: DictConfig) -> tuple:
     """What a profile run refuses before it measures (scenarios.run.preflight): its settings and
     its grid (a length beyond the model's). Its folder is checked as the run starts: a resumed
-    sweep's finished point holds its profile.csv, and is skipped, not refused."""
+    sweep's finished point holds its profile.csv, and is skipped, not refused. Returns
+    validate()'s (warmup, repeats, heldout_frac)."""
     scenario, sched = cfg.scenario, cfg.scheduler
-    validate(scenario)
+    settings = validate(scenario)
     grid(scenario, int(cfg.model.max_model_len), int(sched.max_num_seqs), int(sched.max_num_batched_tokens))
     serve_preflight(cfg)  # the real model is served's, its cores and threads pinned as a served run's
+    return settings
 
 
 def make_out_dir(scenario: DictConfig) -> Path:
@@ -289,8 +291,7 @@ def make_out_dir(scenario: DictConfig) -> Path:
 
 def run(cfg: DictConfig, between=None) -> list[dict]:
     scenario = cfg.scenario
-    _, _, heldout_frac = validate(scenario)
-    preflight(cfg)
+    _, _, heldout_frac = preflight(cfg)
     refuse_replacing(scenario, ("profile.csv", "profile_fit.json"))
     make_out_dir(scenario)
     started, cpu_started = time.perf_counter(), time.process_time()

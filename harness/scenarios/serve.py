@@ -98,9 +98,10 @@ def check_cores(cores: list[int]) -> None:
         raise UserError(f"{setting}: this process may run on cores {allowed} only, not {unknown}")
 
 
-def pin_cores(cores: list[int]) -> None:
-    """Run this process on exactly `cores`, or refuse (check_cores)."""
-    check_cores(cores)
+def pin_cores(cores: list[int], checked: bool = False) -> None:
+    """Run this process on exactly `cores`, or refuse (check_cores, unless `checked` already)."""
+    if not checked:
+        check_cores(cores)
     setting = f"scenario.cpu_affinity={cores}"
     try:
         os.sched_setaffinity(0, set(cores))
@@ -150,10 +151,10 @@ def preflight(cfg: DictConfig) -> None:
 
 def pin_threads(scenario: DictConfig, device: torch.device) -> None:
     """Fix torch's intra- and inter-op thread counts and, if set, the cores this process runs on."""
-    check_threads(scenario, device.type)
+    check_threads(scenario, device.type)  # the cores too
     cores = scenario.get("cpu_affinity")
     if cores is not None:
-        pin_cores([int(c) for c in cores])
+        pin_cores([int(c) for c in cores], checked=True)
     threads = scenario.get("cpu_threads")
     if device.type != "cpu" or threads is None:
         return

@@ -180,7 +180,7 @@ class KVAllocator(ABC):
     # (sequence.stand_in_ids)
     stand_in_tokens: bool = False
 
-    def _ids(self, seq: Sequence, upto: int) -> list:
+    def token_ids(self, seq: Sequence, upto: int) -> list:
         """The token ids a prefix cache names `seq`'s first `upto` positions' blocks by: its own,
         or where it has none (a simulated run) stand-ins."""
         tokens = seq.token_ids

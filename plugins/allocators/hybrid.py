@@ -166,7 +166,7 @@ class HybridAllocator(KVAllocator):
     def _prefix_hit(self, seq: Sequence) -> tuple[int, dict]:
         """The longest cached prefix every kind agrees on, never the last prompt token; and
         each kind's block hashes of the prompt."""
-        tokens, limit = self._ids(seq, seq.num_tokens - 1), seq.num_tokens - 1
+        tokens, limit = self.token_ids(seq, seq.num_tokens - 1), seq.num_tokens - 1
         hashes = {m: m.chain(tokens, limit // m.block_size) for m in self.attention}
         hit = min([m.cached_prefix_blocks(hashes[m]) * m.block_size for m in self.attention if not m.release] + [limit])
         hit -= hit % self.hit_step
@@ -199,7 +199,7 @@ class HybridAllocator(KVAllocator):
             need += m.decode_need(sid, before)
         if need and not self.pools[0].fits(need, False):
             return False
-        tokens = self._ids(seq, before + 1) if self.prefix_caching else None
+        tokens = self.token_ids(seq, before + 1) if self.prefix_caching else None
         final_len = seq.final_len
         for m in self.attention:
             m.append_one(sid, before, final_len, tokens)
@@ -217,7 +217,7 @@ class HybridAllocator(KVAllocator):
             need[id(m.pool)] = need.get(id(m.pool), 0) + m.pages_needed(sid, before, after)
         if not self._fits(need, reserve=False):
             return False
-        tokens = self._ids(seq, after) if self.prefix_caching else None
+        tokens = self.token_ids(seq, after) if self.prefix_caching else None
         for m in self.attention:
             m.append(sid, before, after, seq.final_len, tokens)
         if self.linear:

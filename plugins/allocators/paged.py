@@ -122,7 +122,7 @@ class PagedAllocator(KVAllocator):
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks (and their hashes) that hold the sequence's first tokens, in order."""
-        tokens, bs = self._ids(seq, seq.num_tokens - 1), self.block_size
+        tokens, bs = self.token_ids(seq, seq.num_tokens - 1), self.block_size
         blocks, hashes, parent, cached = [], [], ROOT_HASH, self.pool.cached
         for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
             parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
@@ -135,7 +135,7 @@ class PagedAllocator(KVAllocator):
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Name the sequence's blocks that are full once `num_tokens` tokens are stored."""
-        hashes, tokens, bs = self._hashes[seq.seq_id], self._ids(seq, num_tokens), self.block_size
+        hashes, tokens, bs = self._hashes[seq.seq_id], self.token_ids(seq, num_tokens), self.block_size
         table, known = self.block_tables[seq.seq_id], len(hashes)
         extend_hashes(hashes, tokens, bs, min(num_tokens, len(tokens)) // bs)
         for index in range(known, len(hashes)):
@@ -144,7 +144,7 @@ class PagedAllocator(KVAllocator):
     def _name_last_block(self, seq: Sequence, block: int, num_tokens: int) -> None:
         """`seq`'s last block `block` just filled at `num_tokens` tokens: name it (the common
         case of _cache_full_blocks, once a block on every decoding sequence's way)."""
-        hashes, tokens, bs = self._hashes[seq.seq_id], self._ids(seq, num_tokens), self.block_size
+        hashes, tokens, bs = self._hashes[seq.seq_id], self.token_ids(seq, num_tokens), self.block_size
         if len(hashes) * bs + bs != num_tokens or len(tokens) < num_tokens:
             return self._cache_full_blocks(seq, num_tokens)
         block_hash = hash_block(hashes[-1] if hashes else ROOT_HASH, tokens[num_tokens - bs : num_tokens])
