@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench_step import PROMPT, decoding_engine
 
-from kvbench.errors import UserError
+from kvbench.errors import ArgumentParser, UserError
 
 SLOTS_PER_SEQ = 2048  # nano-vllm's pool: room for every sequence to decode for the whole run
 
@@ -132,7 +132,7 @@ def numbers(text: str, name: str) -> list[int]:
 
 
 def main(argv: list | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
     )
     parser.add_argument("--nano-vllm", required=True, metavar="PATH", help="a nano-vllm checkout")

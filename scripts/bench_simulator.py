@@ -6,17 +6,17 @@ Prints, per allocator, the wall time, simulated steps, and scheduler + allocator
 per step (the part of the loop that runs for every sequence every step).
 """
 
-import argparse
 import time
 
 from hydra import compose, initialize_config_module
 from script_checks import checked, run_main
 
+from kvbench.errors import ArgumentParser
 from kvbench.scenarios.run import run_point
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--allocators", default="paged,contiguous,oracle,pow2")
     args = parser.parse_args()

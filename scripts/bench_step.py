@@ -247,13 +247,21 @@ def run_case(tree: Path, case: str) -> tuple[float, float | None]:
                 args.append(f"hydra.run.dir={out}")
             code = RUN_CLI.format(here=str(Path(__file__).parent), tree=str(tree), args=args)
             start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=out)
+            child([sys.executable, "-c", code], cwd=out)
             wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
             return wall, after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
-    run = subprocess.run(
-        [sys.executable, __file__, "--worker", str(tree), case], check=True, capture_output=True, text=True
-    )
-    return json.loads(run.stdout), None
+    return json.loads(child([sys.executable, __file__, "--worker", str(tree), case])), None
+
+
+def child(command: list[str], cwd=None) -> str:
+    """A case's process, its stdout; where it fails, this script ends on its last line and exit
+    code (a bench run refusing its settings, e.g. a --profile that is no profile, exits 2)."""
+    run = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+    if run.returncode:
+        last = (run.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
+        print(f"error: bench_step.py: a case failed: {last}", file=sys.stderr)
+        sys.exit(run.returncode)
+    return run.stdout
 
 
 def reference_tree(rev: str) -> Path:
@@ -271,8 +279,17 @@ def reference_tree(rev: str) -> Path:
     return tree
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """kvbench.errors.ArgumentParser's one-line usage errors; that class cannot be imported here,
+    since a worker imports kvbench from the tree it measures (use_tree), not from this checkout."""
+
+    def error(self, message: str):
+        print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrors(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", default="45506d6", help="the commit to compare with (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved runs a side (default: %(default)s)")
     parser.add_argument(

@@ -14,7 +14,6 @@ regression" when bench-compare exits 1. Prints one line per trial and a tally; -
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 from script_checks import run_main, writable_file
 
-from kvbench.errors import UserError
+from kvbench.errors import ArgumentParser, UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE = ["scenario=serve", "model=tiny", "workload=fixed", "scenario.num_requests=8", "+allocator=paged"]
@@ -62,13 +61,13 @@ def trial(ref: str, repeats: int, serve: bool, slowdown: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--ref", default="HEAD", help="the git ref measured as the baseline (default HEAD)")
     parser.add_argument("--repeats", type=int, default=5, help="runs a side in each A/B (default 5)")
     parser.add_argument("--serve", action="store_true", help="a small serve sweep instead of the hot paths")
     parser.add_argument("--slowdown", type=float, default=0.0, help="make the current side (1 + F) times slower")
-    parser.add_argument("--out", type=Path, help="append the trials to this CSV")
+    parser.add_argument("--out", type=Path, help="append the trials to this CSV (new, or one this script wrote)")
     args = parser.parse_args()
     if args.trials < 1:
         parser.error(f"--trials {args.trials}: give at least 1")
@@ -78,6 +77,7 @@ def main() -> None:
         parser.error(f"--slowdown {args.slowdown}: give a fraction >= 0 (0.25: 1.25 times slower), below 100")
     if args.out:
         writable_file(args.out, "--out")
+        appendable(args.out)
     rows = []
     for index in range(args.trials):
         try:
@@ -103,9 +103,25 @@ def main() -> None:
     save(rows, args.out)
 
 
+COLUMNS = ["kind", "slowdown", "exit", "regressions", "remeasured", "regressed", "seconds"]
+
+
+def appendable(out: Path) -> None:
+    """Trials append to `out` only where it holds trials already: any other CSV would gain rows
+    under a header that does not name their fields."""
+    if not out.exists() or out.stat().st_size == 0:
+        return
+    try:
+        header = out.read_text(encoding="utf-8").splitlines()[0].split(",")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"--out {out} cannot be read ({type(err).__name__}): give a new file or a trials CSV") from None
+    if header != COLUMNS:
+        raise UserError(f"--out {out} is not a trials CSV (its header is not {','.join(COLUMNS)}): give a new file")
+
+
 def save(rows: list[dict], out: Path | None) -> None:
     if out and rows:
-        pd.DataFrame(rows).to_csv(out, mode="a", header=not out.exists(), index=False)
+        pd.DataFrame(rows, columns=COLUMNS).to_csv(out, mode="a", header=not out.exists(), index=False)
         print(f"wrote {out}", file=sys.stderr)
 
 

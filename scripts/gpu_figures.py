@@ -9,10 +9,12 @@ OUT_DIR receives kernel.csv, graphs.csv and latency_vs_context.png.
 from __future__ import annotations
 
 import shutil
-import sys
 from collections import defaultdict
 from pathlib import Path
 
+from script_checks import run_main, writable_folder
+
+from kvbench.errors import ArgumentParser, UserError
 from kvbench.reporting.results import read_csv, write_csv
 
 MEASURED_HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy measured here (docs/facts.md)
@@ -116,14 +118,15 @@ def main(work: Path, out: Path) -> None:
     print("\n".join(kernel_figures(kernel) + graph_figures(graphs)))
 
 
+def cli() -> None:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("work", type=Path, help="gpu_check.sh's work folder (kernel/, flashinfer/, graphs/)")
+    parser.add_argument("out", type=Path, help="the folder to write kernel.csv, graphs.csv and the plot into")
+    args = parser.parse_args()
+    if not args.work.is_dir():
+        raise UserError(f"{args.work} is not a folder: give gpu_check.sh's work folder (kernel/, graphs/ ...)")
+    main(args.work, writable_folder(args.out, "OUT_DIR"))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
-        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
-    if not Path(sys.argv[1]).is_dir():
-        print(
-            f"gpu_figures: {sys.argv[1]} is not a folder: give gpu_check.sh's work folder (kernel/, graphs/ ...)",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    run_main(cli)

@@ -15,7 +15,6 @@ waste.
 
 from __future__ import annotations
 
-import argparse
 import io
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
 from script_checks import checked, run_main, writable_folder  # noqa: E402
 
+from kvbench.errors import ArgumentParser  # noqa: E402
 from kvbench.reporting.results import write_atomic, write_bytes_atomic, write_csv  # noqa: E402
 from kvbench.scenarios.run import run_point  # noqa: E402
 
@@ -145,7 +145,7 @@ def plot(rows: list[dict], path: Path, input_len: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/hybrid_compare"))
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--input-len", type=int, default=16384)

@@ -12,12 +12,12 @@ machine), where the measured swap time stands beside the model's.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from hydra import compose, initialize_config_module
 from script_checks import checked, run_main, writable_file
 
+from kvbench.errors import ArgumentParser
 from kvbench.reporting.results import write_csv
 from kvbench.scenarios.run import run_point
 
@@ -33,7 +33,7 @@ def point(overrides: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="also measure a few block sizes on the real engine")
     parser.add_argument("--out", default="preemption.csv")
     args = parser.parse_args()

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvbench.arith import cdiv
-from kvbench.errors import UserError
+from kvbench.errors import ArgumentParser, UserError
 
 SUPPORTED_VLLM = "0.33.0"
 
@@ -677,9 +677,7 @@ def _finish(report: Report, kvside: KvbenchSide) -> Report:
 
 
 def main(argv: list | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", action="append", help="a case name (repeatable; default: all)")
     parser.add_argument(
         "--preset",

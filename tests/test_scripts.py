@@ -27,6 +27,10 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
         ("bench_simulator.py", ["--allocators", "nope"], "unknown allocator 'nope'"),
         ("bench_simulator.py", ["--requests", "0"], "workload.num_requests=0 must be >= 1"),
         ("gpu_figures.py", ["{tmp}/missing", "{tmp}/out"], "is not a folder"),
+        ("gpu_figures.py", ["{tmp}", "{file}"], "OUT_DIR {file} cannot be made a folder"),
+        ("gate_trials.py", ["--out", "{table}"], "--out {table} is not a trials CSV"),  # rows would skew
+        ("gate_trials.py", ["--trials", "0"], "--trials 0: give at least 1"),
+        ("bench_step.py", ["--cases", "nope"], "--cases: unknown nope"),
         ("vllm_conformance.py", ["--json", "{file}/r.json"], "--json {file}/r.json: give a file name"),
         ("bench_nano.py", ["--nano-vllm", "{tmp}"], "--nano-vllm {tmp}: no nanovllm/engine/scheduler.py there"),
         ("bench_nano.py", ["--nano-vllm", "{tmp}", "--n", "64,0"], "--n 64,0: every value must be >= 1"),
@@ -35,13 +39,35 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
     ],
 )
 def test_a_script_refuses_what_it_cannot_do_before_it_computes(tmp_path, script, args, said):
-    file = tmp_path / "afile"
+    file, table = tmp_path / "afile", tmp_path / "other.csv"
     file.write_text("")
-    fill = lambda text: text.format(file=file, tmp=tmp_path)  # noqa: E731
+    table.write_text("allocator,request_throughput\npaged,2.1\n")
+    fill = lambda text: text.format(file=file, tmp=tmp_path, table=table)  # noqa: E731
     result = run(sys.executable, SCRIPTS / script, *map(fill, args))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert fill(said) in result.stderr.strip().splitlines()[-1]
+    assert table.read_text() == "allocator,request_throughput\npaged,2.1\n"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "bench_nano.py",
+        "bench_simulator.py",
+        "bench_step.py",
+        "gate_trials.py",
+        "gpu_figures.py",
+        "hybrid_compare.py",
+        "preemption_sweep.py",
+        "vllm_conformance.py",
+    ],
+)
+def test_a_script_s_usage_error_is_one_line(script):
+    result = run(sys.executable, SCRIPTS / script, "--no-such-flag")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()  # no usage block above it
+    assert line.startswith(f"error: {script}: ") and line.endswith(f"(see {script} --help)")
 
 
 def test_gpu_check_says_its_usage_and_refuses_what_it_does_not_know(tmp_path):
