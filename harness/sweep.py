@@ -126,9 +126,15 @@ def write_fingerprint(point_dir: Path, current: dict) -> None:
 
 
 def _read_rows(metrics: Path) -> list[dict]:
-    import pandas as pd  # only a resumed sweep reads a finished point back
+    """A finished point's rows, checked as the sweep's report will check them: a cell that is no
+    number there (a file edited by hand, a disk's damage) reruns the point, where skipping it would
+    end the sweep in that error."""
+    from kvbench.reporting.report import check_results  # only a resumed sweep reads a finished point back
+    from kvbench.reporting.results import read_csv
 
-    return pd.read_csv(metrics, dtype=str, keep_default_na=False).to_dict("records")
+    frame = read_csv(metrics)
+    check_results(frame, metrics)
+    return frame.astype(object).where(frame.notna(), "").astype(str).to_dict("records")
 
 
 def remove_if_bare(folder: Path, made: tuple[str, ...]) -> None:
@@ -164,6 +170,8 @@ def _resume(point_dir: Path, current: dict) -> tuple[bool, str]:
         return False, ""
     try:
         rows = _read_rows(metrics)
+    except UserError as err:  # a result table's own checks, one line that names what is wrong
+        return False, f"its metrics.csv is unreadable ({str(err).removeprefix(f'{metrics}: ')})"
     except (OSError, ValueError) as err:  # pandas' parser and decoding errors are ValueErrors
         return False, f"its metrics.csv is unreadable ({type(err).__name__})"
     if not rows or any(row.get("status") not in ("ok", "failed") for row in rows):

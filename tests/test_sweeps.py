@@ -256,9 +256,12 @@ def test_glob_and_choice_sweeps_and_interpolations_compose(tmp_path, monkeypatch
 
 
 def test_a_resume_reruns_points_whose_config_changed_or_whose_metrics_are_corrupt(tmp_path, monkeypatch, capsys):
-    args = ("workload.rate=1,2,3", "workload.num_requests=20")
+    args = ("workload.rate=1,2,3,4", "workload.num_requests=20")
     sweep_in_process(tmp_path, monkeypatch, *args)
     points = {p.name.split("=")[-1]: p for p in (tmp_path / "sweep").iterdir() if p.is_dir()}
+    header, cells = (line.split(",") for line in (points["4"] / "metrics.csv").read_text().splitlines())
+    cells[header.index("request_throughput")] = "abc"  # read back as the report reads it, not skipped
+    (points["4"] / "metrics.csv").write_text(",".join(header) + "\n" + ",".join(cells) + "\n")
     changed = json.loads((points["1"] / FINGERPRINT).read_text())
     changed["config_sha256"] = "0" * 64  # as if computed from another config
     (points["1"] / FINGERPRINT).write_text(json.dumps(changed))
@@ -270,10 +273,11 @@ def test_a_resume_reruns_points_whose_config_changed_or_whose_metrics_are_corrup
     log = capsys.readouterr().out
     assert f"re-running {points['1'].name}: changed since it ran: its config" in log
     assert f"re-running {points['2'].name}: its metrics.csv is unreadable" in log
+    assert f"re-running {points['4'].name}: its metrics.csv is unreadable (request_throughput is 'abc'" in log
     assert f"skipped {points['3'].name}" in log
     assert (points["3"] / "metrics.csv").stat().st_mtime_ns == kept
     assert json.loads((points["1"] / FINGERPRINT).read_text())["config_sha256"] != "0" * 64
-    assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["ok", "ok", "ok"]
+    assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["ok"] * 4
 
 
 def test_a_resume_reruns_the_points_of_a_trace_rewritten_in_place(tmp_path, monkeypatch, capsys):

@@ -168,10 +168,8 @@ def check_results(frame: pd.DataFrame, path) -> None:
         allocator = frame.get("allocator", pd.Series(None, index=frame.index, dtype=object))
         nameless = frame["kv_token_util"].notna() & ran & (allocator.isna() | allocator.astype(str).str.strip().eq(""))
         if nameless.any():
-            raise UserError(
-                f"{path}: row {nameless.to_numpy().argmax() + 1} has serving metrics but no allocator: each row "
-                f"names the allocator it ran"
-            )
+            file, row = row_source(frame, path, int(nameless.to_numpy().argmax()))
+            raise UserError(f"{file}: row {row} has serving metrics but no allocator: each row names the one it ran")
     for column in [c for c in frame.columns if c in KEY_METRICS or c in non_negative_metrics()]:
         cells = frame[column]
         numbers, checks = metric_cell_checks(column, cells, ran)
@@ -183,7 +181,8 @@ def check_results(frame: pd.DataFrame, path) -> None:
             if bad.any():
                 cell = cells[bad].iloc[0]
                 value = repr(cell) if isinstance(cell, str) else cell_text(cell)
-                raise UserError(f"{path}: {column} is {value} in row {bad.to_numpy().argmax() + 1}; {why}")
+                file, row = row_source(frame, path, int(bad.to_numpy().argmax()))
+                raise UserError(f"{file}: {column} is {value} in row {row}; {why}")
     refuse_repeated_points(frame, path)
 
 
@@ -217,10 +216,20 @@ def check_statuses(frame: pd.DataFrame, path) -> None:
         other = frame["status"].dropna().astype(str)
         other = other[~other.isin(STATUSES)]
         if not other.empty:
+            file, row = row_source(frame, path, frame.index.get_loc(other.index[0]))
             raise UserError(
-                f"{path}: status is {other.iloc[0]!r} in row {other.index[0] + 1}; a point's status is "
+                f"{file}: status is {other.iloc[0]!r} in row {row}; a point's status is "
                 f"{' or '.join(STATUSES)} (docs/metrics.md)"
             )
+
+
+def row_source(frame: pd.DataFrame, path, index: int) -> tuple[str, int]:
+    """(the file, the row in it) that the frame's row `index` was read from: in a sweep folder,
+    its point's metrics.csv (collect's `point` column), which is where a user mends it."""
+    if "point" in frame and Path(path).is_dir():
+        points = frame["point"].astype(str).to_numpy()
+        return str(Path(path) / points[index] / "metrics.csv"), int(index - (points == points[index]).argmax() + 1)
+    return str(path), index + 1
 
 
 def point_keys(frame: pd.DataFrame) -> list[str]:
