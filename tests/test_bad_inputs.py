@@ -500,6 +500,9 @@ RUN_CASES = [
     (["--cfg", "bogus"], "bench: argument --cfg/-c: invalid choice: 'bogus'"),
     (["--bogus-flag"], "bench: unrecognized arguments: --bogus-flag"),
     (["hydra/launcher=submitit_slurm"], "unknown hydra/launcher 'submitit_slurm'"),
+    # Hydra's own settings were blamed on kvbench's config ("hydra is not a key of the config")
+    (["hydra.launcher.n_jobs=2"], "hydra.launcher.n_jobs is not a setting of Hydra's config"),
+    (["hydra.run.foo=1"], "bench --cfg hydra -p hydra.run lists those it has"),
     (["~model"], "model is required: choose one with model=NAME"),
     # these ended in a traceback: a KeyError where the run read the key, Hydra's ValueError
     (["~workload.rate"], "~workload.rate deletes a key every run reads: set it instead (workload.rate=VALUE)"),

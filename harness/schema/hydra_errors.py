@@ -107,6 +107,12 @@ def _unknown_key(full_key: str, add: str = "", chosen: bool = False, missing: st
     `missing`: the key Hydra could not find, where it says (the last part of a dotted key or
     a section above it)."""
     group, _, rest = full_key.partition(".")
+    if group == "hydra" and rest:  # hydra.launcher.foo: Hydra's own config, not kvbench's
+        parent = full_key.rsplit(".", 1)[0]
+        choice = next((g for g in ("launcher", "sweeper") if rest.startswith(g + ".")), None)
+        chosen = f" (a {choice}'s options come with its choice, hydra/{choice}=NAME)" if choice else ""
+        listed = f"bench --cfg hydra -p {parent} lists those it has{chosen}"
+        return f"{full_key} is not a setting of Hydra's config: {listed}"
     if not rest and full_key in EXPERIMENT_SECTIONS:  # fig12=...: the table of an experiment not chosen
         return (
             f"{full_key} is the table of +experiment={full_key}'s settings: choose the experiment "
