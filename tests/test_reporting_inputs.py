@@ -250,6 +250,15 @@ def test_a_metric_cell_that_is_not_a_finite_number_is_bad_input(tmp_path, side, 
     assert f"request_throughput of allocator=pow2 in the {side} ({tmp_path / 'bad.csv'}) {said}" in message
 
 
+@pytest.mark.parametrize("side", ["baseline", "current"])
+def test_a_serving_row_without_an_allocator_is_bad_input_not_a_missing_point(tmp_path, side):
+    write_csv(tmp_path / "good.csv", [row("pow2", 0.71, kv_token_util=0.4), row("paged", 0.72, kv_token_util=0.9)])
+    write_csv(tmp_path / "bad.csv", [row(" ", 0.71, kv_token_util=0.4), row("paged", 0.72, kv_token_util=0.9)])
+    args = [tmp_path / "bad.csv", tmp_path / "good.csv"][:: 1 if side == "baseline" else -1]
+    message = refused(lambda: compare.main([str(a) for a in args]))
+    assert f"{tmp_path / 'bad.csv'}: row 1 has serving metrics but no allocator" in message
+
+
 def test_blank_metrics_and_failed_rows_are_judged_as_before(tmp_path):
     write_csv(tmp_path / "good.csv", [row("pow2", 0.71), row("paged", 0.72)])
     write_csv(tmp_path / "blank.csv", [row("pow2", None), row("paged", 0.72)])

@@ -21,7 +21,13 @@ import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, guarded_stdout, reportable
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.report import check_statuses, load_rows, metric_cell_checks, non_negative_metrics
+from kvbench.reporting.report import (
+    check_statuses,
+    load_rows,
+    metric_cell_checks,
+    non_negative_metrics,
+    refuse_nameless_rows,
+)
 from kvbench.reporting.results import ENVIRONMENT, identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
@@ -100,6 +106,7 @@ def read_side(path) -> pd.DataFrame:
             f"{path} has a column {reserved!r}: no result column begins with _, which marks bench-compare's own"
         )
     check_statuses(frame, path)
+    refuse_nameless_rows(frame, path)
     return frame
 
 

@@ -164,12 +164,7 @@ def check_results(frame: pd.DataFrame, path) -> None:
         )
     check_statuses(frame, path)
     ran = frame["status"].fillna("ok").astype(str).eq("ok") if "status" in frame else True
-    if "kv_token_util" in frame:  # a serving row; a failed point may not have got as far as its allocator
-        allocator = frame.get("allocator", pd.Series(None, index=frame.index, dtype=object))
-        nameless = frame["kv_token_util"].notna() & ran & (allocator.isna() | allocator.astype(str).str.strip().eq(""))
-        if nameless.any():
-            file, row = row_source(frame, path, int(nameless.to_numpy().argmax()))
-            raise UserError(f"{file}: row {row} has serving metrics but no allocator: each row names the one it ran")
+    refuse_nameless_rows(frame, path)
     for column in [c for c in frame.columns if c in KEY_METRICS or c in non_negative_metrics()]:
         cells = frame[column]
         numbers, checks = metric_cell_checks(column, cells, ran)
@@ -209,6 +204,19 @@ def non_negative_metrics() -> frozenset:
 
     policy = load_policy()
     return frozenset(policy.rules) | frozenset(m for rules in policy.scenario_rules.values() for m in rules)
+
+
+def refuse_nameless_rows(frame: pd.DataFrame, path) -> None:
+    """A serving row that ran names its allocator: without one, it is no system's point (a report
+    would plot it under no name, a comparison would see a point missing and a new one)."""
+    if "kv_token_util" not in frame:  # a serving row; a failed point may not have got as far as its allocator
+        return
+    ran = frame["status"].fillna("ok").astype(str).eq("ok") if "status" in frame else True
+    allocator = frame.get("allocator", pd.Series(None, index=frame.index, dtype=object))
+    nameless = frame["kv_token_util"].notna() & ran & (allocator.isna() | allocator.astype(str).str.strip().eq(""))
+    if nameless.any():
+        file, row = row_source(frame, path, int(nameless.to_numpy().argmax()))
+        raise UserError(f"{file}: row {row} has serving metrics but no allocator: each row names the one it ran")
 
 
 def check_statuses(frame: pd.DataFrame, path) -> None:
