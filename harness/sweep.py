@@ -182,6 +182,8 @@ def _resume(point_dir: Path, current: dict) -> tuple[bool, str]:
         stored = json.loads((Path(point_dir) / FINGERPRINT).read_text())
     except (OSError, ValueError):
         return False, "it has no readable fingerprint of what produced it"
+    if not isinstance(stored, dict):  # JSON, but not the object a run writes
+        return False, "its fingerprint is not one a run wrote (not a JSON object)"
 
     def what(key: str, value) -> str:
         if key == "config_sha256":
@@ -189,10 +191,10 @@ def _resume(point_dir: Path, current: dict) -> tuple[bool, str]:
         if key == "source_changes":
             return "kvbench's uncommitted changes"
         if key == "input_files":
-            old = stored.get(key) or {}
+            old = stored[key] if isinstance(stored.get(key), dict) else {}
             return "the file at " + ", ".join(k for k in value if old.get(k) != value[k])
         if key == "plugin_sources":
-            old = stored.get(key) or {}
+            old = stored[key] if isinstance(stored.get(key), dict) else {}
             return ", ".join(f"the {k} plugin's code ({value[k].split()[0]})" for k in value if old.get(k) != value[k])
         return f"{key} {stored.get(key)} -> {value}"
 

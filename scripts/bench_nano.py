@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import gc
 import importlib
+import os
 import statistics
 import sys
 import time
@@ -33,10 +34,13 @@ import types
 from pathlib import Path
 
 from bench_step import PROMPT, decoding_engine
+from script_checks import writable_file
 
 from kvbench.errors import ArgumentParser, UserError
 
-SLOTS_PER_SEQ = 2048  # nano-vllm's pool: room for every sequence to decode for the whole run
+# nano-vllm finds a step's new block by `len(seq) % block_size == 1`, never true at 1; kvbench's
+# allocators take at most 256
+BLOCK_SIZES = range(2, 257)
 
 
 def prompt(i: int) -> list[int]:
@@ -87,7 +91,7 @@ def load_nano(path: str):
     return scheduler.Scheduler, sequence.Sequence, sampling.SamplingParams, Config
 
 
-def nano_step(nano, num_seqs: int, block_size: int):
+def nano_step(nano, num_seqs: int, block_size: int, steps: int):
     NanoScheduler, NanoSequence, SamplingParams, Config = nano
     NanoSequence.block_size = block_size  # a class attribute: its sequences count blocks by it
     scheduler = NanoScheduler(
@@ -95,7 +99,8 @@ def nano_step(nano, num_seqs: int, block_size: int):
             max_num_batched_tokens=num_seqs * (PROMPT + 16),
             max_num_seqs=num_seqs,
             kvcache_block_size=block_size,
-            num_kvcache_blocks=num_seqs * SLOTS_PER_SEQ // block_size,
+            # room for every sequence to decode for the whole run (its longest prompt, `steps` tokens)
+            num_kvcache_blocks=num_seqs * -(-(PROMPT + 16 + steps + 1) // block_size),
         )
     )
     for i in range(num_seqs):
@@ -146,47 +151,58 @@ def main(argv: list | None = None) -> int:
         sizes, blocks = numbers(args.n, "--n"), numbers(args.block_size, "--block-size")
         if args.rounds < 1 or args.steps < 1:
             raise UserError("--rounds and --steps must be >= 1")
-        if args.csv and not Path(args.csv).expanduser().parent.is_dir():
-            raise UserError(f"--csv {args.csv}: its folder does not exist")
+        if any(b not in BLOCK_SIZES for b in blocks):
+            raise UserError(
+                f"--block-size {args.block_size}: every value must be in 2..256 (nano-vllm's and kvbench's)"
+            )
+        if len(set(sizes)) < len(sizes) or len(set(blocks)) < len(blocks):
+            raise UserError("--n and --block-size: give each value once")
+        csv = writable_file(os.path.expanduser(args.csv), "--csv") if args.csv is not None else None
         nano = load_nano(args.nano_vllm)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     rows = []
-    gc.disable()  # a collection inside one side's round would be charged to it
-    for block_size in blocks:
-        for n in sizes:
-            steps = args.rounds * args.steps  # room for every round's steps
-            sides = {"kvbench": kvbench_step(n, block_size, steps), "nano-vllm": nano_step(nano, n, block_size)}
-            times = {name: [] for name in sides}
-            ratios = []
-            for r in range(args.rounds):
-                order = list(sides) if r % 2 == 0 else list(sides)[::-1]  # ABBA
-                for name in order:
-                    times[name].append(timed(sides[name], args.steps, n))
-                ratios.append(times["kvbench"][-1] / times["nano-vllm"][-1])
-                gc.collect()
-            k, v = statistics.median(times["kvbench"]), statistics.median(times["nano-vllm"])
-            rows.append(
-                {
-                    "block_size": block_size,
-                    "num_seqs": n,
-                    "kvbench_us": round(k, 1),
-                    "nano_vllm_us": round(v, 1),
-                    "ratio": round(k / v, 3),
-                    "ratio_min": round(min(ratios), 3),
-                    "ratio_max": round(max(ratios), 3),
+    try:  # the rows measured are written however the run ends
+        gc.disable()  # a collection inside one side's round would be charged to it
+        for block_size in blocks:
+            for n in sizes:
+                steps = args.rounds * args.steps  # room for every round's steps
+                sides = {
+                    "kvbench": kvbench_step(n, block_size, steps),
+                    "nano-vllm": nano_step(nano, n, block_size, steps),
                 }
-            )
-            print(
-                f"block {block_size:4d}, N = {n:5d}: kvbench {k:8.1f} us, nano-vllm {v:8.1f} us a step: "
-                f"{k / v:.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})",
-                flush=True,
-            )
-    if args.csv:
-        from kvbench.reporting.results import write_csv
+                times = {name: [] for name in sides}
+                ratios = []
+                for r in range(args.rounds):
+                    order = list(sides) if r % 2 == 0 else list(sides)[::-1]  # ABBA
+                    for name in order:
+                        times[name].append(timed(sides[name], args.steps, n))
+                    ratios.append(times["kvbench"][-1] / times["nano-vllm"][-1])
+                    gc.collect()
+                k, v = statistics.median(times["kvbench"]), statistics.median(times["nano-vllm"])
+                rows.append(
+                    {
+                        "block_size": block_size,
+                        "num_seqs": n,
+                        "kvbench_us": round(k, 1),
+                        "nano_vllm_us": round(v, 1),
+                        "ratio": round(k / v, 3),
+                        "ratio_min": round(min(ratios), 3),
+                        "ratio_max": round(max(ratios), 3),
+                    }
+                )
+                print(
+                    f"block {block_size:4d}, N = {n:5d}: kvbench {k:8.1f} us, nano-vllm {v:8.1f} us a step: "
+                    f"{k / v:.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})",
+                    flush=True,
+                )
+    finally:
+        gc.enable()
+        if csv is not None and rows:
+            from kvbench.reporting.results import write_csv
 
-        write_csv(Path(args.csv).expanduser(), rows)
+            write_csv(csv, rows)
     return 0
 
 

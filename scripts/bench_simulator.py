@@ -20,8 +20,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--allocators", default="paged,contiguous,oracle,pow2")
     args = parser.parse_args()
-    print(f"{'allocator':<12}{'wall_s':>8}{'steps':>9}{'mean_batch':>12}{'sched_us/step':>15}{'us/token':>13}")
-    for allocator in args.allocators.split(","):
+    names = args.allocators.split(",")
+    if "" in names or len(set(names)) < len(names):
+        parser.error(f"--allocators {args.allocators!r}: give each allocator once, comma-separated")
+    configs = {}
+    for allocator in names:  # every point checked as bench checks it, before the first one runs
         with initialize_config_module("kvbench.conf", version_base="1.3"):
             cfg = compose(
                 "bench",
@@ -32,8 +35,11 @@ def main() -> None:
                     "progress=false",
                 ],
             )
+        configs[allocator] = checked(cfg)
+    print(f"{'allocator':<12}{'wall_s':>8}{'steps':>9}{'mean_batch':>12}{'sched_us/step':>15}{'us/token':>13}")
+    for allocator, cfg in configs.items():
         start = time.perf_counter()
-        row = run_point(checked(cfg))[0]
+        row = run_point(cfg)[0]
         wall = time.perf_counter() - start
         # a generated token is one sequence's step (mean_batch_size is time-weighted: no count)
         print(

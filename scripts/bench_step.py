@@ -324,8 +324,12 @@ def main() -> None:
     if "main" in groups:
         cases += ["main:main", "main:orca"]
     if "calsim" in groups:
-        if args.profile is None or not args.profile.is_file():
+        if args.profile is None:
             parser.error("--cases calsim needs --profile PROFILE.csv (bench scenario=profile model=small)")
+        if not args.profile.is_file():
+            parser.error(
+                f"--profile {args.profile} is not a file: give a profile.csv (bench scenario=profile model=small)"
+            )
         for n in ("10000", "10"):
             SIM_ARGS[f"cal{n}"] = CALIBRATED_ARGS.format(profile=args.profile.resolve(), n=n)
             cases.append(f"sim:cal{n}")

@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs a side in each A/B (default 5)")
     parser.add_argument("--serve", action="store_true", help="a small serve sweep instead of the hot paths")
     parser.add_argument("--slowdown", type=float, default=0.0, help="make the current side (1 + F) times slower")
-    parser.add_argument("--out", type=Path, help="append the trials to this CSV (new, or one this script wrote)")
+    parser.add_argument("--out", help="append the trials to this CSV (new, or one this script wrote)")
     args = parser.parse_args()
     if args.trials < 1:
         parser.error(f"--trials {args.trials}: give at least 1")
@@ -75,8 +75,8 @@ def main() -> None:
         parser.error(f"--repeats {args.repeats}: the significance test needs at least 2 runs a side")
     if not 0 <= args.slowdown < 100:  # nan fails both
         parser.error(f"--slowdown {args.slowdown}: give a fraction >= 0 (0.25: 1.25 times slower), below 100")
-    if args.out:
-        writable_file(args.out, "--out")
+    if args.out is not None:  # "" too: an unset variable is refused, not taken for the current folder
+        args.out = writable_file(args.out, "--out")
         appendable(args.out)
     rows = []
     for index in range(args.trials):

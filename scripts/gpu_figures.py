@@ -15,7 +15,7 @@ from pathlib import Path
 from script_checks import run_main, writable_folder
 
 from kvbench.errors import ArgumentParser, UserError
-from kvbench.reporting.results import read_csv, write_csv
+from kvbench.reporting.results import path_given, read_csv, write_csv
 
 MEASURED_HBM_BYTES_PER_S = 4.3e12  # H200 device-to-device copy measured here (docs/facts.md)
 GOAL_BANDWIDTH_FRAC, GOAL_PAGING_OVERHEAD = 0.80, 1.10
@@ -39,8 +39,28 @@ def pct(value: float) -> str:
     return f"{value:.1%}" if value == value else "n/a"  # NaN: no roofline (a CPU has no profiled peak)
 
 
-def ok_rows(path: Path) -> list[dict]:
-    return [r for r in read_csv(path).to_dict("records") if r.get("status") == "ok"] if path.is_file() else []
+SWEEPS = {  # each sweep's summary.csv and the columns its figures read
+    "kernel": ("status", "backend", "batch_spec", "dtype"),
+    "flashinfer": ("status", "backend", "batch_spec", "dtype"),
+    "graphs": ("status", "requests", "graph"),
+}
+
+
+def ok_rows(work: Path, sweep: str) -> list[dict]:
+    """The points of `sweep` that ran; a summary.csv without a column the figures read is refused
+    before anything is written."""
+    path = work / sweep / "summary.csv"
+    if not path.exists():
+        return []
+    frame = read_csv(path)
+    missing = [c for c in SWEEPS[sweep] if c not in frame]
+    if missing:
+        raise UserError(f"{path} lacks column(s) {', '.join(missing)}: not a {sweep} sweep's summary.csv")
+    rows = frame[frame["status"] == "ok"].to_dict("records")
+    if sweep == "graphs":
+        if any(num(r, "requests") != num(r, "requests") for r in rows):  # NaN: blank, or not a number
+            raise UserError(f"{path}: a point that ran has no number in its requests column")
+    return rows
 
 
 def kernel_figures(rows: list[dict]) -> list[str]:
@@ -104,9 +124,10 @@ def graph_figures(rows: list[dict]) -> list[str]:
     return lines or ["graphs: no serve point finished"]
 
 
-def main(work: Path, out: Path) -> None:
-    kernel = ok_rows(work / "kernel" / "summary.csv") + ok_rows(work / "flashinfer" / "summary.csv")
-    graphs = ok_rows(work / "graphs" / "summary.csv")
+def main(work: Path, out: str) -> None:
+    kernel = ok_rows(work, "kernel") + ok_rows(work, "flashinfer")
+    graphs = ok_rows(work, "graphs")
+    out = writable_folder(out, "OUT_DIR")  # made once the tables it gets are known good
     if kernel:
         write_csv(out / "kernel.csv", kernel)
     if graphs:
@@ -120,12 +141,17 @@ def main(work: Path, out: Path) -> None:
 
 def cli() -> None:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("work", type=Path, help="gpu_check.sh's work folder (kernel/, flashinfer/, graphs/)")
-    parser.add_argument("out", type=Path, help="the folder to write kernel.csv, graphs.csv and the plot into")
+    parser.add_argument("work", help="gpu_check.sh's work folder (kernel/, flashinfer/, graphs/)")
+    parser.add_argument("out", help="the folder to write kernel.csv, graphs.csv and the plot into")
     args = parser.parse_args()
-    if not args.work.is_dir():
-        raise UserError(f"{args.work} is not a folder: give gpu_check.sh's work folder (kernel/, graphs/ ...)")
-    main(args.work, writable_folder(args.out, "OUT_DIR"))
+    work = path_given(args.work, "WORK_DIR", "gpu_check.sh's work folder")
+    if not work.is_dir():
+        raise UserError(f"{work} is not a folder: give gpu_check.sh's work folder (kernel/, graphs/ ...)")
+    if not any((work / sweep / "summary.csv").is_file() for sweep in SWEEPS):
+        raise UserError(
+            f"{work} holds none of {', '.join(f'{s}/summary.csv' for s in SWEEPS)}: not gpu_check.sh's work folder"
+        )
+    main(work, args.out)
 
 
 if __name__ == "__main__":

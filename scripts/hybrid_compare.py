@@ -146,12 +146,12 @@ def plot(rows: list[dict], path: Path, input_len: int) -> None:
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results/hybrid_compare"))
+    parser.add_argument("--out", default="results/hybrid_compare", help="the folder to write into")
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--input-len", type=int, default=16384)
     parser.add_argument("--output-len", type=int, default=512)
     args = parser.parse_args()
-    writable_folder(args.out, "--out")  # before the runs, not after them
+    args.out = writable_folder(args.out, "--out")  # before the runs, not after them
     rows = run_all(args)
     write_csv(args.out / "hybrid_compare.csv", [{k: r[k] for k in COLUMNS} | r for r in rows])
     table = markdown(rows)

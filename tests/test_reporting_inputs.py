@@ -339,6 +339,7 @@ def test_a_point_whose_metrics_lost_their_row_is_refused_not_dropped(tmp_path):
         ({"request_throughput": "abc"}, "request_throughput is 'abc' in row 1"),
         ({"status": "done"}, "status is 'done' in row 1"),
         ({"allocator": ""}, "row 1 has serving metrics but no allocator"),
+        ({"status": ""}, "row 1 has no status (ok or failed)"),  # a file bench did not write: no blank point
     ],
 )
 def test_a_sweep_s_bad_cell_is_blamed_on_its_point_s_file(tmp_path, bad, said):
@@ -346,6 +347,8 @@ def test_a_sweep_s_bad_cell_is_blamed_on_its_point_s_file(tmp_path, bad, said):
         tmp_path / "s", [row("paged", 2.0, kv_token_util=0.9), {**row("pow2", 1.0, kv_token_util=0.4), **bad}]
     )
     assert f"{whole / 'p1' / 'metrics.csv'}: {said}" in refused(lambda: report.main([str(whole)]))
+    if "request_throughput" not in bad:  # bench-compare names a bad metric by its point and side
+        assert f"{whole / 'p1' / 'metrics.csv'}: {said}" in refused(lambda: compare.main([str(whole), str(whole)]))
 
 
 def test_a_folder_and_its_own_summary_are_not_counted_twice(tmp_path):

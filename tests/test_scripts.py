@@ -27,9 +27,16 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
         ("bench_simulator.py", ["--allocators", "nope"], "unknown allocator 'nope'"),
         ("bench_simulator.py", ["--requests", "0"], "workload.num_requests=0 must be >= 1"),
         ("gpu_figures.py", ["{tmp}/missing", "{tmp}/out"], "is not a folder"),
-        ("gpu_figures.py", ["{tmp}", "{file}"], "OUT_DIR {file} cannot be made a folder"),
         ("gate_trials.py", ["--out", "{table}"], "--out {table} is not a trials CSV"),  # rows would skew
         ("gate_trials.py", ["--trials", "0"], "--trials 0: give at least 1"),
+        ("gate_trials.py", ["--out", ""], "--out is empty"),  # not the current folder
+        ("hybrid_compare.py", ["--out", "", "--requests", "4"], "--out is empty"),
+        ("gpu_figures.py", ["{tmp}", "{tmp}/out"], "holds none of kernel/summary.csv"),
+        ("gpu_figures.py", ["", "{tmp}/out"], "WORK_DIR is empty"),
+        ("bench_simulator.py", ["--allocators", "paged,paged"], "give each allocator once"),
+        ("bench_simulator.py", ["--allocators", "paged,nope"], "unknown allocator 'nope'"),  # before paged runs
+        ("bench_nano.py", ["--nano-vllm", "{tmp}", "--block-size", "16,1"], "every value must be in 2..256"),
+        ("bench_nano.py", ["--nano-vllm", "{tmp}", "--csv", "{tmp}"], "--csv {tmp} is a folder"),
         ("bench_step.py", ["--cases", "nope"], "--cases: unknown nope"),
         ("vllm_conformance.py", ["--json", "{file}/r.json"], "--json {file}/r.json: give a file name"),
         ("bench_nano.py", ["--nano-vllm", "{tmp}"], "--nano-vllm {tmp}: no nanovllm/engine/scheduler.py there"),
@@ -68,6 +75,20 @@ def test_a_script_s_usage_error_is_one_line(script):
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()  # no usage block above it
     assert line.startswith(f"error: {script}: ") and line.endswith(f"(see {script} --help)")
+
+
+def test_gpu_figures_checks_its_tables_before_it_writes(tmp_path):
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "graphs" / "summary.csv").write_text("status,x\nok,1\n")
+    result = run(sys.executable, SCRIPTS / "gpu_figures.py", tmp_path, tmp_path / "afile")
+    assert result.returncode == 2 and "graphs/summary.csv lacks column(s) requests, graph" in result.stderr
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "graphs" / "summary.csv").write_text("status,requests,graph\nok,4,eager\n")
+    result = run(sys.executable, SCRIPTS / "gpu_figures.py", tmp_path, tmp_path / "afile")
+    assert result.returncode == 2 and f"OUT_DIR {tmp_path / 'afile'} cannot be made a folder" in result.stderr
+    result = run(sys.executable, SCRIPTS / "gpu_figures.py", tmp_path, tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert "batch   4 eager" in result.stdout and (tmp_path / "out" / "graphs.csv").is_file()
 
 
 def test_gpu_check_says_its_usage_and_refuses_what_it_does_not_know(tmp_path):

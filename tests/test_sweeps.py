@@ -280,6 +280,21 @@ def test_a_resume_reruns_points_whose_config_changed_or_whose_metrics_are_corrup
     assert sorted(r["status"] for r in summary(tmp_path / "sweep")) == ["ok"] * 4
 
 
+@pytest.mark.parametrize(
+    "stored, why",
+    [
+        ([1], "its fingerprint is not one a run wrote (not a JSON object)"),
+        ({"config_sha256": "a", "input_files": 5}, "changed since it ran: the file at t.csv"),
+    ],
+)
+def test_a_fingerprint_that_is_json_but_not_a_run_s_reruns_its_point(tmp_path, stored, why):
+    from kvbench.sweep import resume
+
+    (tmp_path / "metrics.csv").write_text("scenario,allocator,status,request_throughput\nsimulate,paged,ok,2.0\n")
+    (tmp_path / FINGERPRINT).write_text(json.dumps(stored))
+    assert resume(tmp_path, {"config_sha256": "a", "input_files": {"t.csv": "sha"}}) == (False, why)
+
+
 def test_a_resume_reruns_the_points_of_a_trace_rewritten_in_place(tmp_path, monkeypatch, capsys):
     trace = tmp_path / "t.csv"
     trace.write_text("input_len,output_len\n20,5\n30,6\n25,4\n")

@@ -207,6 +207,20 @@ def non_negative_metrics() -> frozenset:
 
 
 def refuse_nameless_rows(frame: pd.DataFrame, path) -> None:
+    """A point's row that says neither its status nor, for a serving row that ran, its allocator:
+    a sweep folder's metrics.csv that bench did not write (merged, it would be a point of blank
+    identity), or a row plotted under no name and compared as a point missing and a new one."""
+    if "point" in frame and Path(path).is_dir():  # every point bench writes says whether it ran
+        statusless = frame["status"].isna() if "status" in frame else pd.Series(True, index=frame.index)
+        if statusless.any():
+            file, row = row_source(frame, path, int(statusless.to_numpy().argmax()))
+            raise UserError(
+                f"{file}: row {row} has no status ({' or '.join(STATUSES)}): not a point's result as bench writes it"
+            )
+    _refuse_allocatorless_rows(frame, path)
+
+
+def _refuse_allocatorless_rows(frame: pd.DataFrame, path) -> None:
     """A serving row that ran names its allocator: without one, it is no system's point (a report
     would plot it under no name, a comparison would see a point missing and a new one)."""
     if "kv_token_util" not in frame:  # a serving row; a failed point may not have got as far as its allocator
