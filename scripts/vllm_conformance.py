@@ -369,6 +369,8 @@ def kvbench_config(case: Case, preset: str | None, overrides: list):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from kvbench import schema
+    from kvbench.cli import refuse_deleted_keys
     from kvbench.schema.hydra_errors import hydra_line
 
     if preset is not None and preset not in presets():
@@ -393,10 +395,13 @@ def kvbench_config(case: Case, preset: str | None, overrides: list):
                 f"--set {override}: the case sets {CASE_KEYS[key]} for both sides, and an override would change "
                 f"kvbench's alone; define a Case with it (scripts/vllm_conformance.py CASES) instead"
             )
+    refuse_deleted_keys(list(overrides))  # `~engine`: as bench refuses it
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("kvbench.conf", version_base="1.3"):
-            return compose("bench", overrides=base + list(case.overrides) + list(overrides))
+            cfg = compose("bench", overrides=base + list(case.overrides) + list(overrides))
+        schema.settle_whole_numbers(cfg, schema.validate(cfg))  # a --set is checked as bench checks it
+        return cfg
     except (HydraException, OmegaConfBaseException) as err:
         raise UserError(hydra_line(err) or f"bad override: {str(err).strip().splitlines()[0]}") from None
     finally:

@@ -39,6 +39,9 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
         ("bench_nano.py", ["--nano-vllm", "{tmp}", "--csv", "{tmp}"], "--csv {tmp} is a folder"),
         ("bench_step.py", ["--cases", "nope"], "--cases: unknown nope"),
         ("vllm_conformance.py", ["--json", "{file}/r.json"], "--json {file}/r.json: give a file name"),
+        ("vllm_conformance.py", ["--set", "~engine"], "~engine deletes a section every run reads"),  # no vLLM needed
+        ("vllm_conformance.py", ["--set", "engine=5"], "engine=5 must be a section"),
+        ("vllm_conformance.py", ["--set", "workload.rate=-1"], "workload.rate=-1 must be > 0"),
         ("bench_nano.py", ["--nano-vllm", "{tmp}"], "--nano-vllm {tmp}: no nanovllm/engine/scheduler.py there"),
         ("bench_nano.py", ["--nano-vllm", "{tmp}", "--n", "64,0"], "--n 64,0: every value must be >= 1"),
         ("gate_trials.py", ["--slowdown", "nan"], "--slowdown nan: give a fraction >= 0"),  # an A/B started
