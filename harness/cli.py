@@ -808,6 +808,22 @@ def _values(item: str) -> list:
     return list(getattr(value, "list", None) or [value]) if not isinstance(value, list) else [value]
 
 
+def refuse_empty_ranges(overrides: list[str]) -> None:
+    """`-m seed=range(0,0)`: a sweep of no points, refused before Hydra launches it (it would
+    announce 0 jobs and leave a sweep folder behind)."""
+    from hydra.core.override_parser.types import RangeSweep
+
+    for override in _parsed(overrides):
+        value = override.value()
+        if not isinstance(value, RangeSweep) or value.step == 0:  # a step of 0: Hydra's own line says so
+            continue
+        if next(override.sweep_iterator(), None) is None:
+            raise UserError(
+                f"{override.input_line} gives no value (range(start, stop, step) stops before it starts): "
+                f"the sweep would have no points"
+            )
+
+
 def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
     """`hydra.run.dir=''` wrote a run's files into the current folder; a search path that names
     no folder or package was a multi-line warning, then "unknown allocator" for its plugin."""
@@ -1153,6 +1169,7 @@ def main(argv: list[str] | None = None) -> None:
         refuse_null_groups(parsed.overrides)
         refuse_overflowing_numbers(parsed.overrides)
         refuse_unusable_hydra_paths(parsed.overrides)
+        refuse_empty_ranges(parsed.overrides)
         refuse_deleted_keys(parsed.overrides)
         refuse_keys_given_twice(parsed.overrides)  # a sweep's, and a group set through a dict
         if parsed.experimental_rerun is not None:

@@ -631,7 +631,8 @@ RUN_CASES = [
     ),
     (["=alpaca"], "an override has no key (=VALUE): write KEY=VALUE"),  # was "+=alpaca"
     (["-m", "seed=range(0,3,0)", "hydra.sweep.dir=FILES/sweep-c"], "range(start, stop, step) needs a step other"),
-    (["-m", "workload.rate=range(1,1)", "hydra.sweep.dir=FILES/sweep-d"], "the sweep has no points: a value list"),
+    (["-m", "workload.rate=range(1,1)", "hydra.sweep.dir=FILES/sweep-d"], "workload.rate=range(1,1) gives no value"),
+    (["-m", "+allocator=glob(zz*)", "hydra.sweep.dir=FILES/sweep-g"], "the sweep has no points: a value list"),
     # a request whose sequences cannot decode in one step's budget ran until no sequence could run
     (
         [
