@@ -708,6 +708,7 @@ def test_the_first_error_of_a_failed_benchmark_run_is_its_cause_not_a_banner():
     "stats, extra, said",
     [
         ({"median": True, "min": 1e-3}, {}, "has a time that is true or false, not a number of seconds"),
+        ({"median": "abc", "min": 1e-3}, {}, "has a time that is not a number of seconds >= 0"),
         ({"median": 1e-3, "min": 1e-3}, {"calls_per_step": [1, 2]}, "extra_info calls_per_step is [1, 2], not a"),
     ],
 )

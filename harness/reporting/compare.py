@@ -69,9 +69,9 @@ def benchmark_frame(path: Path) -> pd.DataFrame:
             if any(isinstance(run[s], bool) for run in stats for s in BENCHMARK_STATS.values()):  # true reads as 1 s
                 raise ValueError(f"{name!r} has a time that is true or false, not a number of seconds")
             runs = pd.DataFrame(stats)[list(BENCHMARK_STATS.values())]
-            runs = runs.astype(float).set_axis(list(BENCHMARK_STATS), axis=1)
+            runs = runs.apply(pd.to_numeric, errors="coerce").set_axis(list(BENCHMARK_STATS), axis=1)  # "abc": NaN
             if not (np.isfinite(runs.to_numpy()) & (runs.to_numpy() >= 0)).all():
-                raise ValueError(f"{name!r} has a time that is not a number >= 0")
+                raise ValueError(f"{name!r} has a time that is not a number of seconds >= 0")
             # a number, or a text or null where one was meant (refused or missed as a metric cell would be)
             extra = bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {}
             counts = {k: v for k, v in extra.items() if v is None or type(v) in (int, float, str)}
