@@ -623,17 +623,41 @@ def refuse_unreadable_rerun(path: str) -> None:
 
 def refuse_replacing_a_run(cfg: DictConfig) -> None:
     """A single run into a folder that holds an earlier run's metrics.csv would replace its
-    results (Hydra writes its .hydra/ there before the run starts): refused while composing."""
+    results (Hydra writes its .hydra/ there before the run starts): refused while composing. So
+    is a run into a sweep's folder (and a sweep into a run's: refuse_a_sweep_into_a_run):
+    bench-report reads a sweep's points from its subfolders, so the run's row would go unread."""
     try:
         if OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN:
             return
-        run_dir = OmegaConf.select(cfg, "hydra.run.dir")
+        folder = OmegaConf.select(cfg, "hydra.run.dir")
     except OmegaConfBaseException:  # a folder named by what only the job knows (${hydra.job.id})
         return
-    if run_dir and (Path(run_dir) / "metrics.csv").is_file():
+    if not folder:
+        return
+    folder = Path(folder)
+    if (folder / "metrics.csv").is_file():
         raise UserError(
-            f"hydra.run.dir={run_dir} holds an earlier run's metrics.csv, which this run would replace: give "
+            f"hydra.run.dir={folder} holds an earlier run's metrics.csv, which this run would replace: give "
             f"a new folder (or move that one away)"
+        )
+    if (folder / "multirun.yaml").is_file() or any(folder.glob("*/metrics.csv")):
+        raise UserError(
+            f"hydra.run.dir={folder} holds a sweep's points: a run's result would go unread beside them; give "
+            f"a new folder"
+        )
+
+
+def refuse_a_sweep_into_a_run(cfg: DictConfig) -> None:
+    """A sweep into a single run's folder: the sweep's summary reads its points' subfolders, not
+    the run's metrics.csv beside them."""
+    try:
+        folder = OmegaConf.select(cfg, "hydra.sweep.dir")
+    except OmegaConfBaseException:  # a folder named by what only the job knows
+        return
+    if folder and (Path(folder) / "metrics.csv").is_file():
+        raise UserError(
+            f"hydra.sweep.dir={folder} holds a single run's metrics.csv, which the sweep's summary would not "
+            f"read; give a new folder"
         )
 
 
@@ -706,7 +730,10 @@ def composing_once(args):
         swept.update(o.key_or_group for o in parsed if o.is_sweep_override() and "." not in o.key_or_group)
         master.append(True)
         try:
-            return load(self, config_name, overrides, run_mode, *args, **kwargs)
+            cfg = load(self, config_name, overrides, run_mode, *args, **kwargs)
+            if running:  # before Hydra writes the sweep's multirun.yaml into that folder
+                refuse_a_sweep_into_a_run(cfg)
+            return cfg
         finally:
             swept.clear()
             master.clear()

@@ -876,6 +876,9 @@ RUN_CASES = [
     (["--experimental-rerun", "FILES/none.pickle"], "none.pickle: no such file; give a run's .hydra/config.pickle"),
     # replaced an earlier run's metrics.csv and requests.jsonl
     (["hydra.run.dir=FILES/done"], "done holds an earlier run's metrics.csv, which this run would replace"),
+    # a sweep into a run's folder, a run into a sweep's: their rows went unread beside the other's
+    (["-m", "seed=0,1", "hydra.sweep.dir=FILES/done"], "done holds a single run's metrics.csv"),
+    (["hydra.run.dir=FILES/swept"], "swept holds a sweep's points: a run's result would go unread"),
     # replaced an earlier validation's table, and the profile its rows name by sha256
     (
         ["scenario=validate", "model=tiny", "scenario.out_dir=FILES/validated"],
@@ -908,10 +911,13 @@ def test_bench_refuses_with_one_line(args, message, files, tmp_path, monkeypatch
     (files / "junk.pickle").write_text("not a pickle")
     (files / "done").mkdir(exist_ok=True)
     (files / "done" / "metrics.csv").write_text("allocator,status\npaged,ok\n")
+    (files / "swept" / "seed=0").mkdir(parents=True, exist_ok=True)
+    (files / "swept" / "seed=0" / "metrics.csv").write_text("allocator,status\npaged,ok\n")
     (files / "validated").mkdir(exist_ok=True)
     (files / "validated" / "validation.csv").write_text("rate,status\n1,ok\n")
     assert message in refused(lambda: cli.main([*with_files(args, files), *FAST]))
     assert (files / "done" / "metrics.csv").read_text() == "allocator,status\npaged,ok\n"
+    assert sorted(p.name for p in (files / "done").iterdir()) == ["metrics.csv"]  # no multirun.yaml, no .hydra
     assert (files / "validated" / "validation.csv").read_text() == "rate,status\n1,ok\n"
 
 
