@@ -7,7 +7,7 @@ layer and K / V) or recomputing (the re-prefill FLOPs), per preemption, and the 
 normalized latency. With --real, a few block sizes on the real engine (the tiny model on this
 machine), where the measured swap time stands beside the model's.
 
-    python scripts/preemption_sweep.py [--real] [--out preemption.csv]
+    python scripts/preemption_sweep.py [--real] [--out results/preemption.csv]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def point(overrides: list[str]) -> dict:
 def main() -> None:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help="also measure a few block sizes on the real engine")
-    parser.add_argument("--out", default="preemption.csv")
+    parser.add_argument("--out", default="results/preemption.csv", help="the CSV to write (default: %(default)s)")
     args = parser.parse_args()
     out = writable_file(args.out, "--out")  # before the points, not after them
     sweeps = [("simulate", SIMULATED, BLOCK_SIZES)]

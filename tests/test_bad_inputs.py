@@ -173,6 +173,9 @@ COMPOSE_CASES = [
     (["+graph=cuda"], "unknown graph 'cuda'"),
     (["workload.rat=4"], "workload.rat is not a key of workload; did you mean workload.rate?"),
     (["seeed=1"], "seeed is not a key of the config; did you mean seed?"),
+    # a section's key without its section: the list of top-level keys did not say where it lives
+    (["prefix_caching=maybe"], "prefix_caching is not a key of the config; did you mean allocator.prefix_caching?"),
+    (["rate=2"], "did you mean scenario.rate or workload.rate?"),
     (["foo.bar=1"], "foo is not a key of the config (its keys: seed, "),
     (["worklod.rate=1"], "worklod is not a key of the config; did you mean workload?"),
     (["goodput.ttft_ms=-1"], "goodput is not a section of the config; did you mean report.goodput.ttft_ms?"),

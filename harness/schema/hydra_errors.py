@@ -119,6 +119,11 @@ def _unknown_key(full_key: str, add: str = "", chosen: bool = False, missing: st
             f"(+experiment={full_key}) and set its keys, {full_key}.KEY=VALUE"
         )
     if not rest:
+        from kvbench.schema.docs import schema_fields
+
+        owners = [field for field in schema_fields() if field.endswith(f".{full_key}") and field.count(".") == 1]
+        if owners:  # prefix_caching=true: a section's key, given without its section
+            return f"{full_key} is not a key of the config; did you mean {' or '.join(owners)}?"
         return unknown_key(full_key, top_level_keys(), "the config")
     about_experiment = experiment_key_line(full_key)
     if about_experiment:
