@@ -616,10 +616,19 @@ def test_the_comparison_says_what_ran_and_that_another_model_is_compared_by_its_
     """fig14_15 served on the tiny model at its default rate read as the paper's OPT-13B figures,
     'delta +0', with nothing saying what had run."""
     simulated = [ok_row(scenario="simulate", model="opt-13b", hardware="a100-40gb", workload="alpaca", rate="20.0")]
-    assert setup_lines(simulated) == ["kvbench ran: opt-13b on a100-40gb (simulate, alpaca at 20.0 req/s)."]
+    assert setup_lines(simulated) == ["kvbench ran: opt-13b on a100-40gb (simulate): alpaca at 20 req/s."]
+    swept = [  # a rate sweep of two workloads: each workload's rates once, in order (they were 20 entries)
+        ok_row(scenario="simulate", model="opt-13b", hardware="a100-40gb", workload=w, rate=r, allocator=a)
+        for r in ("2", "1", "1.5")
+        for w in ("sharegpt", "alpaca")
+        for a in ("paged", "contiguous")
+    ]
+    assert setup_lines(swept) == [
+        "kvbench ran: opt-13b on a100-40gb (simulate): sharegpt at 1, 1.5, 2 req/s; alpaca at 1, 1.5, 2 req/s."
+    ]
     served = [ok_row(scenario="serve", model="tiny", hardware="a100-40gb", device="cpu", workload="alpaca", rate="inf")]
     ran, caveat = setup_lines(served)
-    assert ran == "kvbench ran: tiny on cpu (serve, alpaca at inf req/s)."
+    assert ran == "kvbench ran: tiny on cpu (serve): alpaca at inf req/s."
     assert caveat.startswith("The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model")
     page = markdown([], "fig14_15", setup=[ran, caveat])
     assert page.index(ran) < page.index(caveat) < page.index("| figure |")

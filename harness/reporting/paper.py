@@ -554,14 +554,18 @@ def report_settings(report) -> dict:
 def setup_lines(rows: list[dict]) -> list[str]:
     """What the compared points ran (scenario, model, the hardware simulated or the device that
     served), and a caveat where it is not the paper's setup: OPT-13B simulated on an A100-40GB."""
-    ran = []
+    ran: dict[str, dict[str, list]] = {}  # setup -> workload -> its rates, in the order they ran
     for r in _ok(rows):
         scenario = r.get("scenario") or "simulate"
         where = r.get("hardware") if scenario == "simulate" else r.get("device") or r.get("hardware")
-        load = f"{r.get('workload') or '?'} at {r.get('rate') or '?'} req/s"
-        ran.append(f"{r.get('model') or '?'} on {where or '?'} ({scenario}, {load})")
-    ran = list(dict.fromkeys(ran))
-    lines = [f"kvbench ran: {', '.join(ran)}."]
+        rates = ran.setdefault(f"{r.get('model') or '?'} on {where or '?'} ({scenario})", {})
+        rates.setdefault(str(r.get("workload") or "?"), []).append(number(r, "rate"))
+
+    def listed(rates: list) -> str:  # 1, 2, 4 req/s: each rate once, in increasing order (inf: at once)
+        return (", ".join(f"{x:g}" for x in sorted({x for x in rates if x == x})) or "?") + " req/s"
+
+    setups = [f"{setup}: " + "; ".join(f"{w} at {listed(r)}" for w, r in loads.items()) for setup, loads in ran.items()]
+    lines = [f"kvbench ran: {'; '.join(setups)}."]
     paper = ("opt-13b", "a100-40gb", "simulate")
     if any((r.get("model"), r.get("hardware"), r.get("scenario") or "simulate") != paper for r in _ok(rows)):
         lines.append(

@@ -25,6 +25,14 @@ def _numbers(rows: list[dict], *columns: str) -> pd.DataFrame:
     return frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") for c in columns})
 
 
+def _setup(frame: pd.DataFrame) -> str:
+    """What the points simulated, for a title: `opt-13b on a100-40gb` (the run's own, not the
+    paper's: an experiment may run another model or GPU)."""
+    models = " / ".join(sorted(frame.get("model", pd.Series(dtype=object)).dropna().astype(str).unique())) or "?"
+    hardware = " / ".join(sorted(frame.get("hardware", pd.Series(dtype=object)).dropna().astype(str).unique())) or "?"
+    return f"{models} on {hardware}"
+
+
 def fig2_breakdown(rows: list[dict], out: Path) -> Path:
     """One bar per system; the rounding part of "external & other" is hatched."""
     # the paper's categories, rounding hatched inside "external fragmentation & other"
@@ -59,7 +67,7 @@ def fig2_breakdown(rows: list[dict], out: Path) -> Path:
     ax.set_xticks(range(len(systems)), [SYSTEMS[a] for a in systems])
     ax.set_ylabel("% of KV cache slots (time-averaged)")
     ax.set_ylim(0, 100)
-    ax.set_title("Where KV memory goes, in the paper's Fig. 2 categories")
+    ax.set_title(f"Where KV memory goes ({_setup(pd.DataFrame(rows))}), in the paper's Fig. 2 categories")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
     fig.text(
         0.01,
@@ -92,7 +100,7 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
         ax.set_yscale("log")
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("normalized latency (s/token)")
-        ax.set_title(f"OPT-13B, {workload}: capacity = rate at the target (dotted)")
+        ax.set_title(f"{_setup(frame)}, {workload}:\ncapacity = rate at the target (dotted)")
     legend_below(fig, axes[0][0])  # one legend under both: inside a panel it sat on vLLM's knee
     return save_figure(fig, out / "fig12_latency.png")
 
@@ -120,7 +128,7 @@ def sharing_savings(points: dict, out: Path) -> Path:
         ax.set_xlabel(knob)
         ax.set_ylabel("% of KV blocks saved by sharing")
         ax.set_ylim(0, 100)
-        ax.set_title(f"OPT-13B, {name}")
+        ax.set_title(f"{_setup(pd.DataFrame([r for rows in points.values() for r in rows]))}, {name}")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, out / "fig14_15_sharing.png")
