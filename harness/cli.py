@@ -518,9 +518,11 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
             rows, status = failed_rows(cfg), "failed"
     env = environment()
     overridden = point_overrides()
+    options = {key: value for key, value in sweep.plugin_options(cfg).items() if key not in overridden}
     for row in rows:
         # an identity column the row has is the value the run read (seed=1e3 ran, and is, seed 1000)
         row.update({key: value for key, value in overridden.items() if key not in IDENTITY or key not in row})
+        row.update({key: value for key, value in options.items() if key not in row})
         row.setdefault("device", "simulated" if cfg.scenario.name == "simulate" else "cpu")  # a failed point's
         row.update(status=status, reason=reason, **env)
     drawing = not multirun and cfg.plots is True

@@ -65,14 +65,9 @@ def fingerprint(cfg: DictConfig, not_measured=()) -> dict:
     return found
 
 
-def plugin_sources(resolved: dict) -> dict[str, str]:
-    """kind -> `module sha256` of the file that defines the point's allocator, backend or graph
-    mode, for each one a package other than kvbench contributes: a plugin edited, or upgraded in
-    place, between two runs is run again rather than its old row kept. kvbench's own plugins are
-    named by its git sha (and a dirty checkout's changes) already. A name the registry does not
-    know is left to the run to refuse."""
-    import inspect
-
+def outside_plugins(resolved: dict) -> dict:
+    """kind -> class of the point's allocator, backend or graph mode, for each one a package
+    other than kvbench contributes. A name the registry does not know is left to the run to refuse."""
     from kvbench.registry import KINDS, default_registry
 
     found = {}
@@ -82,10 +77,25 @@ def plugin_sources(resolved: dict) -> dict[str, str]:
             continue
         try:
             cls = default_registry().classes(kind).get(name)
-            path = inspect.getsourcefile(cls) if cls is not None else None
-        except (UserError, TypeError):
+        except UserError:
             continue
-        if cls is None or cls.__module__.split(".")[0] == "kvbench":
+        if cls is not None and cls.__module__.split(".")[0] != "kvbench":
+            found[kind] = cls
+    return found
+
+
+def plugin_sources(resolved: dict) -> dict[str, str]:
+    """kind -> `module sha256` of the file that defines each outside plugin the point runs
+    (outside_plugins): a plugin edited, or upgraded in place, between two runs is run again
+    rather than its old row kept. kvbench's own plugins are named by its git sha (and a dirty
+    checkout's changes) already."""
+    import inspect
+
+    found = {}
+    for kind, cls in outside_plugins(resolved).items():
+        try:
+            path = inspect.getsourcefile(cls)
+        except TypeError:  # a class with no source file (built in C, or made at run time)
             continue
         try:
             digest = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else "no source file"
@@ -93,6 +103,25 @@ def plugin_sources(resolved: dict) -> dict[str, str]:
             digest = "unreadable"
         found[kind] = f"{cls.__module__} {digest}"
     return found
+
+
+def plugin_options(cfg: DictConfig) -> dict:
+    """`kind.key` -> value of every option of each outside plugin the point runs (its package's
+    YAML, as resolved), so that its row says how the plugin was set even where the command line
+    did not: two runs of a plugin whose YAML changed are two points, not one that regressed.
+    kvbench's own plugins' defaults are named by its version; a key set on the command line is
+    a column already."""
+    resolved = {
+        kind: OmegaConf.to_container(cfg[kind], resolve=True)
+        for kind in ("allocator", "backend", "graph")
+        if isinstance(cfg.get(kind), DictConfig)
+    }
+    return {
+        f"{kind}.{key}": value
+        for kind in outside_plugins(resolved)
+        for key, value in resolved[kind].items()
+        if key not in ("name", "block_size") and (value is None or isinstance(value, (bool, int, float, str)))
+    }
 
 
 # the config keys that name a file whose contents shape a point's result (its config names only

@@ -328,7 +328,14 @@ def test_the_readme_plugin_example_works_as_written(tmp_path):
     result = bench(tmp_path, *command[1:], "workload.num_requests=10", "hydra.run.dir=run", env=env)
     assert result.returncode == 0, result.stderr
     (row,) = csv.DictReader((tmp_path / "run" / "metrics.csv").open())
-    assert row["allocator"] == "mine" and row["status"] == "ok"
+    assert row["allocator"] == "mine" and row["status"] == "ok" and row["allocator.spare_blocks"] == "4"
+    yaml_set = [arg for arg in command[1:] if not arg.startswith("allocator.spare_blocks=")]
+    result = bench(tmp_path, *yaml_set, "workload.num_requests=10", "hydra.run.dir=yaml", env=env)
+    (row,) = csv.DictReader((tmp_path / "yaml" / "metrics.csv").open())
+    assert row["allocator.spare_blocks"] == "2"  # its YAML's value is a column too, not left unsaid
+
+    result = bench(tmp_path, *yaml_set, "allocator.spare_blocks=65", "workload.num_requests=10", env=env)
+    assert result.returncode == 2 and "spare_blocks" in result.stderr and "64" in result.stderr
 
     result = bench(tmp_path, *command[1:], "+allocator.spares=1", "workload.num_requests=10", env=env)
     assert result.returncode == 2

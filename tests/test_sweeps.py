@@ -350,7 +350,10 @@ def test_a_resume_reruns_the_points_of_a_third_party_plugin_edited_in_place(tmp_
         assert "skipped " not in log
     finally:
         default_registry().unregister(module)
-    assert sorted(r["allocator"] for r in summary(tmp_path / "sweep")) == ["third_party_oracle"] * 2
+    rows = summary(tmp_path / "sweep")
+    assert sorted(r["allocator"] for r in rows) == ["third_party_oracle"] * 2
+    # its options as its YAML set them are columns: a YAML changed between two sweeps makes other points
+    assert {r["allocator.placement"] for r in rows} == {"buddy"}
 
 
 def test_a_sweep_into_a_folder_holding_another_sweep_s_points_is_refused_before_its_first(

@@ -171,9 +171,10 @@ def _third_party_plugin_key(key: str, cause) -> str | None:
     if group not in groups.PLUGINS or not isinstance(name, str) or name in groups.PLUGINS[group] or "." in option:
         return None
     keys = [str(k) for k in node]
+    near = closest(option, keys)  # a typo's likely key first: adding the typo with + is the other way
     return (
-        f"{key} is not a key of {group}={name}'s config (its keys: {', '.join(keys)}; an option its constructor "
-        f"takes beyond them is added with +{key}=VALUE){closest(option, keys)}"
+        f"{key} is not a key of {group}={name}'s config{near} (its keys: {', '.join(keys)}; an option its "
+        f"constructor takes beyond them is added with +{key}=VALUE)"
     )
 
 
