@@ -68,6 +68,15 @@ def test_a_rate_sweep_without_a_knee_says_so_instead_of_inventing_one(points, me
         capacities(curve("paged", points), slo=0.5)
 
 
+def test_a_knee_hidden_by_a_failed_point_says_to_rerun_it_not_to_add_rates():
+    """The lowest rate was swept and failed: "add lower rates" sent the user to run it again by another name."""
+    failed = {"status": "failed", "workload": "sharegpt", "allocator": "paged", "rate": "0.5"}
+    with pytest.raises(UserError, match="already at the lowest rate .* its points at 0.5 req/s failed"):
+        capacities([*curve("paged", {1.0: 0.9, 2.0: 5.0}), failed], slo=0.5)
+    with pytest.raises(UserError, match="or more requests a point"):  # a short run may never queue
+        capacities(curve("paged", {1.0: 0.04, 2.0: 0.3}), slo=0.5)
+
+
 def test_a_baseline_that_is_not_in_the_sweep_names_the_systems_that_are():
     found = capacities(curve("paged", {1.0: 0.04, 2.0: 5.0}), slo=0.5)
     with pytest.raises(UserError, match="report.baseline='oracle' .* known: paged"):

@@ -751,3 +751,19 @@ def test_a_sweep_over_goodput_slos_shows_each_point_s_goodput():
     assert lines[1].split()[-2:] == ["goodput", "req/s"]
     assert [line.split()[-1] for line in lines[2:4]] == ["0.875", "1.156"]
     assert "goodput" not in sweep_table(pd.DataFrame(rows).drop(columns="request_goodput"))
+
+
+def test_a_served_sweep_without_rates_is_told_to_sweep_the_rate_serve_reads():
+    """It said "sweep workload.rate", which scenario=serve refuses (its rate is scenario.rate)."""
+    import pandas as pd
+
+    from kvbench.reporting.winners import capacity
+
+    rows = [
+        {"scenario": "serve", "allocator": a, "rate": "inf", "status": "ok", "normalized_latency_s_per_tok": 0.1}
+        for a in ("contiguous", "paged")
+    ]
+    found, why = capacity(pd.DataFrame(rows), 0.5, "contiguous")
+    assert found.empty and "sweep scenario.rate (e.g. scenario.rate=1,2,4,8)" in why[0]
+    simulated = pd.DataFrame([{**row, "scenario": "simulate"} for row in rows])
+    assert "sweep workload.rate" in capacity(simulated, 0.5, "contiguous")[1][0]

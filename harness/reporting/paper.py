@@ -265,29 +265,35 @@ def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> di
         latency = [float(np.mean(by_rate[rate])) for rate in rates]
         where = f"{allocator} on {workload} (rates {', '.join(f'{x:g}' for x in rates)})"
         above = next((i for i, v in enumerate(latency) if v > slo), None)
+        failed = sorted(
+            {
+                number(r, "rate")
+                for r in rows
+                if r.get("status", "ok") != "ok" and (r.get("workload"), r.get("allocator")) == (workload, allocator)
+            }
+        )
         reason = None
         if len(rates) < 2:
             reason = f"report: {where} has fewer than 2 rates: a rate sweep is needed to find its knee"
         elif latency[0] > slo:
+            lower = [x for x in failed if x < rates[0]]
+            fix = (
+                f"its points at {', '.join(f'{x:g}' for x in lower)} req/s failed (summary.csv says why): rerun them"
+                if lower
+                else "add lower rates (workload.rate; fig12.rates under +experiment=fig12)"
+            )
             reason = (
                 f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
-                f"rate ({latency[0]:.3g} s/token): add lower rates (workload.rate; fig12.rates under +experiment=fig12)"
+                f"rate ({latency[0]:.3g} s/token): {fix}"
             )
         elif above is None:
-            failed = sorted(
-                {
-                    number(r, "rate")
-                    for r in rows
-                    if r.get("status", "ok") != "ok"
-                    and (r.get("workload"), r.get("allocator")) == (workload, allocator)
-                    and number(r, "rate") > rates[-1]
-                }
-            )
+            higher = [x for x in failed if x > rates[-1]]
             fix = (
-                f"its points at {', '.join(f'{x:g}' for x in failed)} req/s failed (summary.csv says why): rerun them"
-                if failed
+                f"its points at {', '.join(f'{x:g}' for x in higher)} req/s failed (summary.csv says why): rerun them"
+                if higher
                 else "the sweep is too short to find its knee; add higher rates (workload.rate; fig12.rates under "
-                "+experiment=fig12)"
+                "+experiment=fig12), or more requests a point (workload.num_requests): a run too short to build a "
+                "queue stays under the target at any rate"
             )
             reason = (
                 f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "

@@ -145,10 +145,10 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
             if several_finite  # each workload at its own rate (fig13)
             else f"the points were not taken at several finite request rates (rate: {listed})"
         )
-        return pd.DataFrame(), [
-            f"{taken}; sweep workload.rate (e.g. workload.rate=1,2,4,8) to find where each system crosses "
-            f"{slo:g} s/token"
-        ]
+        served = "scenario" in frame and not frame.empty and frame["scenario"].astype(str).eq("serve").all()
+        key = "scenario.rate" if served else "workload.rate"  # a served run's rate is its scenario's
+        crossing = f"to find where each system crosses {slo:g} s/token"
+        return pd.DataFrame(), [f"{taken}; sweep {key} (e.g. {key}=1,2,4,8) {crossing}"]
     ok = ok[np.isfinite(pd.to_numeric(ok["rate"], errors="coerce"))]  # rate=inf is on no curve
     keys = [k for k in curves if k != "allocator"]  # the curves the plots draw; a system's each
     found, unplaced = [], []
