@@ -717,6 +717,7 @@ def composing_once(args):
         return config if config is not None else compose(self, master_config, sweep_overrides)
 
     load, apply = ConfigLoaderImpl.load_configuration, ConfigLoaderImpl._apply_overrides_to_config
+    getting_mode: list = []  # not empty while Hydra's get_mode composes, only to read hydra.mode
     swept: set[str] = set()  # while a sweep's master config composes: the groups its points choose
     master: list = []  # not empty while a sweep's master config composes
 
@@ -733,7 +734,7 @@ def composing_once(args):
         master.append(True)
         try:
             cfg = load(self, config_name, overrides, run_mode, *args, **kwargs)
-            if running:  # before Hydra writes the sweep's multirun.yaml into that folder
+            if running and not getting_mode:  # before Hydra writes the sweep's multirun.yaml there
                 refuse_a_sweep_into_a_run(cfg)
             return cfg
         finally:
@@ -788,6 +789,17 @@ def composing_once(args):
     ]
     if mode_is_the_command_lines(args):  # None: RUN, or MULTIRUN with -m (Hydra's _run_app)
         patches.append((Hydra, "get_mode", lambda self, config_name, overrides: None))
+    else:  # an experiment's mode: get_mode composes to read it, and takes any error for "not MULTIRUN"
+        get_mode = Hydra.get_mode
+
+        def reading_the_mode(self, *args, **kwargs):
+            getting_mode.append(True)  # the checks wait for the composition that runs
+            try:
+                return get_mode(self, *args, **kwargs)
+            finally:
+                getting_mode.pop()
+
+        patches.append((Hydra, "get_mode", reading_the_mode))
     originals = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]  # a staticmethod as it is
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)

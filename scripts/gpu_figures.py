@@ -147,10 +147,8 @@ def cli() -> None:
     work = path_given(args.work, "WORK_DIR", "gpu_check.sh's work folder")
     if not work.is_dir():
         raise UserError(f"{work} is not a folder: give gpu_check.sh's work folder (kernel/, graphs/ ...)")
-    if not any((work / sweep / "summary.csv").is_file() for sweep in SWEEPS):
-        raise UserError(
-            f"{work} holds none of {', '.join(f'{s}/summary.csv' for s in SWEEPS)}: not gpu_check.sh's work folder"
-        )
+    if not any((work / sweep).is_dir() for sweep in SWEEPS):  # a sweep that finished nothing has no summary.csv
+        raise UserError(f"{work} holds none of {', '.join(f'{s}/' for s in SWEEPS)}: not gpu_check.sh's work folder")
     main(work, args.out)
 
 

@@ -881,6 +881,8 @@ RUN_CASES = [
     (["hydra.run.dir=FILES/done"], "done holds an earlier run's metrics.csv, which this run would replace"),
     # a sweep into a run's folder, a run into a sweep's: their rows went unread beside the other's
     (["-m", "seed=0,1", "hydra.sweep.dir=FILES/done"], "done holds a single run's metrics.csv"),
+    # an experiment sweeps by its own hydra.mode: Hydra's reading of it hid the line behind another
+    (["+experiment=fig13", "hydra.sweep.dir=FILES/done"], "done holds a single run's metrics.csv"),
     (["hydra.run.dir=FILES/swept"], "swept holds a sweep's points: a run's result would go unread"),
     # replaced an earlier validation's table, and the profile its rows name by sha256
     (

@@ -641,3 +641,15 @@ def test_the_comparison_says_what_ran_and_that_another_model_is_compared_by_its_
     assert caveat.startswith("The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model")
     page = markdown([], "fig14_15", setup=[ran, caveat])
     assert page.index(ran) < page.index(caveat) < page.index("| figure |")
+
+
+def test_a_paper_figure_s_title_names_the_device_a_served_point_ran_on():
+    """A served fig14_15 on the tiny model was titled "tiny on a100-40gb": the profile its preemption costs read."""
+    import pandas as pd
+
+    from kvbench.reporting.paper_plots import _setup
+
+    served = {"scenario": "serve", "model": "tiny", "hardware": "a100-40gb", "device": "cpu"}
+    assert _setup(pd.DataFrame([served])) == "tiny on cpu"
+    simulated = {"scenario": "simulate", "model": "opt-13b", "hardware": "a100-40gb", "device": "simulated"}
+    assert _setup(pd.DataFrame([simulated])) == "opt-13b on a100-40gb"

@@ -351,6 +351,13 @@ def test_a_sweep_s_bad_cell_is_blamed_on_its_point_s_file(tmp_path, bad, said):
         assert f"{whole / 'p1' / 'metrics.csv'}: {said}" in refused(lambda: compare.main([str(whole), str(whole)]))
 
 
+def test_a_bad_cell_of_a_folder_with_only_a_summary_names_no_file_that_is_not_there(tmp_path):
+    (tmp_path / "so").mkdir()
+    write_csv(tmp_path / "so" / "summary.csv", [{**row("paged", "abc"), "point": "+allocator=paged"}])
+    message = refused(lambda: report.main([str(tmp_path / "so"), "--out", str(tmp_path / "out")]))
+    assert "request_throughput is 'abc' in row 1" in message and "+allocator=paged/metrics.csv" not in message
+
+
 def test_a_folder_and_its_own_summary_are_not_counted_twice(tmp_path):
     whole = sweep(tmp_path / "s", [row("paged", 2.0), row("pow2", 1.0)])
     assert run_report(whole).returncode == 0

@@ -31,7 +31,7 @@ def run(*command, stdin: str | None = None, cwd=None) -> subprocess.CompletedPro
         ("gate_trials.py", ["--trials", "0"], "--trials 0: give at least 1"),
         ("gate_trials.py", ["--out", ""], "--out is empty"),  # not the current folder
         ("hybrid_compare.py", ["--out", "", "--requests", "4"], "--out is empty"),
-        ("gpu_figures.py", ["{tmp}", "{tmp}/out"], "holds none of kernel/summary.csv"),
+        ("gpu_figures.py", ["{tmp}", "{tmp}/out"], "holds none of kernel/, flashinfer/, graphs/"),
         ("gpu_figures.py", ["", "{tmp}/out"], "WORK_DIR is empty"),
         ("bench_simulator.py", ["--allocators", "paged,paged"], "give each allocator once"),
         ("bench_simulator.py", ["--allocators", "paged,nope"], "unknown allocator 'nope'"),  # before paged runs
@@ -78,6 +78,14 @@ def test_a_script_s_usage_error_is_one_line(script):
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()  # no usage block above it
     assert line.startswith(f"error: {script}: ") and line.endswith(f"(see {script} --help)")
+
+
+def test_gpu_figures_says_what_did_not_finish_when_no_sweep_did(tmp_path):
+    for sweep in ("kernel", "graphs"):  # gpu_check.sh made them; no point finished
+        (tmp_path / sweep).mkdir()
+    result = run(sys.executable, SCRIPTS / "gpu_figures.py", tmp_path, tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert "no triton_paged point finished" in result.stdout and "no serve point finished" in result.stdout
 
 
 def test_gpu_figures_checks_its_tables_before_it_writes(tmp_path):

@@ -26,11 +26,16 @@ def _numbers(rows: list[dict], *columns: str) -> pd.DataFrame:
 
 
 def _setup(frame: pd.DataFrame) -> str:
-    """What the points simulated, for a title: `opt-13b on a100-40gb` (the run's own, not the
-    paper's: an experiment may run another model or GPU)."""
-    models = " / ".join(sorted(frame.get("model", pd.Series(dtype=object)).dropna().astype(str).unique())) or "?"
-    hardware = " / ".join(sorted(frame.get("hardware", pd.Series(dtype=object)).dropna().astype(str).unique())) or "?"
-    return f"{models} on {hardware}"
+    """What the points ran, for a title: `opt-13b on a100-40gb` (the run's own, not the paper's:
+    an experiment may run another model or GPU); a served point names the device it ran on, as
+    paper.setup_lines does."""
+    text = lambda value: "" if value is None or value != value else str(value)  # noqa: E731 (NaN: blank)
+    models, places = set(), set()
+    for row in frame.to_dict("records"):
+        models.add(text(row.get("model")))
+        served = text(row.get("scenario")) not in ("", "simulate")
+        places.add(text(row.get("device")) if served and text(row.get("device")) else text(row.get("hardware")))
+    return f"{' / '.join(sorted(models - {''})) or '?'} on {' / '.join(sorted(places - {''})) or '?'}"
 
 
 def fig2_breakdown(rows: list[dict], out: Path) -> Path:

@@ -26,6 +26,7 @@ from kvbench.reporting.figures import (
     subplots,
 )
 from kvbench.reporting.results import (
+    ALLOCATOR_ORDER,
     in_paper_order,
     ok_rows,
     point_labels,
@@ -59,10 +60,23 @@ def _series(frame: pd.DataFrame, keys: list[str]):
         yield point_labels(frame.iloc[:1], []).iloc[0], _color(frame), "-", frame
         return
     others = [k for k in keys if k != "allocator"]
-    styles = {}
+    styles, curves = {}, []
     for _, rows in frame.groupby(keys, sort=False, dropna=False):
-        style = styles.setdefault(tuple(rows[others].iloc[0].astype(str)), LINE_STYLES[len(styles) % len(LINE_STYLES)])
-        yield point_labels(rows.iloc[:1], keys).iloc[0], _color(rows), style, rows
+        setting = tuple(rows[others].iloc[0].astype(str))
+        styles.setdefault(setting, LINE_STYLES[len(styles) % len(LINE_STYLES)])
+        curves.append((setting, rows["allocator"].iloc[0] if "allocator" in rows else None, rows))
+    # each setting's systems in the paper's order, whichever point came first (a failed one is not here)
+    rank = {system: i for i, system in enumerate(_systems(frame))}
+    settings = list(styles)
+    for setting, _, rows in sorted(curves, key=lambda c: (settings.index(c[0]), rank.get(c[1], 0))):
+        yield point_labels(rows.iloc[:1], keys).iloc[0], _color(rows), styles[setting], rows
+
+
+def _systems(frame: pd.DataFrame) -> list:
+    """The frame's systems in the paper's order, any other after them as they come."""
+    rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
+    names = list(dict.fromkeys(frame["allocator"])) if "allocator" in frame else []
+    return sorted(names, key=lambda name: rank.get(name, len(rank)))
 
 
 def _color(rows: pd.DataFrame):
@@ -76,7 +90,7 @@ def bar_table(frame: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str]
     group = frame.groupby(keys, sort=False, dropna=False).ngroup() if keys else pd.Series(0, index=frame.index)
     names = point_labels(frame, keys).groupby(group).first().tolist() if keys else [""]
     bars = pd.DataFrame({"group": group, "system": frame["allocator"], metric: frame[metric]})
-    return bars.pivot(index="group", columns="system", values=metric)[list(dict.fromkeys(frame["allocator"]))], names
+    return bars.pivot(index="group", columns="system", values=metric)[_systems(frame)], names
 
 
 def _draw_bars(ax, frame: pd.DataFrame, metric: str, lying: bool = False) -> None:

@@ -248,9 +248,10 @@ def check_statuses(frame: pd.DataFrame, path) -> None:
 def row_source(frame: pd.DataFrame, path, index: int) -> tuple[str, int]:
     """(the file, the row in it) that the frame's row `index` was read from: in a sweep folder,
     its point's metrics.csv (collect's `point` column), which is where a user mends it."""
-    if "point" in frame and Path(path).is_dir():
-        points = frame["point"].astype(str).to_numpy()
-        return str(Path(path) / points[index] / "metrics.csv"), int(index - (points == points[index]).argmax() + 1)
+    points = frame["point"].astype(str).to_numpy() if "point" in frame else None
+    source = Path(path) / points[index] / "metrics.csv" if points is not None else None
+    if source is not None and source.is_file():  # not a folder of a summary.csv alone
+        return str(source), int(index - (points == points[index]).argmax() + 1)
     return str(path), index + 1
 
 
