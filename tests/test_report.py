@@ -767,3 +767,21 @@ def test_a_served_sweep_without_rates_is_told_to_sweep_the_rate_serve_reads():
     assert found.empty and "sweep scenario.rate (e.g. scenario.rate=1,2,4,8)" in why[0]
     simulated = pd.DataFrame([{**row, "scenario": "simulate"} for row in rows])
     assert "sweep workload.rate" in capacity(simulated, 0.5, "contiguous")[1][0]
+
+
+def test_plots_keep_the_paper_s_order_when_the_baseline_s_first_point_failed():
+    """contiguous failed at the lowest rate, so paged's row came first: its bars, curves and legend went left."""
+    import pandas as pd
+
+    from kvbench.reporting.plots import _series, bar_table
+
+    rows = [
+        {"allocator": a, "rate": r, "kv_token_util": 0.5, "normalized_latency_s_per_tok": 0.1}
+        for r in (0.5, 1.0, 2.0)
+        for a in ("contiguous", "paged")
+        if (a, r) != ("contiguous", 0.5)
+    ]
+    frame = pd.DataFrame(rows)
+    assert [rows["allocator"].iloc[0] for *_, rows in _series(frame, ["allocator"])] == ["contiguous", "paged"]
+    values, _ = bar_table(frame, "kv_token_util")
+    assert list(values.columns) == ["contiguous", "paged"]
