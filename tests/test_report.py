@@ -785,3 +785,10 @@ def test_plots_keep_the_paper_s_order_when_the_baseline_s_first_point_failed():
     assert [rows["allocator"].iloc[0] for *_, rows in _series(frame, ["allocator"])] == ["contiguous", "paged"]
     values, _ = bar_table(frame, "kv_token_util")
     assert list(values.columns) == ["contiguous", "paged"]
+
+
+def test_a_near_tie_s_ratio_shows_the_digits_that_tell_it_from_one():
+    """paged 0.022665 vs contiguous 0.022706 s/token read "1.00× lower" beside exact ties that read "shares the win"."""
+    from kvbench.reporting.winners import times
+
+    assert [times(x) for x in (1.0, 0.022706 / 0.022665, 0.9996, 2.5)] == ["1.00", "1.002", "0.9996", "2.50"]

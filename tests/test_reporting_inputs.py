@@ -763,3 +763,21 @@ def test_a_simulated_number_that_went_blank_is_listed_and_host_time_and_commit_a
     assert result.returncode == 0, result.stdout + result.stderr
     assert "  not judged by the policy, changed: steps 2340 -> (blank)" in result.stdout
     assert "schedule_us_per_step" not in result.stdout.split("changed:")[1] and "git_sha" not in result.stdout
+
+
+def test_a_report_of_points_that_all_failed_says_why_it_has_no_plots(tmp_path):
+    failed = {"status": "failed", "reason": "out of memory", "request_throughput": None}
+    whole = sweep(tmp_path / "s", [{**row("paged", None), **failed}, {**row("pow2", None), **failed}])
+    run_report(whole, "--out", tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Plots</h2>\n<p>No point ran, so there is nothing to plot.</p>" in page
+
+
+def test_a_report_of_two_sweeps_says_which_code_each_ran(tmp_path):
+    first = sweep(tmp_path / "a", [row("paged", 2.0, git_sha="aaaa"), row("pow2", 1.0, git_sha="aaaa")])
+    second = sweep(tmp_path / "b", [row("paged", 2.1, git_sha="bbbb"), row("pow2", 1.0, git_sha="bbbb")])
+    assert run_report(first, second, "--out", tmp_path / "out").returncode == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    environment = page.split("<h2>Environment</h2>")[1].split("</table>")[0]
+    assert ">sweep<" in environment and "aaaa" in environment and "bbbb" in environment
+    assert "These points ran different code (git_sha)" in page

@@ -218,7 +218,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
     import pandas as pd  # a single run's summary needs neither pandas nor the capacity code
 
     from kvbench.reporting.paper import capacity_note
-    from kvbench.reporting.winners import METRIC, capacity
+    from kvbench.reporting.winners import METRIC, capacity, times
 
     if "metric" in frame and "scenario" in frame and (frame["scenario"] == "validate").all():  # a line a metric
         return validation_table(ok_rows(frame), points=True)
@@ -243,7 +243,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
         for row in found.itertuples():
             ratio = getattr(row, "ratio_to_baseline", float("nan"))
             name = ", ".join(filter(None, [row.setting, row.allocator]))
-            against = f"  {ratio:.2f}x {baseline}" if ratio == ratio else ""
+            against = f"  {times(ratio)}x {baseline}" if ratio == ratio else ""
             note = capacity_note(row)
             lines.append(f"{name:<32}{row.capacity_req_s:>8.3g}  (between {row.between_req_s}{note}){against}")
         lines += [f"none: {line}" for line in unplaced]

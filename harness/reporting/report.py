@@ -43,6 +43,7 @@ from kvbench.reporting.winners import (
     METRIC,
     capacity,
     ranked,
+    times,
     verdict_settings,
     winners,
 )
@@ -526,7 +527,7 @@ def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str
     ]
     for row in found.itertuples():
         ratio = getattr(row, "ratio_to_baseline", float("nan"))
-        of = f", {ratio:.2f}× {html.escape(baseline)}'s" if ratio == ratio else ""
+        of = f", {times(ratio)}× {html.escape(baseline)}'s" if ratio == ratio else ""
         parts.append(
             f"<li><b>{html.escape(', '.join(filter(None, [row.setting, row.allocator])))}</b>: "
             f"{row.capacity_req_s:.3g} req/s{of} <small>(between the swept {row.between_req_s} req/s"
@@ -577,9 +578,9 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
             elif row.baseline in row.winner.split(" = "):
                 margin = f"the baseline, {name}, {'wins' if row.winner == row.baseline else 'shares the win'} here"
             else:
-                margin = f"{row.latency_vs_baseline:.2f}× lower normalized latency than {name}"
+                margin = f"{times(row.latency_vs_baseline)}× lower normalized latency than {name}"
                 if row.throughput_vs_baseline == row.throughput_vs_baseline:  # a blank cell: no ratio to give
-                    margin += f", {row.throughput_vs_baseline:.2f}× its request throughput"
+                    margin += f", {times(row.throughput_vs_baseline)}× its request throughput"
                 if row.baseline != baseline:
                     margin += f" ({html.escape(baseline)} is not in this sweep)"
                 span, wait = row.arrival_span_s, row.baseline_wait_s
@@ -649,8 +650,17 @@ def render_html(
         "<h2>Plots</h2>",
         *(_image(p) for p in plots),
     ]
+    if not plots:  # a heading over nothing read as a page that failed to load its images
+        parts.append("<p>No point ran, so there is nothing to plot.</p>" if ok.empty else "<p>No plots drawn.</p>")
     if env:
-        parts += ["<h2>Environment</h2>", _table(frame[env].drop_duplicates(), env)]
+        merged = "sweep" in frame and frame["sweep"].nunique() > 1  # which sweep ran where, and on what code
+        shown = ["sweep", *env] if merged else env
+        parts += ["<h2>Environment</h2>", _table(frame[shown].drop_duplicates(), shown)]
+        if "git_sha" in frame and frame["git_sha"].dropna().nunique() > 1:
+            parts.append(
+                "<p class='note'>These points ran different code (git_sha): a difference between them may be "
+                "the code's, not the settings'.</p>"
+            )
     every = list(dict.fromkeys(["point", *named.columns]))
     parts += ["<details><summary>Every column</summary>", _table(named, every, failed), "</details>", "</body></html>"]
     return "\n".join(parts)

@@ -27,6 +27,16 @@ DEFAULT_SLO = 0.5  # conf/bench.yaml's report.slo_s_per_token
 TIE = 1e-3  # systems within 0.1 % of the best share the win (an unloaded server serves all alike)
 
 
+def times(ratio: float) -> str:
+    """A ratio with the digits that tell it from 1: 1.002, not 1.00 (a near-tie is not a tie,
+    and reads as one at two decimals)."""
+    for digits in (2, 3, 4):
+        text = f"{ratio:.{digits}f}"
+        if ratio == 1 or float(text) != 1:
+            break
+    return text
+
+
 def configured(sweep_dir: Path) -> tuple[str, bool, float]:
     """The sweep's `report.baseline`, whether its command line set it, and its
     `report.slo_s_per_token` (from multirun.yaml)."""
