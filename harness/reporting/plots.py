@@ -162,7 +162,8 @@ def throughput_latency(frame: pd.DataFrame, curves=AUTO):
     cols = -(-len(panels) // rows)
     # names that would not fit under their bars even at 5 pt (rotated, they overlapped): the bars
     # lie on their side, the names to the left of the left column's panels
-    lying = not x and names != [""] and _name_size(names, 0.8 * MAX_WIDTH_IN / cols) < 5
+    # (a panel's width as matplotlib lays out `cols` of them: 77.5 % of the figure, gaps of 0.2 panel)
+    lying = not x and names != [""] and _name_size(names, 0.775 * MAX_WIDTH_IN / (cols + 0.2 * (cols - 1))) < 5
     if lying:
         height = 0.12 * len(names) * (1 + frame["allocator"].nunique()) + 1.2
         fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, height * rows + 0.8), squeeze=False, sharey=True)
