@@ -213,7 +213,8 @@ def latency_vs_rate(frame: pd.DataFrame, curves=AUTO, slo: float | None = None):
     ax.set_yscale("log")
     ax.set_title(f"Normalized latency against request rate\n{context_title(frame)}", fontsize=11)
     # beside the axes: within them, a legend of many curves sat on the knees they are drawn for
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    # handles long enough to show a curve's line style (seeds, block sizes) around its marker
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, handlelength=4)
     return fig
 
 
