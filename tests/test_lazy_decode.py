@@ -11,7 +11,7 @@ chunked prefill, swap and recompute, and pools small enough to preempt.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from kvbench.core.engine import Engine
@@ -130,6 +130,17 @@ def test_long_decodes_in_a_tight_pool_preempt_as_the_eager_loop(
     num_slots=st.integers(300, 2000),
     max_num_seqs=st.integers(4, 48),
     budget=st.integers(4, 48),
+)
+@example(  # steady decodes over the budget began a quiet stretch: 5 tokens ran in a step of 4
+    shapes=[(0.0, 2, 1, (1, 1), 0)] * 12
+    + [(0.25, 2, 1, (1, 1), 0)] * 5
+    + [(0.1875, 2, 27, (1, 1), 0), (0.1875, 9, 2, (2, 1), 0), (0.1796875, 150, 25, (2, 1), 0)],
+    block_size=4,
+    prefix_caching=False,
+    preemption="recompute",
+    num_slots=352,
+    max_num_seqs=10,
+    budget=4,
 )
 def test_prompts_fed_in_chunks_beside_steady_decodes_are_fed_as_the_eager_loop_feeds_them(
     shapes, block_size, prefix_caching, preemption, num_slots, max_num_seqs, budget

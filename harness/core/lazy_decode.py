@@ -252,6 +252,8 @@ class LazyDecode:
             self._become_steady(step)  # as the step's schedule() would first
         if self._active or self.swapped or not self._expiry or self.allocator.copied_slots != self._copied_seen:
             return None  # copies made since the last scheduled step are charged to the next one
+        if self._num_steady > self.max_num_batched_tokens:  # the budget runs out part-way: the
+            return None  # eager loop decides who decodes (_schedule_running_lazy settles for it)
         met = self.next_meeting()
         waiting = bool(self.waiting)
         if waiting and not self.head_stays_refused(met - step):
