@@ -781,3 +781,13 @@ def test_a_report_of_two_sweeps_says_which_code_each_ran(tmp_path):
     environment = page.split("<h2>Environment</h2>")[1].split("</table>")[0]
     assert ">sweep<" in environment and "aaaa" in environment and "bbbb" in environment
     assert "These points ran different code (git_sha)" in page
+
+
+def test_a_report_names_the_points_whose_window_was_their_batch_draining(tmp_path):
+    """A 60-request rate sweep: from rate 4 up every request was admitted in the warm-up, and the
+    plots read as paged using its memory worse under more load."""
+    points = [row("paged", 1.0, rate=r, window_drained=r >= 4) for r in (1, 2, 4, 8)]
+    whole = sweep(tmp_path / "s", points)
+    run_report(whole, "--out", tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "2 point(s) admitted every request within the warm-up (rate=4, rate=8)" in page

@@ -139,6 +139,12 @@ def test_a_run_whose_requests_were_all_admitted_in_the_warm_up_warns_its_window_
     assert early.returncode == 0 and "every request was admitted within the warm-up" in early.stdout + early.stderr
     whole = in_process(lambda: cli.main([*run, "measure.warmup_frac=0", f"hydra.run.dir={tmp_path / 'all'}"]))
     assert whole.returncode == 0 and "admitted within the warm-up" not in whole.stdout + whole.stderr
+    # the row says so too, for a report to name the point beside the others of its sweep
+    import csv
+
+    rows = [next(csv.DictReader((tmp_path / run / "metrics.csv").open())) for run in ("run", "all")]
+    drained = [row["window_drained"] for row in rows]
+    assert drained == ["True", "False"]
 
 
 def test_the_window_s_warm_up_is_a_share_of_the_run_from_its_first_arrival():

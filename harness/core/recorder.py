@@ -41,6 +41,7 @@ class Recorder:
         keep_sequences: bool = False,
     ):
         self.warmup_frac = warmup_frac
+        self.drained = False  # whether the window is the batch draining (window())
         self.step_end: list[float] = []
         self.step_dt: list[float] = []
         self.batch_size: list[int] = []
@@ -139,9 +140,10 @@ class Recorder:
         end = self.step_end[-1] if self.step_end else 0.0
         first = min(first_arrival_s, end)
         start = first + self.warmup_frac * (end - first)
-        if last_admit_s > start:
+        self.drained = start > first and last_admit_s <= start
+        if not self.drained and last_admit_s > start:
             return start, last_admit_s
-        if start > first:  # a few requests, all admitted early (a short trace): its averages describe a drain
+        if self.drained:  # a few requests, all admitted early (a short trace): its averages describe a drain
             logging.getLogger("kvbench").warning(
                 "every request was admitted within the warm-up (the first %.0f%% of the run), so the measurement "
                 "window is the batch draining: mean_batch_size and the kv_* shares describe that; "
@@ -266,5 +268,6 @@ class Recorder:
             "steps": len(ends),
             "window_start_s": start,
             "window_end_s": stop,
+            "window_drained": self.drained,
             "schedule_us_per_step": float(sched.mean() * 1e6) if len(sched) else 0.0,
         }
