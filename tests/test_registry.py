@@ -213,8 +213,15 @@ def test_a_plugin_s_int_option_takes_a_whole_float_as_kvbench_s_own_do_and_names
             assert cfg.allocator.spare_blocks == 2 and type(cfg.allocator.spare_blocks) is int
             with pytest.raises(ConfigCompositionException) as composing:
                 compose("bench", overrides=[*chosen, "allocator.spare_block=3"])
+            # a sweep's point of a built-in allocator given the plugin's option: its keys were listed as the only ones
+            with pytest.raises(ConfigCompositionException) as mixed:
+                compose("bench", overrides=["+allocator=paged", "allocator.spare_blocks=4"])
+            mixed_line = hydra_line(mixed.value)  # while the plugin is installed, as a run's error is read
     finally:
         registry.unregister(module)
+    assert mixed_line.startswith(
+        "allocator.spare_blocks is an option of allocator=spare (a plugin from another package), not of every"
+    )
     line = hydra_line(composing.value)
     assert line.startswith("allocator.spare_block is not a key of allocator=spare's config")
     assert "(its keys: name, block_size" in line
