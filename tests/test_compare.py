@@ -657,6 +657,18 @@ def test_repeats_keep_the_kv_shares_of_one_repeat_so_they_add_up():
     assert json.loads(row["samples"])["kv_reserved_frac"] == [0.2, 0.1, 0.3]  # the samples stay every repeat's
 
 
+def test_repeats_say_a_window_was_a_drain_where_any_repeat_s_was():
+    """The row kept the first repeat's flag beside the medians of repeats that drained."""
+    from kvbench.scenarios.repeats import aggregate
+
+    repeats = [(2.0, False), (1.0, True), (1.1, True)]
+    runs = [[{"allocator": "paged", "mean_batch_size": b, "window_drained": d}] for b, d in repeats]
+    (row,) = aggregate(runs)
+    assert row["mean_batch_size"] == 1.1 and row["window_drained"] is True
+    (row,) = aggregate(runs[:1] * 2)
+    assert row["window_drained"] is False
+
+
 def test_a_swept_key_that_names_an_identity_column_is_matched_by_that_column(tmp_path, baseline_rows):
     """A rate sweep (workload.rate=1,4) against the default sweep, whose rate 4 is the
     config's: `no value in common: workload.rate (baseline (unset); current 1, 4)`."""

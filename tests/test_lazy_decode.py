@@ -398,3 +398,49 @@ def test_a_group_that_fills_the_pool_is_refused_before_it_can_wait_forever():
     wider_pool = (4, 272, False, False, "recompute", 4, 128)  # room for the watermark: it runs
     assert run(made, True, *wider_pool) == run(made, False, *wider_pool)
     assert not isinstance(run(made, False, *wider_pool), str)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(
+        st.tuples(
+            st.floats(0.0, 0.3),  # arrival
+            st.integers(1, 8),  # prompt: within the budget, so that no request is refused outright
+            st.integers(1, 60),  # output: a recompute (prompt + output so far) outgrows the budget
+            st.sampled_from([(1, 1)] * 4 + [(2, 1), (3, 1), (1, 2)]),  # (n, beam_width)
+        ),
+        min_size=2,
+        max_size=30,
+    ),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    num_slots=st.integers(120, 600),
+    max_num_seqs=st.integers(4, 24),
+    budget=st.integers(8, 24),
+)
+@example(  # a recompute over the whole budget behind a stale meeting: lazy ran an empty step first
+    shapes=[(0.0, 1, 1, (1, 1)), (0.25, 5, 45, (3, 1)), (0.28125, 1, 22, (1, 1))],
+    preemption="recompute",
+    num_slots=192,
+    max_num_seqs=4,
+    budget=5,
+)
+def test_a_small_budget_without_chunked_prefill_is_spent_as_the_eager_loop_spends_it(
+    shapes, preemption, num_slots, max_num_seqs, budget
+):
+    """Without chunked prefill the budget bounds whole prompts and recomputes: one longer than it
+    runs alone in a step, decodes beyond it wait. The workloads above draw budgets of 128 and
+    more here, and the small-budget test feeds prompts in chunks."""
+    made = [
+        Request(i, arrival, prompt, output, np.arange(prompt) + 7 * i, n=n, beam_width=beam)
+        for i, (arrival, prompt, output, (n, beam)) in enumerate(sorted(shapes))
+    ]
+    sides = []
+    for lazy in (False, True):
+        allocator = PagedAllocator(num_slots, 512, block_size=16, watermark=0.01)
+        allocator.enable_swap(num_slots)
+        scheduler = Scheduler(allocator, max_num_seqs, budget, chunked_prefill=False, preemption=preemption)
+        sides.append(decisions(scheduler, made, lazy))
+    eager, lazy = sides
+    if not isinstance(eager, str):
+        event(f"preempted: {bool(eager[3]['preemptions'])}")
+    assert lazy == eager

@@ -790,4 +790,4 @@ def test_a_report_names_the_points_whose_window_was_their_batch_draining(tmp_pat
     whole = sweep(tmp_path / "s", points)
     run_report(whole, "--out", tmp_path / "out")
     page = (tmp_path / "out" / "report.html").read_text()
-    assert "2 point(s) admitted every request within the warm-up (rate=4, rate=8)" in page
+    assert "2 point(s) admitted every request within the warm-up (rate=4; rate=8)" in page

@@ -373,7 +373,9 @@ class LazyDecode:
         if seq.group is not None:
             return False
         if seq.num_tokens - seq.num_computed > budget and not self.chunked_prefill:
-            return True  # a prompt over the budget left waits for a step of its own
+            # a prompt over the budget left waits for a step of its own; with nothing steady that
+            # step is the next (a recompute longer than the whole budget runs alone, as it does eager)
+            return bool(self._num_steady)
         return self.allocator.refuses_again(seq, steps)
 
     def _meet(

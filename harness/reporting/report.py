@@ -523,7 +523,7 @@ def _drained(frame: pd.DataFrame) -> list[str]:
     if not drained.any():
         return []
     names = point_labels(frame, varying_keys(frame) if len(frame) > 1 else [])[drained]
-    listed = ", ".join(names.head(6)) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    listed = "; ".join(names.head(6)) + (f"; and {len(names) - 6} more" if len(names) > 6 else "")  # a name has commas
     return [
         f"{len(names)} point(s) admitted every request within the warm-up ({listed}): their window is the "
         f"batch draining, so their mean_batch_size and kv_* shares describe the drain, not a steady state. "

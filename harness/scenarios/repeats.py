@@ -54,6 +54,8 @@ def aggregate(repeats: list[list[dict]]) -> list[dict]:
             row[key] = statistics.median(finite) if finite else math.nan
             samples[key] = [float(x) for x in pooled]
         _shares_of_the_median_repeat(row, rows)
+        if "window_drained" in row:  # whether any repeat's window was its drain: the medians may be its
+            row["window_drained"] = any(r.get("window_drained") is True for r in rows)
         row.update(
             repeats=len(next(iter(samples.values()), rows)), **{SAMPLES: json.dumps(samples, separators=(",", ":"))}
         )
