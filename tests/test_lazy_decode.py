@@ -22,8 +22,22 @@ from kvbench.plugins.allocators.paged import PagedAllocator
 from helpers.decisions import REQUESTS, Totals, decisions
 
 
-def run(requests, lazy, block_size, num_slots, prefix_caching, chunked_prefill, preemption, max_num_seqs, budget):
-    allocator = PagedAllocator(num_slots, 256, block_size=block_size, watermark=0.02, prefix_caching=prefix_caching)
+def run(
+    requests,
+    lazy,
+    block_size,
+    num_slots,
+    prefix_caching,
+    chunked_prefill,
+    preemption,
+    max_num_seqs,
+    budget,
+    max_model_len=256,
+    watermark=0.02,
+):
+    allocator = PagedAllocator(
+        num_slots, max_model_len, block_size=block_size, watermark=watermark, prefix_caching=prefix_caching
+    )
     allocator.enable_swap(num_slots)
     scheduler = Scheduler(
         allocator,
@@ -33,6 +47,14 @@ def run(requests, lazy, block_size, num_slots, prefix_caching, chunked_prefill, 
         preemption=preemption,
     )
     return decisions(scheduler, requests, lazy)
+
+
+def eager_and_lazy(
+    made, num_slots, max_model_len, block_size, max_num_seqs, budget, preemption, prefix_caching=False, chunked=False
+):
+    """What the eager loop and lazy decode decided for `made` (`run`'s, with a 1 % watermark)."""
+    pool = (block_size, num_slots, prefix_caching, chunked, preemption, max_num_seqs, budget, max_model_len, 0.01)
+    return [run(made, lazy, *pool) for lazy in (False, True)]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,13 +121,7 @@ def test_long_decodes_in_a_tight_pool_preempt_as_the_eager_loop(
         Request(i, arrival, prompt, output, np.arange(prompt) + 7 * i, n=n, beam_width=beam)
         for i, (arrival, prompt, output, (n, beam)) in enumerate(sorted(shapes))
     ]
-    sides = []
-    for lazy in (False, True):
-        allocator = PagedAllocator(num_slots, 256, block_size=block_size, watermark=0.01)
-        allocator.enable_swap(num_slots)
-        scheduler = Scheduler(allocator, max_num_seqs, 4096, preemption=preemption)
-        sides.append(decisions(scheduler, made, lazy))
-    eager, lazy = sides
+    eager, lazy = eager_and_lazy(made, num_slots, 256, block_size, max_num_seqs, 4096, preemption=preemption)
     if not isinstance(eager, str):
         event(f"preempted: {bool(eager[3]['preemptions'])}")
     assert lazy == eager
@@ -162,13 +178,9 @@ def test_prompts_fed_in_chunks_beside_steady_decodes_are_fed_as_the_eager_loop_f
         )
         for i, (arrival, prompt, output, (n, beam), prefix) in enumerate(sorted(shapes))
     ]
-    sides = []
-    for lazy in (False, True):
-        allocator = PagedAllocator(num_slots, 512, block_size=block_size, watermark=0.01, prefix_caching=prefix_caching)
-        allocator.enable_swap(num_slots)
-        scheduler = Scheduler(allocator, max_num_seqs, budget, chunked_prefill=True, preemption=preemption)
-        sides.append(decisions(scheduler, made, lazy))
-    eager, lazy = sides
+    eager, lazy = eager_and_lazy(
+        made, num_slots, 512, block_size, max_num_seqs, budget, preemption, prefix_caching, chunked=True
+    )
     if not isinstance(eager, str):
         event(f"preempted: {bool(eager[3]['preemptions'])}")
         # a step that filled the budget with several sequences: decodes and a chunk shared it
@@ -434,13 +446,7 @@ def test_a_small_budget_without_chunked_prefill_is_spent_as_the_eager_loop_spend
         Request(i, arrival, prompt, output, np.arange(prompt) + 7 * i, n=n, beam_width=beam)
         for i, (arrival, prompt, output, (n, beam)) in enumerate(sorted(shapes))
     ]
-    sides = []
-    for lazy in (False, True):
-        allocator = PagedAllocator(num_slots, 512, block_size=16, watermark=0.01)
-        allocator.enable_swap(num_slots)
-        scheduler = Scheduler(allocator, max_num_seqs, budget, chunked_prefill=False, preemption=preemption)
-        sides.append(decisions(scheduler, made, lazy))
-    eager, lazy = sides
+    eager, lazy = eager_and_lazy(made, num_slots, 512, 16, max_num_seqs, budget, preemption)
     if not isinstance(eager, str):
         event(f"preempted: {bool(eager[3]['preemptions'])}")
     assert lazy == eager
