@@ -141,7 +141,7 @@ class Recorder:
         first = min(first_arrival_s, end)
         start = first + self.warmup_frac * (end - first)
         self.drained = start > first and last_admit_s <= start
-        if not self.drained and last_admit_s > start:
+        if last_admit_s > start:
             return start, last_admit_s
         if self.drained:  # a few requests, all admitted early (a short trace): its averages describe a drain
             logging.getLogger("kvbench").warning(

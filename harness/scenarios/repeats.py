@@ -43,6 +43,9 @@ def aggregate(repeats: list[list[dict]]) -> list[dict]:
         held = [samples_of(r.get(SAMPLES)) for r in rows]
         for key in row:
             values = [r.get(key) for r in rows]
+            if all(isinstance(v, bool) for v in values):  # a flag (window_drained): whether any repeat raised it
+                row[key] = any(values)
+                continue
             if not all(_is_number(v) for v in values):
                 continue
             pooled = [x for r, h in zip(rows, held) for x in h.get(key, [r[key]])]
@@ -54,8 +57,6 @@ def aggregate(repeats: list[list[dict]]) -> list[dict]:
             row[key] = statistics.median(finite) if finite else math.nan
             samples[key] = [float(x) for x in pooled]
         _shares_of_the_median_repeat(row, rows)
-        if "window_drained" in row:  # whether any repeat's window was its drain: the medians may be its
-            row["window_drained"] = any(r.get("window_drained") is True for r in rows)
         row.update(
             repeats=len(next(iter(samples.values()), rows)), **{SAMPLES: json.dumps(samples, separators=(",", ":"))}
         )

@@ -98,15 +98,17 @@ def check_cores(cores: list[int]) -> None:
         raise UserError(f"{setting}: this process may run on cores {allowed} only, not {unknown}")
 
 
-def pin_cores(cores: list[int], checked: bool = False) -> None:
-    """Run this process on exactly `cores`, or refuse (check_cores, unless `checked` already)."""
-    if not checked:
-        check_cores(cores)
-    setting = f"scenario.cpu_affinity={cores}"
+def pin_cores(cores: list[int]) -> None:
+    """Run this process on exactly `cores`, or refuse (check_cores)."""
+    check_cores(cores)
+    _set_affinity(cores)
+
+
+def _set_affinity(cores: list[int]) -> None:
     try:
         os.sched_setaffinity(0, set(cores))
     except OSError as err:
-        raise UserError(f"{setting} cannot be applied: {err}") from None
+        raise UserError(f"scenario.cpu_affinity={cores} cannot be applied: {err}") from None
 
 
 def _ranges(cores: list[int]) -> list[str]:
@@ -154,7 +156,7 @@ def pin_threads(scenario: DictConfig, device: torch.device) -> None:
     check_threads(scenario, device.type)  # the cores too
     cores = scenario.get("cpu_affinity")
     if cores is not None:
-        pin_cores([int(c) for c in cores], checked=True)
+        _set_affinity([int(c) for c in cores])
     threads = scenario.get("cpu_threads")
     if device.type != "cpu" or threads is None:
         return
