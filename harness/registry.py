@@ -142,6 +142,12 @@ def _broken_entry_point() -> str:
     return "a kvbench plugin cannot be loaded"
 
 
+def from_outside(cls: type) -> bool:
+    """Whether a plugin class comes from a package other than kvbench (whose own plugins its
+    schema, version and git sha name already)."""
+    return cls.__module__.split(".")[0] != "kvbench"
+
+
 @functools.lru_cache(maxsize=1)
 def default_registry() -> Registry:
     return Registry()

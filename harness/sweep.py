@@ -68,7 +68,7 @@ def fingerprint(cfg: DictConfig, not_measured=()) -> dict:
 def outside_plugins(resolved: dict) -> dict:
     """kind -> class of the point's allocator, backend or graph mode, for each one a package
     other than kvbench contributes. A name the registry does not know is left to the run to refuse."""
-    from kvbench.registry import KINDS, default_registry
+    from kvbench.registry import KINDS, default_registry, from_outside
 
     found = {}
     for kind in KINDS:
@@ -79,7 +79,7 @@ def outside_plugins(resolved: dict) -> dict:
             cls = default_registry().classes(kind).get(name)
         except UserError:
             continue
-        if cls is not None and cls.__module__.split(".")[0] != "kvbench":
+        if cls is not None and from_outside(cls):
             found[kind] = cls
     return found
 
@@ -111,11 +111,10 @@ def plugin_options(cfg: DictConfig) -> dict:
     did not: two runs of a plugin whose YAML changed are two points, not one that regressed.
     kvbench's own plugins' defaults are named by its version; a key set on the command line is
     a column already."""
-    resolved = {
-        kind: OmegaConf.to_container(cfg[kind], resolve=True)
-        for kind in ("allocator", "backend", "graph")
-        if isinstance(cfg.get(kind), DictConfig)
-    }
+    from kvbench.registry import KINDS
+
+    chosen = [kind for kind in KINDS if isinstance(cfg.get(kind), DictConfig)]
+    resolved = {kind: OmegaConf.to_container(cfg[kind], resolve=True) for kind in chosen}
     return {
         f"{kind}.{key}": value
         for kind in outside_plugins(resolved)

@@ -173,7 +173,7 @@ def _outside_owners(group: str, key: str) -> list[str]:
     only its own plugins' keys)."""
     import inspect
 
-    from kvbench.registry import default_registry
+    from kvbench.registry import default_registry, from_outside
 
     owners = []
     try:
@@ -181,7 +181,7 @@ def _outside_owners(group: str, key: str) -> list[str]:
     except Exception:  # noqa: BLE001 (two plugins of one name: the run says so in its own words)
         return []
     for name, cls in found.items():
-        if cls.__module__.split(".")[0] == "kvbench":
+        if not from_outside(cls):
             continue
         try:
             if key in inspect.signature(cls).parameters:
