@@ -26,7 +26,7 @@ from kvbench.reporting.figures import (
     subplots,
 )
 from kvbench.reporting.results import (
-    ALLOCATOR_ORDER,
+    SYSTEM_RANK,
     in_paper_order,
     ok_rows,
     point_labels,
@@ -65,18 +65,17 @@ def _series(frame: pd.DataFrame, keys: list[str]):
         setting = tuple(rows[others].iloc[0].astype(str))
         styles.setdefault(setting, LINE_STYLES[len(styles) % len(LINE_STYLES)])
         curves.append((setting, rows["allocator"].iloc[0] if "allocator" in rows else None, rows))
-    # each setting's systems in the paper's order, whichever point came first (a failed one is not here)
-    rank = {system: i for i, system in enumerate(_systems(frame))}
-    settings = list(styles)
-    for setting, _, rows in sorted(curves, key=lambda c: (settings.index(c[0]), rank.get(c[1], 0))):
+    # each setting's systems in the paper's order, whichever point came first (a failed one is not
+    # here); the sort is stable, so systems outside that order keep theirs
+    settings = {setting: i for i, setting in enumerate(styles)}
+    for setting, _, rows in sorted(curves, key=lambda c: (settings[c[0]], SYSTEM_RANK.get(c[1], len(SYSTEM_RANK)))):
         yield point_labels(rows.iloc[:1], keys).iloc[0], _color(rows), styles[setting], rows
 
 
 def _systems(frame: pd.DataFrame) -> list:
     """The frame's systems in the paper's order, any other after them as they come."""
-    rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
     names = list(dict.fromkeys(frame["allocator"])) if "allocator" in frame else []
-    return sorted(names, key=lambda name: rank.get(name, len(rank)))
+    return sorted(names, key=lambda name: SYSTEM_RANK.get(name, len(SYSTEM_RANK)))
 
 
 def _color(rows: pd.DataFrame):

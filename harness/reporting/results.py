@@ -33,6 +33,7 @@ IDENTITY = ["scenario", "allocator", "backend", "graph", "model", "hardware", "w
 ENVIRONMENT = ["kvbench_version", "git_sha", "torch", "triton", "device"]
 # The paper's order: the more an allocator reserves, the further left; hybrid models last.
 ALLOCATOR_ORDER = ("contiguous", "pow2", "oracle", "paged", "hybrid")
+SYSTEM_RANK = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}  # a system not in it comes after them
 
 
 def _umask() -> int:
@@ -263,11 +264,10 @@ def in_paper_order(frame: pd.DataFrame) -> pd.DataFrame:
     """Sweeps in the order given, then every other varying key, then systems in the paper's order."""
     import pandas as pd
 
-    rank = {name: i for i, name in enumerate(ALLOCATOR_ORDER)}
     keys = [k for k in varying_keys(frame) if k not in ("sweep", "allocator")]
     order = frame.assign(
         _sweep=pd.factorize(frame["sweep"])[0] if "sweep" in frame else 0,
-        _system=frame["allocator"].map(rank).fillna(len(rank)) if "allocator" in frame else 0,
+        _system=frame["allocator"].map(SYSTEM_RANK).fillna(len(SYSTEM_RANK)) if "allocator" in frame else 0,
     )
     return order.sort_values(["_sweep", *keys, "_system"], kind="stable").drop(columns=["_sweep", "_system"])
 
