@@ -248,6 +248,11 @@ class Capacity(float):
         return capacity
 
 
+def rerun(rates: list[float]) -> str:
+    """The advice for a curve whose knee lies at rates whose points failed."""
+    return f"its points at {', '.join(f'{x:g}' for x in rates)} req/s failed (summary.csv says why): rerun them"
+
+
 def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> dict[tuple[str, str], float]:
     """(workload, allocator) -> the highest request rate with normalized latency <= `slo`. A curve
     whose rates cannot place it is an error; where `unplaced` is given, its reason goes there
@@ -277,11 +282,7 @@ def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> di
             reason = f"report: {where} has fewer than 2 rates: a rate sweep is needed to find its knee"
         elif latency[0] > slo:
             lower = [x for x in failed if x < rates[0]]
-            fix = (
-                f"its points at {', '.join(f'{x:g}' for x in lower)} req/s failed (summary.csv says why): rerun them"
-                if lower
-                else "add lower rates (workload.rate; fig12.rates under +experiment=fig12)"
-            )
+            fix = rerun(lower) if lower else "add lower rates (workload.rate; fig12.rates under +experiment=fig12)"
             reason = (
                 f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
                 f"rate ({latency[0]:.3g} s/token): {fix}"
@@ -289,7 +290,7 @@ def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> di
         elif above is None:
             higher = [x for x in failed if x > rates[-1]]
             fix = (
-                f"its points at {', '.join(f'{x:g}' for x in higher)} req/s failed (summary.csv says why): rerun them"
+                rerun(higher)
                 if higher
                 else "the sweep is too short to find its knee; add higher rates (workload.rate; fig12.rates under "
                 "+experiment=fig12), or more requests a point (workload.num_requests): a run too short to build a "
@@ -557,14 +558,18 @@ def report_settings(report) -> dict:
     return {"paper": paper, "slo": float(slo), "baseline": baseline}
 
 
+def ran_on(row: dict) -> str:
+    """Where a point ran: the hardware it simulated, or the device that served it."""
+    scenario = row.get("scenario") or "simulate"
+    return str((row.get("hardware") if scenario == "simulate" else row.get("device") or row.get("hardware")) or "")
+
+
 def setup_lines(rows: list[dict]) -> list[str]:
     """What the compared points ran (scenario, model, the hardware simulated or the device that
     served), and a caveat where it is not the paper's setup: OPT-13B simulated on an A100-40GB."""
     ran: dict[str, dict[str, list]] = {}  # setup -> workload -> its rates, in the order they ran
     for r in _ok(rows):
-        scenario = r.get("scenario") or "simulate"
-        where = r.get("hardware") if scenario == "simulate" else r.get("device") or r.get("hardware")
-        rates = ran.setdefault(f"{r.get('model') or '?'} on {where or '?'} ({scenario})", {})
+        rates = ran.setdefault(f"{r.get('model') or '?'} on {ran_on(r) or '?'} ({r.get('scenario') or 'simulate'})", {})
         rates.setdefault(str(r.get("workload") or "?"), []).append(number(r, "rate"))
 
     def listed(rates: list) -> str:  # 1, 2, 4 req/s: each rate once, in increasing order (inf: at once)

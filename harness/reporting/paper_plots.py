@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.reporting.figures import SYSTEM_COLORS, legend_below, save_figure, subplots
-from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS
+from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS, ran_on
 
 COLORS = {
     "token states": "#2b8a3e",
@@ -29,12 +29,8 @@ def _setup(frame: pd.DataFrame) -> str:
     """What the points ran, for a title: `opt-13b on a100-40gb` (the run's own, not the paper's:
     an experiment may run another model or GPU); a served point names the device it ran on, as
     paper.setup_lines does."""
-    text = lambda value: "" if value is None or value != value else str(value)  # noqa: E731 (NaN: blank)
-    models, places = set(), set()
-    for row in frame.to_dict("records"):
-        models.add(text(row.get("model")))
-        served = text(row.get("scenario")) not in ("", "simulate")
-        places.add(text(row.get("device")) if served and text(row.get("device")) else text(row.get("hardware")))
+    rows = frame.astype(object).where(frame.notna(), None).to_dict("records")  # a NaN cell: none
+    models, places = {str(row.get("model") or "") for row in rows}, {ran_on(row) for row in rows}
     return f"{' / '.join(sorted(models - {''})) or '?'} on {' / '.join(sorted(places - {''})) or '?'}"
 
 
