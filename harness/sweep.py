@@ -153,17 +153,17 @@ def write_fingerprint(point_dir: Path, current: dict) -> None:
     write_atomic(Path(point_dir) / FINGERPRINT, json.dumps(current, indent=1) + "\n")
 
 
-def _read_rows(metrics: Path) -> list[dict]:
-    """A finished point's rows, checked as the sweep's report will check them: a cell that is no
-    number there (a file edited by hand, a disk's damage) reruns the point, where skipping it would
-    end the sweep in that error."""
+def _read_statuses(metrics: Path) -> list[str]:
+    """A finished point's rows' statuses, its rows checked as the sweep's report will check them:
+    a cell that is no number there (a file edited by hand, a disk's damage) reruns the point, where
+    skipping it would end the sweep in that error."""
     from kvbench.reporting.report import check_results  # only a resumed sweep reads a finished point back
     from kvbench.reporting.results import read_csv
 
     frame = read_csv(metrics)
     if "status" in frame and frame["status"].eq("ok").all():  # a failed point runs again whatever it holds
         check_results(frame, metrics)
-    return frame.astype(object).where(frame.notna(), "").astype(str).to_dict("records")
+    return frame["status"].fillna("").astype(str).tolist() if "status" in frame else [""] * len(frame)
 
 
 def remove_if_bare(folder: Path, made: tuple[str, ...]) -> None:
@@ -198,15 +198,15 @@ def _resume(point_dir: Path, current: dict) -> tuple[bool, str]:
     if not metrics.exists():
         return False, ""
     try:
-        rows = _read_rows(metrics)
+        statuses = _read_statuses(metrics)
     except UserError as err:  # a result table's own checks, one line that names what is wrong
         said = str(err).removeprefix(str(metrics)).removeprefix(":").strip()
         return False, f"its metrics.csv is unreadable ({said})"
     except (OSError, ValueError) as err:  # pandas' parser and decoding errors are ValueErrors
         return False, f"its metrics.csv is unreadable ({type(err).__name__})"
-    if not rows or any(row.get("status") not in ("ok", "failed") for row in rows):
+    if not statuses or any(status not in ("ok", "failed") for status in statuses):
         return False, "its metrics.csv is unreadable (no rows with a status)"
-    if any(row["status"] != "ok" for row in rows):
+    if any(status != "ok" for status in statuses):
         return False, "it failed last time"
     try:
         stored = json.loads((Path(point_dir) / FINGERPRINT).read_text())
