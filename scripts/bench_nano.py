@@ -36,6 +36,7 @@ from pathlib import Path
 from bench_step import PROMPT, decoding_engine
 from script_checks import writable_file
 
+from kvbench.arith import cdiv
 from kvbench.errors import ArgumentParser, UserError
 
 # nano-vllm finds a step's new block by `len(seq) % block_size == 1`, never true at 1; kvbench's
@@ -100,7 +101,7 @@ def nano_step(nano, num_seqs: int, block_size: int, steps: int):
             max_num_seqs=num_seqs,
             kvcache_block_size=block_size,
             # room for every sequence to decode for the whole run (its longest prompt, `steps` tokens)
-            num_kvcache_blocks=num_seqs * -(-(PROMPT + 16 + steps + 1) // block_size),
+            num_kvcache_blocks=num_seqs * cdiv(PROMPT + 16 + steps + 1, block_size),
         )
     )
     for i in range(num_seqs):
