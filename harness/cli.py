@@ -53,12 +53,23 @@ OmegaConf.register_new_resolver("kvbench.pid", os.getpid, use_cache=True, replac
 
 
 def _field_docs(*, _root_) -> str:
+    from kvbench.schema import groups
     from kvbench.schema.docs import help_text
 
-    return help_text(OmegaConf.select(_root_, "hydra.runtime.choices", default=None))
+    names = {group: OmegaConf.select(_root_, f"{group}.name", default=None) for group in groups.PLUGINS}
+    plugins = {g: name for g, name in names.items() if isinstance(name, str) and name not in groups.PLUGINS[g]}
+    searchpath = OmegaConf.select(_root_, "hydra.searchpath", default=None) or []
+    return help_text(OmegaConf.select(_root_, "hydra.runtime.choices", default=None), plugins, list(searchpath))
+
+
+def _config_groups(*, _root_) -> str:
+    from kvbench.schema.docs import groups_text
+
+    return groups_text(list(OmegaConf.select(_root_, "hydra.searchpath", default=None) or []))
 
 
 OmegaConf.register_new_resolver("kvbench.field_docs", _field_docs, replace=True)
+OmegaConf.register_new_resolver("kvbench.config_groups", _config_groups, replace=True)
 
 
 def point_dirname(overrides: str) -> str:

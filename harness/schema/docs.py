@@ -13,6 +13,7 @@ import re
 import types
 import typing
 from importlib import resources
+from pathlib import Path
 
 import annotated_types
 from pydantic import BaseModel
@@ -167,14 +168,72 @@ def doc_of(key: str, same_key: list, chosen: dict[str, str] | None = None) -> st
     )
 
 
-def help_text(choices=None) -> str:
+def help_text(choices=None, plugins=None, searchpath=()) -> str:
     """The field list; `choices` (group -> option, Hydra's runtime choices) makes the options a
-    command line chose document their own keys (`bench --help workload=trace`: a trace's rate)."""
+    command line chose document their own keys (`bench --help workload=trace`: a trace's rate).
+    `plugins` (group -> the name of the plugin chosen) adds the options of one from another
+    package that kvbench's own have not, typed and ranged by its constructor and documented by
+    its YAML on `searchpath`."""
     chosen: dict[str, str] = {}
     for group, option in (choices or {}).items():
         if "/" not in str(group) and option is not None:  # hydra/launcher and the like are Hydra's
-            chosen.update(option_docs(str(group), str(option)))
-    lines = []
-    for key, same_key in schema_fields().items():
+            chosen.update(option_docs(str(group), str(option)) or searchpath_docs(searchpath, str(group), str(option)))
+    lines, known = [], schema_fields()
+    for key, same_key in known.items():
         lines.append(f"  {key:<36} {describe_all(same_key):<30}  {doc_of(key, same_key, chosen)}".rstrip())
+    for group, name in (plugins or {}).items():
+        for key, field in plugin_fields(group, name):
+            if key in known:  # block_size and the like, which a plugin inherits from kvbench's own
+                continue
+            doc = chosen.get(key) or f"an option of {group} {name} (its constructor's)"
+            lines.append(f"  {key:<36} {describe(field):<30}  {doc}".rstrip())
+    return "\n".join(lines).replace("$", "$$")
+
+
+def plugin_fields(group: str, name: str):
+    """(dotted key, field) for each option of a plugin from another package: its constructor's
+    keywords, with the type and range their annotations give; none for an unknown name."""
+    from pydantic.fields import FieldInfo
+
+    from kvbench.registry import default_registry
+    from kvbench.schema import _hints, accepted_options
+
+    cls = default_registry().classes(group).get(name)
+    if cls is None:
+        return
+    hints = _hints(cls)
+    for key, param in accepted_options(cls).items():
+        default = None if param.default is param.empty else param.default
+        yield f"{group}.{key}", FieldInfo.from_annotated_attribute(hints.get(key, type(default)), default)
+
+
+def searchpath_docs(searchpath, group: str, option: str) -> dict[str, str]:
+    """The YAML comments of an option found on hydra.searchpath (pkg://package.conf or
+    file:///folder), where a plugin from another package ships its config."""
+    for entry in searchpath or ():
+        scheme, _, where = str(entry).partition("://")
+        try:
+            root = resources.files(where) if scheme == "pkg" else Path(where)
+        except (ImportError, ValueError):  # bench itself names a searchpath that does not import
+            continue
+        path = root / group / f"{option}.yaml"
+        if path.is_file():
+            return yaml_docs(path.read_text(), group)
+    return {}
+
+
+def groups_text(searchpath) -> str:
+    """Each config group with its options, one line each, those on hydra.searchpath included
+    (Hydra's $APP_CONFIG_GROUPS lists the search path it started with, without them)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+    overrides = [f"hydra.searchpath=[{','.join(repr(str(e)) for e in searchpath)}]"] if searchpath else []
+    names = loader.get_group_options("", ObjectType.GROUP, overrides=overrides)
+    lines = []
+    for group in sorted(name for name in names if name != "hydra"):
+        options = loader.get_group_options(group, ObjectType.CONFIG, overrides=overrides)
+        if options:
+            lines.append(f"{group}: {', '.join(sorted(options))}")
     return "\n".join(lines).replace("$", "$$")
