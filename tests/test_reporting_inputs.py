@@ -736,16 +736,19 @@ def test_a_benchmark_time_or_count_of_the_wrong_kind_is_refused_on_either_side(t
 def test_a_simulated_number_the_policy_does_not_judge_is_listed_when_it_moves(tmp_path):
     """Simulated numbers are exact for a seed: a change to one the policy does not gate (a
     latency's spread, the step count) passed in silence."""
-    write_csv(tmp_path / "base.csv", [row("paged", 2.0, steps=2340, std_tpot_ms=65.0, kv_blocks_saved_frac=0.3)])
-    write_csv(tmp_path / "cur.csv", [row("paged", 2.0, steps=2345, std_tpot_ms=130.0, kv_blocks_saved_frac=0.3)])
+    base = row("paged", 2.0, steps=2340, std_tpot_ms=65.0, kv_blocks_saved_frac=0.3, window_drained=False)
+    write_csv(tmp_path / "base.csv", [base])
+    write_csv(tmp_path / "cur.csv", [{**base, "steps": 2345, "std_tpot_ms": 130.0, "window_drained": True}])
     result = run_compare(tmp_path / "base.csv", tmp_path / "cur.csv")
     assert result.returncode == 0
-    assert "  not judged by the policy, changed: steps 2340 -> 2345, std_tpot_ms 65 -> 130" in result.stdout
+    changed = "steps 2340 -> 2345, std_tpot_ms 65 -> 130, window_drained false -> true"  # a flag, not 0 -> 1
+    assert f"  not judged by the policy, changed: {changed}" in result.stdout
     assert result.stdout.splitlines()[-1].endswith(
-        "; 2 column(s) the policy does not judge changed (std_tpot_ms, steps: see 'not judged by the policy')"
+        "; 3 column(s) the policy does not judge changed (std_tpot_ms, steps, window_drained: see 'not judged by "
+        "the policy')"
     )
     # the share of blocks sharing saves is judged: halved, it regresses
-    write_csv(tmp_path / "halved.csv", [row("paged", 2.0, steps=2340, std_tpot_ms=65.0, kv_blocks_saved_frac=0.15)])
+    write_csv(tmp_path / "halved.csv", [{**base, "kv_blocks_saved_frac": 0.15}])
     result = run_compare(tmp_path / "base.csv", tmp_path / "halved.csv")
     assert result.returncode == 1 and "kv_blocks_saved_frac 0.3 -> 0.15 (-50.000%, better: higher" in result.stdout
     assert "not judged by the policy" not in result.stdout

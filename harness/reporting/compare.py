@@ -258,6 +258,11 @@ def _ungated_changes(point: pd.Series, rules: dict, skip) -> list[tuple[str, str
         if name == column or name in rules or name in skip or name == HOST_TIME or name.startswith("_"):
             continue
         cells = point[column], point.get(name + CUR)
+        if any(pd.api.types.is_bool(c) for c in cells):  # window_drained: a flag, not a 0 or a 1
+            shown = [str(c).lower() if pd.api.types.is_bool(c) else "(blank)" if pd.isna(c) else str(c) for c in cells]
+            if shown[0] != shown[1]:
+                changed.append((name, f"{name} {shown[0]} -> {shown[1]}"))
+            continue
         base, cur = pd.to_numeric(pd.Series(cells), errors="coerce")
         finite = math.isfinite(base), math.isfinite(cur)
         if all(finite) and base != cur:
