@@ -30,11 +30,11 @@ TIE = 1e-3  # systems within 0.1 % of the best share the win (an unloaded server
 def times(ratio: float) -> str:
     """A ratio with the digits that tell it from 1: 1.002, not 1.00 (a near-tie is not a tie,
     and reads as one at two decimals)."""
-    for digits in (2, 3, 4):
-        text = f"{ratio:.{digits}f}"
-        if ratio == 1 or float(text) != 1:
-            break
-    return text
+    if 0 < abs(ratio) < 0.01:  # 0.003, not 0.00
+        return f"{ratio:.2g}"
+    off = abs(ratio - 1)
+    digits = 2 if off == 0 or not math.isfinite(off) else min(max(2, math.ceil(-math.log10(off))), 15)
+    return f"{ratio:.{digits}f}"
 
 
 def configured(sweep_dir: Path) -> tuple[str, bool, float]:
