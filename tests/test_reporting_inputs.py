@@ -794,3 +794,19 @@ def test_a_report_names_the_points_whose_window_was_their_batch_draining(tmp_pat
     run_report(whole, "--out", tmp_path / "out")
     page = (tmp_path / "out" / "report.html").read_text()
     assert "2 point(s) admitted every request within the warm-up (rate=4; rate=8)" in page
+
+
+def test_the_console_tables_name_a_drained_window_as_the_report_does():
+    """A sweep's console table put block_size=8's 41 % token states beside block_size=32's 94 %
+    with no word that the first point's window was its batch draining."""
+    from kvbench.reporting.console import run_table, sweep_table
+
+    points = [row("paged", 1.0, block_size=b, window_drained=b == 8) for b in (8, 32)]
+    lines = sweep_table(pd.DataFrame(points)).splitlines()
+    assert [line for line in lines if "warm-up" in line] == [
+        "1 point(s) admitted every request within the warm-up (block_size=8): their window is the batch draining: "
+        "mean_batch_size and the kv_* shares describe that drain, not a steady state (give more requests: "
+        "workload.num_requests or workload.duration_s; or measure.warmup_frac=0)"
+    ]
+    assert "warm-up" in run_table(points[0]) and "warm-up" not in run_table(points[1])
+    assert "warm-up" not in sweep_table(pd.DataFrame(points[1:]))

@@ -148,16 +148,17 @@ def test_a_run_whose_requests_were_all_admitted_in_the_warm_up_warns_its_window_
 
 
 def test_the_window_s_warm_up_is_a_share_of_the_run_from_its_first_arrival():
-    """One request, arriving after seconds of an empty server: the run (duration_s) is its own
-    time, and the warm-up a third of that. Counted from 0, the window began and ended before its
+    """One request, arriving after seconds of an empty server: the run is its own time, and the
+    warm-up a third of that. Counted from 0, the window began and ended before its
     first step, and the time-averaged columns fell back to weighting every step, under a
     window in which nothing ran."""
     overrides = ["workload.num_requests=1", "workload.duration_s=null", "workload.rate=0.2", "progress=false"]
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         row = run_point(compose("bench", overrides=overrides))[0]
-    first_arrival = row["window_end_s"] - row["duration_s"]
-    assert first_arrival > row["duration_s"]  # the empty server's wait is longer than the run
-    assert row["window_start_s"] == pytest.approx(first_arrival + row["duration_s"] / 3, abs=1e-4)
+    first_arrival = row["duration_s"] - row["mean_e2el_ms"] / 1e3  # duration_s counts from 0, as vLLM's
+    run = row["window_end_s"] - first_arrival
+    assert first_arrival > run  # the empty server's wait is longer than the run
+    assert row["window_start_s"] == pytest.approx(first_arrival + run / 3, abs=1e-4)
     assert row["mean_batch_size"] == 1.0
 
 

@@ -135,8 +135,9 @@ class Recorder:
         self._finishing.clear()
 
     def window(self, last_admit_s: float, first_arrival_s: float = 0.0) -> tuple[float, float]:
-        """The measurement window: from `warmup_frac` of the run (which starts at the first
-        arrival, as duration_s does) to the last admission, or to the end where that came first."""
+        """The measurement window: from `warmup_frac` of the run counted from its first arrival
+        (an empty server's wait before it is no warm-up) to the last admission, or to the end
+        where that came first."""
         end = self.step_end[-1] if self.step_end else 0.0
         first = min(first_arrival_s, end)
         start = first + self.warmup_frac * (end - first)
@@ -237,7 +238,9 @@ class Recorder:
         ready = shares_ready.get()
         if ready is not None:
             ready(shares)
-        duration = (ends[-1] - first_arrival_s) if len(ends) else 0.0
+        # from the run's start, the instant the first arrival's gap is drawn from, as `vllm bench
+        # serve` times its `duration` from before it waits for its first request to go out
+        duration = float(ends[-1]) if len(ends) else 0.0
         per_s = (lambda count: count / duration) if duration else (lambda count: 0.0)
         ttft, e2el = np.asarray(self.ttft), np.asarray(self.e2el)
         out = np.asarray(self.output_len, dtype=float)

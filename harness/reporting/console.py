@@ -144,6 +144,8 @@ def run_table(row: dict) -> str:
     fallbacks = _value(row, "swap_fallbacks", "{:.0f}")
     if fallbacks not in (None, "0"):
         lines.append(swap_note("", fallbacks, _value(row, "preemptions", "{:.0f}")) + ": raise it to swap them all")
+    if str(row.get("window_drained")) == "True":
+        lines.append(f"window: every request was admitted within the warm-up, so the window is {DRAINED}")
     note = layout_note(row)
     if note:
         lines.append(note)
@@ -173,6 +175,27 @@ def _spread(row) -> str | None:
     count = max(len(v) for v in samples.values())
     shares = " (its KV shares: the median run's, or the middle two's mean)" if KV_SHARES[0] in row else ""
     return f"the table shows the runs' medians{shares}; over the {count} runs (lowest - highest): " + "; ".join(shown)
+
+
+DRAINED = (
+    "the batch draining: mean_batch_size and the kv_* shares describe that drain, not a steady state (give more "
+    "requests: workload.num_requests or workload.duration_s; or measure.warmup_frac=0)"
+)
+
+
+def drained_note(frame: pd.DataFrame) -> str | None:
+    """A note naming the points whose measurement window was their batch draining (every request
+    admitted within the warm-up: a run too short for its rate), whose mean batch and KV shares
+    describe that drain, not a steady state: beside other points, they read as a system that
+    used its memory worse under more load."""
+    if "window_drained" not in frame:
+        return None
+    drained = frame["window_drained"].astype(str).str.strip().str.lower().eq("true")
+    if not drained.any():
+        return None
+    names = point_labels(frame, varying_keys(frame) if len(frame) > 1 else [])[drained]
+    listed = "; ".join(names.head(6)) + (f"; and {len(names) - 6} more" if len(names) > 6 else "")  # a name has commas
+    return f"{len(names)} point(s) admitted every request within the warm-up ({listed}): their window is {DRAINED}"
 
 
 def layout_note(row) -> str | None:
@@ -237,6 +260,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
         full = ok[pd.to_numeric(ok["swap_fallbacks"], errors="coerce").fillna(0) > 0]
         for label, row in zip(point_labels(full, varying_keys(frame)), full.itertuples()):
             lines.append(swap_note(f"{label}: ", f"{row.swap_fallbacks:.0f}", f"{row.preemptions:.0f}"))
+    lines += filter(None, [drained_note(frame)])
     if slo is not None and METRIC in frame and frame[METRIC].notna().any():  # no kernel's or profile's
         found, unplaced = capacity(frame, slo, baseline)
         lines.append(f" capacity at {slo:g} s/token (req/s) ".center(len(rule), "-"))

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_with, guarded_stdout, reportable
+from kvbench.reporting.console import drained_note
 from kvbench.reporting.figures import context_title
 from kvbench.reporting.paper import capacity_note
 from kvbench.reporting.results import (
@@ -512,25 +513,6 @@ img{max-width:100%}figure{margin:1.5em 0}.verdict{font-size:15px}.verdict li{mar
 .note{background:#fff9db;border-left:4px solid #f08c00;padding:.5em 1em}"""
 
 
-def _drained(frame: pd.DataFrame) -> list[str]:
-    """A note naming the points whose measurement window was their batch draining (every request
-    admitted within the warm-up: a run too short for its rate), whose mean batch and KV shares
-    describe that drain, not a steady state: beside other points, they read as a system that
-    used its memory worse under more load."""
-    if "window_drained" not in frame:
-        return []
-    drained = frame["window_drained"].astype(str).str.strip().str.lower().eq("true")
-    if not drained.any():
-        return []
-    names = point_labels(frame, varying_keys(frame) if len(frame) > 1 else [])[drained]
-    listed = "; ".join(names.head(6)) + (f"; and {len(names) - 6} more" if len(names) > 6 else "")  # a name has commas
-    return [
-        f"{len(names)} point(s) admitted every request within the warm-up ({listed}): their window is the "
-        f"batch draining, so their mean_batch_size and kv_* shares describe the drain, not a steady state. "
-        f"Give them more requests (workload.num_requests, or workload.duration_s), or measure.warmup_frac=0."
-    ]
-
-
 def _capacity(frame: pd.DataFrame, baseline: str | None, slo: float) -> list[str]:
     if METRIC not in frame or frame[METRIC].isna().all():  # a kernel's or profile's sweep: no latency target
         return []
@@ -661,7 +643,7 @@ def render_html(
         f"<p>{len(frame)} point(s) from {', '.join(html.escape(str(s)) for s in sources)}; "
         f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Data: <a href='summary.csv'>summary.csv</a>; "
         f"column definitions: docs/metrics.md.</p>",
-        *(f"<p class='note'>{html.escape(note)}</p>" for note in [*(notes or []), *_drained(frame)]),
+        *(f"<p class='note'>{html.escape(note)}</p>" for note in [*(notes or []), drained_note(frame)] if note),
         *_verdict(frame, baseline, asked, slo),
         *([paper_section(sources[0])] if len(sources) == 1 and Path(sources[0]).is_dir() else []),
         "<h2>Results</h2>",
