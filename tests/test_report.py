@@ -163,6 +163,9 @@ def test_two_sweeps_make_one_report_with_failed_points_explained_and_highlighted
     results = page.split("<h2>Results</h2>")[1].split("<h2>Plots</h2>")[0]
     assert results.count("<tr>") == 5  # the header and four points
     assert re.findall(r'class="data (row\d+) col0 failed"', results) == ["row0"]  # the failed one, highlighted
+    # the reason is prose: its header sits over it on the left, not right-aligned as the numbers' are
+    (at,) = re.findall(r'<th id="\w+" class="col_heading level0 col(\d+)" >reason</th>', results)
+    assert f"th.col{at} {{\n  text-align: left;" in results.split("<table")[0]
 
 
 def scaled_copy(sweep: Path, to: Path, factor: dict) -> Path:

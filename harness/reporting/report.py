@@ -486,6 +486,9 @@ def _table(frame: pd.DataFrame, columns: list[str], failed: pd.Series | None = N
     Headers break after underscores, so long metric names do not widen their columns."""
     styler = frame[columns].rename(columns=lambda c: html.escape(c).replace("_", "_<wbr>")).style
     styler.hide(axis="index").format(_cell, na_rep="", escape="html")
+    if "reason" in columns:  # prose: read from the left, its header over it, wrapped
+        at = columns.index("reason")
+        styler.set_table_styles([{"selector": f"th.col{at},td.col{at}", "props": "text-align:left"}])
     if failed is not None:
         classes = pd.DataFrame("", index=frame.index, columns=styler.columns)
         classes[failed.to_numpy()] = "failed"
