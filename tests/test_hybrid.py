@@ -206,6 +206,25 @@ def test_forking_a_request_with_linear_layers_copies_its_reserved_spare_state():
     assert allocator.copied_slots == pytest.approx(copied) and copied > 0
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen3-next", "tiny-gemma3"])
+def test_a_sample_whose_first_token_is_its_last_is_forked_without_a_copy(name):
+    """One output token: the samples take it from the prompt's step and end with it, running no
+    step that reads a copied state; the linear layers copied the parent's state anyway, and
+    copied_bytes counted it."""
+    allocator = hybrid(model(name))
+    allocator.record_copies = True
+    parent = new_seq(0, 9, 1, n=3)
+    assert allocator.admit(parent) and step(allocator, parent, 9)
+    children = [Sequence(i, parent.request, parent.num_tokens, parent=parent) for i in (1, 2)]
+    for child in children:
+        allocator.fork(parent, child)
+        assert allocator.block_table(child) == allocator.block_table(parent)
+    assert allocator.take_copies() == [] and allocator.copied_slots == 0 and allocator.num_copies == 0
+    for seq in (parent, *children):
+        allocator.free(seq)
+    assert allocator.accounting().held == 0  # the spare states set aside for them are given back
+
+
 def test_spare_linear_states_set_aside_for_a_requests_samples_are_reserved_until_forked():
     """A request of n=3 takes its 2 children's linear states at admission; until a fork starts
     one they hold no token: counted as token state they would hide as reserved bytes of 0."""

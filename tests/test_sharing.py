@@ -138,19 +138,22 @@ def charged_run(allocator: str, requests: list) -> tuple[dict, object, list]:
 
 
 @pytest.mark.parametrize("long_decode", [True, False])
-def test_copies_made_before_an_idle_pool_or_a_quiet_stretch_are_charged_to_the_next_step(long_decode):
-    """A request of two one-token samples forks after its prefill (a reserving allocator copies
-    the prompt's range) and finishes at once: the copy was taken by the empty schedule() before
-    the next arrival, or by nobody where a steady decode ran on in a quiet stretch, and never
-    cost a step. (Paged copies on write, inside the step that writes.)"""
+@pytest.mark.parametrize("output_len, copied", [(1, 0), (2, 20)])
+def test_a_fork_copies_only_for_a_step_that_reads_it_and_that_step_pays_for_it(long_decode, output_len, copied):
+    """A request of two samples forks after its prefill; a reserving allocator copies the
+    prompt's range into the second sample's. With one output token both samples end at once and
+    no step reads the copy: it was made anyway (copied_bytes counted KV nobody read), and taken by
+    the empty schedule() before the next arrival, or by nobody where a steady decode ran on in a
+    quiet stretch, never costing a step. With two, the step that reads it pays for it. (Paged
+    copies on write, inside the step that writes.)"""
     requests = [
         Request(0, 0.0, 20, 400 if long_decode else 2),  # a long decode runs on in quiet stretches
-        Request(1, 0.5, 20, 1, np.arange(20), n=2),  # forks, then both samples end at once
+        Request(1, 0.5, 20, output_len, np.arange(20), n=2),  # forks
         Request(2, 30.0, 20, 5),  # an arrival after everything else has ended
     ]
     row, engine, charged = charged_run("contiguous", requests)
-    assert row["completed"] == 3 and engine.allocator.copied_slots == 20  # the prompt's range, once
-    assert sum(charged) == engine.allocator.copied_slots  # every copy paid for, once
+    assert row["completed"] == 3 and engine.allocator.copied_slots == copied  # the prompt's range, or none
+    assert row["copies"] == (copied > 0) and sum(charged) == copied  # every copy paid for, once
 
 
 @pytest.mark.parametrize("allocator", ["contiguous", "paged"])

@@ -158,7 +158,8 @@ class ReservingAllocator(KVAllocator):
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """A contiguous child needs its own range: take one (a spare of the parent's request,
-        else a new one) and copy the parent's tokens into it."""
+        else a new one) and copy the parent's tokens into it, where the child runs another step
+        to read them."""
         child.num_computed = 0
         request = child.request
         self._settle(parent)
@@ -178,8 +179,9 @@ class ReservingAllocator(KVAllocator):
         self._take_range(child, start, held)
         self.grow(child, parent.num_computed)
         child.num_computed = parent.num_computed
-        self._log_copy("device", self._range[parent.seq_id][0], start, parent.num_computed)
-        self.num_copies += 1
+        if parent.num_computed < child.final_len:  # one whose first token is its last runs no step: no copy
+            self._log_copy("device", self._range[parent.seq_id][0], start, parent.num_computed)
+            self.num_copies += 1
 
     def _release(self, request: Request, start: int, held: int) -> None:
         self._space.release(start, held)

@@ -227,8 +227,8 @@ class HybridAllocator(KVAllocator):
     def fork(self, parent: Sequence, child: Sequence) -> None:
         for m in self.attention:
             m.fork(parent.seq_id, child.seq_id, parent.num_computed, parent.final_len)
-        if self.linear:
-            self.linear.fork(parent.seq_id, child.seq_id)
+        if self.linear:  # a child whose first token is its last runs no step: its state is not copied
+            self.linear.fork(parent.seq_id, child.seq_id, copy=parent.num_computed < child.final_len)
         child.num_computed = parent.num_computed
 
     def free(self, seq: Sequence) -> None:

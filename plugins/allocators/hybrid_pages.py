@@ -135,12 +135,13 @@ class LinearStateManager:
     def start(self, seq_id: int) -> None:
         self.started.add(seq_id)
 
-    def fork(self, parent: int, child: int) -> None:
+    def fork(self, parent: int, child: int, copy: bool = True) -> None:
         spares = self.spares[parent]
         pages = spares.pop() if spares else self._take_state()
-        for src, dst in zip(self.states[parent], pages):
-            self.log_copy(src, dst)
-        self.num_copies += 1
+        if copy:
+            for src, dst in zip(self.states[parent], pages):
+                self.log_copy(src, dst)
+            self.num_copies += 1
         self.states[child] = pages
         self.spares[child] = []
         self.started.add(child)
