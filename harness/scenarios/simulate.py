@@ -147,28 +147,6 @@ def preflight(cfg: DictConfig) -> None:
     make_executor(cfg, *load_specs(cfg))
 
 
-def vllm_large_gpu_note(cfg: DictConfig, hardware, preset: str | None) -> str | None:
-    """A line where +preset=vllm keeps the server defaults of a GPU below 70 GiB on one that vLLM
-    0.33 gives larger ones: 1,024 sequences and 8,192 tokens a step on a GPU of 70 GiB or more
-    that is not an A100 (EngineArgs' defaults by usage context; an A100-80GB keeps 256 and 2,048)."""
-    if preset != "vllm":
-        return None
-    large = hardware.memory_bytes >= 70 * 2**30 and "a100" not in hardware.name.lower()
-    if not large or (cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens) != (256, 2048):
-        return None
-    return (
-        f"+preset=vllm sets vLLM's server defaults for GPUs below 70 GiB (256 sequences, 2,048 tokens a step); "
-        f"on {hardware.name} vLLM 0.33 uses 1,024 and 8,192: add scheduler.max_num_seqs=1024 "
-        f"scheduler.max_num_batched_tokens=8192 to simulate its defaults there"
-    )
-
-
 def run(cfg: DictConfig) -> list[dict]:
     refuse_async(cfg)
-    from hydra.core.hydra_config import HydraConfig
-
-    preset = HydraConfig.get().runtime.choices.get("preset") if HydraConfig.initialized() else None
-    note = vllm_large_gpu_note(cfg, load_specs(cfg)[1], preset)
-    if note:
-        log.warning(note)
     return [simulate(cfg)[0]]

@@ -9,6 +9,7 @@ import csv
 import subprocess
 import sys
 
+import pytest
 from hydra import compose, initialize_config_module
 
 from kvbench.core.scheduler import Scheduler
@@ -95,16 +96,27 @@ def test_bench_runs_the_preset_and_an_unknown_preset_is_one_line_with_exit_code_
     assert result.stderr.strip().splitlines() == ["error: unknown preset 'sglang'; known: vllm"]
 
 
-def test_the_preset_on_a_large_gpu_says_vllm_s_defaults_there_are_larger():
+@pytest.mark.parametrize(
+    "hardware, seqs, tokens",
+    [("a100-40gb", 256, 2048), ("a100-80gb", 256, 2048), ("h100-sxm", 1024, 8192), ("h200", 1024, 8192)],
+)
+def test_the_preset_gives_each_gpu_vllm_s_server_defaults_for_it(hardware, seqs, tokens):
     """vLLM 0.33 gives a GPU of 70 GiB or more that is not an A100 1,024 sequences and 8,192
-    tokens a step; the preset keeps the smaller GPUs' 256 and 2,048 and said nothing."""
-    from kvbench.scenarios.simulate import vllm_large_gpu_note
+    tokens a step (EngineArgs.get_batch_defaults, OpenAI server); the preset kept the smaller
+    GPUs' 256 and 2,048 everywhere. An override after it still wins."""
+    cfg = composed("+preset=vllm", f"hardware={hardware}")
+    assert (cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens) == (seqs, tokens)
+    model, _ = load_specs(cfg)
+    engine = build_engine(cfg, model, 1000 * 16, lambda allocator: None)
+    assert (engine.scheduler.max_num_seqs, engine.scheduler.max_num_batched_tokens) == (seqs, tokens)
+    cfg = composed("+preset=vllm", f"hardware={hardware}", "scheduler.max_num_batched_tokens=512")
+    assert cfg.scheduler.max_num_batched_tokens == 512
 
-    def note(*overrides):
-        cfg = composed("+preset=vllm", *overrides)
-        return vllm_large_gpu_note(cfg, load_specs(cfg)[1], "vllm")
 
-    assert "on h100-sxm vLLM 0.33 uses 1,024 and 8,192" in note("hardware=h100-sxm", "model=llama-3-8b")
-    assert note("hardware=a100-80gb", "model=llama-3-8b") is None  # an A100 keeps the small defaults
-    assert note("hardware=a100-40gb") is None
-    assert note("hardware=h200", "scheduler.max_num_seqs=1024", "scheduler.max_num_batched_tokens=8192") is None
+def test_the_preset_s_defaults_follow_vllm_s_memory_tiers():
+    from kvbench.conf import vllm_batch_default
+
+    gib = 1 << 30
+    gpus = [("l4", 24 * gib), ("x", 70 * gib - 1), ("x", 70 * gib), ("a100-80gb", 80 * gib), ("b200", 180 * gib)]
+    tiers = [tuple(vllm_batch_default(key, *gpu) for key in ("max_num_seqs", "max_num_batched_tokens")) for gpu in gpus]
+    assert tiers == [(256, 2048), (256, 2048), (1024, 8192), (256, 2048), (1024, 16384)]
