@@ -679,6 +679,17 @@ def test_bars_named_by_many_settings_lie_on_their_side_with_every_name_shown(tmp
     assert min(t.get_window_extent(renderer).x0 for t in fig.axes[0].get_yticklabels()) >= 0
 
 
+@pytest.mark.parametrize("cols", [1, 2, 3, 4])
+def test_the_width_bars_are_laid_out_by_is_the_width_matplotlib_gives_a_panel(cols):
+    """Whether the bars lie on their side is decided by how wide a panel will be: an estimate 20 %
+    too wide rotated names that fitted standing, and squeezed every panel."""
+    from kvbench.reporting.figures import MAX_WIDTH_IN, subplots
+
+    fig, axes = subplots(1, cols, figsize=(MAX_WIDTH_IN, 3.9), squeeze=False)
+    for ax in axes.flat:
+        assert ax.get_position().width * MAX_WIDTH_IN == pytest.approx(plots.panel_width_in(cols), rel=1e-3)
+
+
 def test_a_figure_that_fails_to_draw_costs_only_itself(tmp_path, monkeypatch, caplog):
     def broken(*args):
         raise ValueError("bottom cannot be >= top")

@@ -116,6 +116,12 @@ def _draw_bars(ax, frame: pd.DataFrame, metric: str, lying: bool = False) -> Non
         ax.set_xticks(range(len(names)), names, fontsize=6.5, rotation=30, ha="right")
 
 
+def panel_width_in(cols: int) -> float:
+    """The width (inches) of each of `cols` panels in a row of a MAX_WIDTH_IN figure, as
+    matplotlib lays them out: 77.5 % of the figure, gaps of 0.2 panel between them."""
+    return 0.775 * MAX_WIDTH_IN / (cols + 0.2 * (cols - 1))
+
+
 def _name_size(names: list[str], panel_in: float) -> float:
     """The font size (pt) at which each group's name, a setting a line, fits its slot of a panel
     `panel_in` inches wide."""
@@ -161,8 +167,7 @@ def throughput_latency(frame: pd.DataFrame, curves=AUTO):
     cols = -(-len(panels) // rows)
     # names that would not fit under their bars even at 5 pt (rotated, they overlapped): the bars
     # lie on their side, the names to the left of the left column's panels
-    # (a panel's width as matplotlib lays out `cols` of them: 77.5 % of the figure, gaps of 0.2 panel)
-    lying = not x and names != [""] and _name_size(names, 0.775 * MAX_WIDTH_IN / (cols + 0.2 * (cols - 1))) < 5
+    lying = not x and names != [""] and _name_size(names, panel_width_in(cols)) < 5
     if lying:
         height = 0.12 * len(names) * (1 + frame["allocator"].nunique()) + 1.2
         fig, axes = subplots(rows, cols, figsize=(MAX_WIDTH_IN, height * rows + 0.8), squeeze=False, sharey=True)
