@@ -692,6 +692,27 @@ def test_hybrid_admits_a_cached_prompt_exactly_when_paged_does(first_still_runni
     assert outcomes == [extra <= 24 for extra in range(40)]
 
 
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-gpt-oss"])
+def test_a_refused_head_hashes_its_prompt_once_in_every_group(name, monkeypatch):
+    """Every group's chain of the whole prompt was hashed again at every refused try (13 % of an
+    overloaded cached run); a later try still finds what was cached since."""
+    from kvbench.plugins.allocators.hybrid_attention import AttentionManager
+
+    chained = []
+    real = AttentionManager.chain
+    monkeypatch.setattr(AttentionManager, "chain", lambda m, *a: chained.append(m) or real(m, *a))
+    pool = hybrid(model(name), num_slots=64, block_size=4, watermark=0.0, prefix_caching=True)
+    first = Sequence(0, Request(0, 0.0, 40, 4), 40, token_ids=list(range(40)))
+    assert pool.admit(first) and step(pool, first, 40)
+    waiting = Sequence(1, Request(1, 0.0, 60, 4), 60, token_ids=list(range(100, 160)))
+    chained.clear()
+    for _ in range(4):
+        assert not pool.admit(waiting)
+    assert len(chained) == len(pool.attention) and pool._waiting_chains.keys() == {1}
+    pool.free(first)
+    assert pool.admit(waiting) and pool._waiting_chains == {}
+
+
 def compose_point(overrides: list[str]):
     with initialize_config_module("kvbench.conf", version_base="1.3"):
         return compose("bench", overrides=[*overrides, "progress=false", "plots=false"])

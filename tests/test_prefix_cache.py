@@ -118,6 +118,30 @@ def test_cached_blocks_count_as_free_until_hit():
     assert pool.accounting().token == 13  # three revived blocks and one new token
 
 
+def test_a_refused_head_hashes_its_prompt_once_however_often_it_is_refused(monkeypatch):
+    """The head of the queue, refused for want of blocks, is tried again every step: its whole
+    prefix was hashed again each time (15 % of a cached run's loop). Its lookups still see what
+    was cached since, and its kept hashes go once it is admitted."""
+    import kvbench.plugins.allocators.paged as paged
+
+    hashed = []
+    real = paged.hash_block
+    monkeypatch.setattr(paged, "hash_block", lambda parent, block: hashed.append(1) or real(parent, block))
+    pool = PagedAllocator(num_slots=32, max_model_len=64, block_size=4, watermark=0.0, prefix_caching=True)
+    running = admitted(pool, range(100, 124))  # 6 of the 8 blocks
+    waiting = Sequence(999, Request(1, 0.0, 17, 4), 17, token_ids=list(range(17)))
+    hashed.clear()
+    for _ in range(5):
+        assert not pool.admit(waiting)  # 5 blocks wanted, 2 free
+    assert len(hashed) == 1  # its first block, not cached: the lookup stops there, and is kept
+    pool.free(running)
+    sharer = admitted(pool, range(12))  # caches the waiting prompt's first three blocks
+    hashed.clear()
+    assert pool.admit(waiting) and waiting.num_cached == 12
+    assert len(hashed) == 3  # the blocks its kept hashes did not reach yet, and no more
+    assert pool._waiting_chain == {}  # admitted: its hashes are its blocks' now
+
+
 HASHES_OF_A_PROMPT = """
 import numpy as np
 from kvbench.plugins.allocators.block_pool import BlockPool

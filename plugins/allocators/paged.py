@@ -71,6 +71,9 @@ class PagedAllocator(KVAllocator):
         self.stride = block_size if self.quiet_room and block_size > 1 else 0
         self._striding: deque[int] = deque()  # blocks take_striding took, not yet handed out
         self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
+        # seq_id -> the hashes of a waiting sequence's blocks, as far as its lookups went: a head
+        # of the queue refused step after step looks its prefix up each time, but hashes it once
+        self._waiting_chain: dict[int, list[int]] = {}
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
         self.preempted_hit_tokens = 0  # what re-admitted victims found cached (vLLM's preempted_hits)
         self.enable_swap(0)
@@ -121,17 +124,22 @@ class PagedAllocator(KVAllocator):
 
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        """Cached blocks (and their hashes) that hold the sequence's first tokens, in order."""
+        """Cached blocks (and their hashes) that hold the sequence's first tokens, in order. The
+        hashes are kept until it is admitted (its tokens do not change while it waits)."""
         tokens, bs = self.token_ids(seq, seq.num_tokens - 1), self.block_size
-        blocks, hashes, parent, cached = [], [], ROOT_HASH, self.pool.cached
+        chain = self._waiting_chain.setdefault(seq.seq_id, [])
+        blocks, parent, cached = [], ROOT_HASH, self.pool.cached
         for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
-            parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
+            if index < len(chain):
+                parent = chain[index]
+            else:
+                parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
+                chain.append(parent)
             block = cached.get(parent)
             if block is None:
                 break
             blocks.append(block)
-            hashes.append(parent)
-        return blocks, hashes
+        return blocks, chain[: len(blocks)]
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Name the sequence's blocks that are full once `num_tokens` tokens are stored."""
@@ -158,6 +166,7 @@ class PagedAllocator(KVAllocator):
             pool.admission_need(cdiv(seq.num_tokens, self.block_size), hits), reserve=not self.watermark_exempt
         ):
             return False
+        del self._waiting_chain[seq.seq_id]
         ref_count = self.ref_count
         for block in hits:
             if ref_count[block]:  # held by a live sequence: one holder more (pool.hold, inlined)
