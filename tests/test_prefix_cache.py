@@ -135,7 +135,7 @@ def test_a_refused_head_hashes_its_prompt_once_however_often_it_is_refused(monke
         assert not pool.admit(waiting)  # 5 blocks wanted, 2 free
     assert len(hashed) == 1  # its first block, not cached: the lookup stops there, and is kept
     pool.free(running)
-    sharer = admitted(pool, range(12))  # caches the waiting prompt's first three blocks
+    admitted(pool, range(12))  # caches the waiting prompt's first three blocks
     hashed.clear()
     assert pool.admit(waiting) and waiting.num_cached == 12
     assert len(hashed) == 3  # the blocks its kept hashes did not reach yet, and no more
