@@ -808,3 +808,21 @@ def test_a_near_tie_s_ratio_shows_the_digits_that_tell_it_from_one():
     assert [times(x) for x in (1.0, 0.022706 / 0.022665, 0.9996, 2.5)] == ["1.00", "1.002", "0.9996", "2.50"]
     # however near: a ratio that is not 1 never reads as 1.0000, nor one far below it as 0.00
     assert [times(x) for x in (1.00001, 0.999996, 0.003)] == ["1.00001", "0.999996", "0.003"]
+
+
+def test_a_sweep_of_one_system_over_its_settings_names_the_best_setting_at_each_rate():
+    """`-m +allocator=paged allocator.block_size=8,16,32` read "One system only (paged): nothing
+    to compare", though its points compare block sizes."""
+    latency = {(1, 8): 0.030, (1, 16): 0.020, (1, 32): 0.025, (2, 8): 0.050, (2, 16): 0.060, (2, 32): 0.040}
+    frame = pd.DataFrame(
+        [
+            {"allocator": "paged", "rate": r, "block_size": b, "status": "ok", "normalized_latency_s_per_tok": v}
+            for (r, b), v in latency.items()
+        ]
+    )
+    text = re.sub("<[^>]+>", "", "".join(report._verdict(frame, None, "contiguous", 0.5)))
+    assert "One system only (paged); its settings by normalized latency:" in text
+    assert "rate=1: block_size=16 (0.02 s/token), 1.50× lower normalized latency than block_size=8" in text
+    assert "rate=2: block_size=32 (0.04 s/token), 1.50× lower normalized latency than block_size=16" in text
+    alone = frame[frame["block_size"] == 16]  # a rate sweep of one setting: nothing to compare
+    assert "nothing to compare" in "".join(report._verdict(alone, None, "contiguous", 0.5))

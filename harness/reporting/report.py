@@ -559,6 +559,28 @@ def _single_measurements(frame: pd.DataFrame) -> list[str]:
     ]
 
 
+def _best_settings(frame: pd.DataFrame) -> list[str]:
+    """A sweep of one system over its own settings (`allocator.block_size=8,16,32`): at each
+    rate, the setting of lowest normalized latency and how much higher the highest is."""
+    ok = ranked(frame)
+    keys = [k for k in varying_keys(frame) if k not in ("allocator", "rate")]
+    if not keys:
+        return []
+    items = []
+    for rate, rows in ok.groupby("rate", sort=True) if "rate" in ok else [(None, ok)]:
+        if len(rows) < 2:
+            continue
+        names = point_labels(rows, keys)
+        low, high = rows[METRIC].idxmin(), rows[METRIC].idxmax()
+        at = "" if rate is None or ok.get("rate", pd.Series()).nunique() < 2 else f"rate={rate:g}: "
+        items.append(
+            f"<li>{at}<b>{html.escape(names[low])}</b> ({rows[METRIC][low]:.4g} s/token), "
+            f"{times(rows[METRIC][high] / rows[METRIC][low])}× lower normalized latency than "
+            f"{html.escape(names[high])}</li>"
+        )
+    return items
+
+
 def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) -> list[str]:
     parts = ["<h2>Verdict</h2><div class='verdict'>", *_capacity(frame, baseline, slo)]
     found = winners(frame, baseline)
@@ -566,7 +588,11 @@ def _verdict(frame: pd.DataFrame, baseline: str | None, asked: str, slo: float) 
         parts.append("<p>No point measured normalized latency, so there is no winner to name.</p>")
     elif baseline is None:
         only = html.escape(", ".join(found["winner"].unique()))
-        parts.append(f"<p>One system only ({only}): nothing to compare.</p>")
+        best = _best_settings(frame)
+        said = "; its settings by normalized latency:" if best else ": nothing to compare."
+        parts.append(f"<p>One system only ({only}){said}</p>")
+        if best:
+            parts += ["<ul>", *best, "</ul>"]
     else:
         note = "" if baseline == asked else f" (report.baseline={html.escape(asked)} is not in the sweep)"
         parts.append(
