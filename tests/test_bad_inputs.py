@@ -297,6 +297,11 @@ CROSS_CASES = [
     (["scenario=serve", "model=tiny", "scenario.num_requests=100000000"], "would allocate about"),
     (["scenario=kernel", "model=llama-3-70b", "batch=1000000d8k"], "would allocate"),
     (["workload.num_requests=100000000"], "would allocate"),
+    # a MemoryError traceback building the swap pool's free list: 10^15 bytes of blocks of one token
+    (
+        ["engine.preemption=swap", "engine.swap_space_bytes=1e15", "+allocator=paged", "allocator.block_size=1"],
+        "(swap pool bookkeeping 78.1 GB)",
+    ),
     # it ran: 13 parameters left the whole GPU to the KV pool (47,184 slots, not 15,808), 1.40 req/s, not 0.48
     # it said "allocator.block_size=16 must be a whole number"
     (["+allocator=paged", "allocator.block_size=16.0000000001"], "allocator.block_size=16.0000000001 must be a whole"),
@@ -709,6 +714,16 @@ RUN_CASES = [
     # these ran: serve recorded workload.rate=2 with every request at t=0; a rate of 1e-300 req/s
     # gave duration_s=inf and latencies of 0; 4096 threads on 2 cores ran on past a minute
     (["scenario=serve", "model=tiny", "workload.rate=2"], "workload.rate is not read: scenario=serve replaces it"),
+    # these ran: serve's 64 requests at 2 req/s over 32 s, recorded as workload.duration_s=2; a
+    # simulated 100 requests over 45 s, recorded as workload.duration_s=10
+    (
+        ["scenario=serve", "model=tiny", "workload.duration_s=2", "scenario.rate=2"],
+        "workload.duration_s is not read: scenario.num_requests=64 bounds the run, and takes precedence",
+    ),
+    (
+        ["workload.num_requests=100", "workload.duration_s=10"],
+        "workload.duration_s is not read: workload.num_requests=100 bounds the run",
+    ),
     (
         ["scenario=serve", "model=tiny", "workload.burstiness=0.5"],
         "workload.burstiness is not read: scenario.rate=inf",
@@ -1198,6 +1213,12 @@ def test_cfg_job_prints_the_config_then_refuses_one_a_run_would_refuse(args, mes
         (["+experiment=fig2"], "fig2"),
         (["scenario=validate", "model=tiny", "scenario.out_dir=run-1e999"], "run-1e999"),  # a name, not a number
         (["scenario=serve", "model=tiny", "scenario.cpu_affinity=[0]", "scenario.cpu_threads=1"], "cpu_threads: 1"),
+        # refused as "workload.rate=inf sends every request at t=0", the workload's rate, which serve replaces
+        (
+            ["scenario=serve", "model=tiny", "workload=fixed", "workload.num_requests=null", "workload.duration_s=1"]
+            + ["scenario.rate=2", "scenario.num_requests=null"],
+            "duration_s: 1",
+        ),
     ],
 )
 def test_cfg_job_of_a_config_a_run_accepts_ends_as_usual(args, shown):
@@ -1221,6 +1242,27 @@ def test_a_serve_run_whose_largest_step_would_not_fit_is_refused_before_it_start
     with pytest.raises(
         UserError, match=r"would allocate about 76.8 GB \(weights \(fp32\) 15.4 GB, a step's activations 61.4"
     ):
+        schema.validate(cfg)
+
+
+@pytest.mark.parametrize("preemption, swap_pool", [("recompute", False), ("swap", True)])
+def test_a_serve_run_counts_a_swap_pool_only_where_it_swaps(monkeypatch, preemption, swap_pool):
+    """A served run that recomputes builds no swap pool, but its estimate counted one (17.2 GB of a
+    head_dim=65536 model's 27.4), refusing a run that fit, with no setting to get past it."""
+    from hydra import compose, initialize_config_module
+
+    from kvbench import schema
+    from kvbench.errors import UserError
+    from kvbench.schema import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 24 * 10**9)
+    overrides = ["scenario=serve", "model=tiny", "model.head_dim=65536", f"engine.preemption={preemption}"]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=[*overrides, "workload=fixed", "workload.num_requests=2"])
+    if not swap_pool:
+        schema.validate(cfg)  # 10.2 GB: weights, a step's activations and the KV cache
+        return
+    with pytest.raises(UserError, match=r"KV cache 8.59 GB, swap pool 17.2 GB\)"):
         schema.validate(cfg)
 
 

@@ -162,6 +162,20 @@ def test_the_window_s_warm_up_is_a_share_of_the_run_from_its_first_arrival():
     assert row["mean_batch_size"] == 1.0
 
 
+def test_a_window_no_step_ran_in_says_so_and_names_the_span_it_averaged(tmp_path, caplog):
+    """50 requests at t=0 and one at 1,000 s: the window, 333 s to the last admission at 1,000 s,
+    holds no step (the server sat idle), and the shares quietly averaged every step of the run
+    under window_start_s=333 and window_end_s=1000."""
+    trace = tmp_path / "late.csv"
+    trace.write_text("input_len,output_len,arrival_s\n" + "500,500,0\n" * 50 + "10,10,1000\n")
+    overrides = ["workload=trace", f"workload.path={trace}", "progress=false"]
+    with initialize_config_module("kvbench.conf", version_base="1.3"):
+        row = run_point(compose("bench", overrides=overrides))[0]
+    assert "no step ran within the measurement window (333.1 s to 1000 s" in caplog.text
+    assert row["window_start_s"] == 0 and row["window_end_s"] == row["duration_s"] > 1000
+    assert 1 < row["mean_batch_size"] < 50 and not row["window_drained"]
+
+
 @pytest.mark.parametrize("budget", [100, 32, 7])
 def test_a_prefill_costs_the_causal_half_of_its_attention_pairs_however_it_is_chunked(budget):
     """A 100-token prompt's queries read 1, 2, ..., 100 keys: 5,050 pairs, which a causal kernel

@@ -203,13 +203,16 @@ def test_a_rate_that_spreads_requests_past_31_years_is_refused():
         generate({"kind": "sharegpt", "rate": 1e-300, "num_requests": 5}, seed=0, max_model_len=2048)
 
 
-def test_an_over_long_trace_row_is_dropped_and_counted(tmp_path):
+def test_an_over_long_trace_row_is_dropped_counted_and_said(tmp_path, caplog):
+    """999 of 1,000 rows dropped left a run of one request whose console said nothing of them."""
     path = trace(tmp_path, "input_len,output_len\n10,5\n2000,100\n20,6\n30,7\n")
     requests = generate({"kind": "trace", "path": path, "rate": 1.0}, seed=0, max_model_len=2048)
     assert [r.prompt_len for r in requests] == [10, 20, 30]
     assert requests.dropped == 1
+    assert f"trace {path}: 1 of its rows are longer than 2048 tokens" in caplog.text
+    caplog.clear()
     first = generate({"kind": "trace", "path": path, "rate": 1.0, "num_requests": 1}, seed=0, max_model_len=2048)
-    assert first.dropped == 0  # the over-long row lies beyond the one row this run reads
+    assert first.dropped == 0 and not caplog.text  # the over-long row lies beyond the one row this run reads
 
 
 def test_a_strict_trace_names_its_over_long_row(tmp_path):

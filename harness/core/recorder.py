@@ -201,7 +201,16 @@ class Recorder:
         start, stop = self.window(last_admit_s, first_arrival_s)
         # weight each step by its overlap with the window
         weight = np.clip(np.minimum(ends, stop) - np.maximum(ends - dts, start), 0, None)
-        if weight.sum() <= 0:
+        if weight.sum() <= 0:  # no step ran in it: the server sat idle until its last admission
+            if len(ends):
+                logging.getLogger("kvbench").warning(
+                    "no step ran within the measurement window (%.6g s to %.6g s: the server was idle there), so "
+                    "mean_batch_size and the kv_* shares average the whole run, as window_start_s and "
+                    "window_end_s now say",
+                    start,
+                    stop,
+                )
+                start, stop = float(ends[0] - dts[0]), float(ends[-1])
             weight = dts
         # the steps' tuples read flat: half the time of np.asarray on a list of tuples
         try:  # read as floats, so that a fraction is seen, not cut to a whole number

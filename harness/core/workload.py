@@ -22,6 +22,7 @@ Length distributions:
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import os
 
@@ -331,6 +332,14 @@ def trace_requests(
         # the line after which no row was read: the file's end, or none (no arrival in duration)
         last = (taken[-1][3] if taken else -math.inf) if len(taken) < len(kept) else math.inf
         dropped = sum(1 for r in too_long if r[3] < last)
+    if dropped:  # a column of the row, and said where the run is watched
+        logging.getLogger("kvbench").warning(
+            "trace %s: %d of its rows are longer than %d tokens (input + output, the model's max_model_len less any "
+            "shared prefix) and were dropped, as dropped_requests counts; workload.strict=true refuses them instead",
+            path,
+            dropped,
+            max_len,
+        )
     if cfg.get("shuffle"):
         taken = [taken[i] for i in rng.permutation(len(taken))]
     inputs = np.array([r[0] for r in taken], dtype=np.int64)

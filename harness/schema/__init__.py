@@ -306,6 +306,22 @@ def _missing_choice(cfg: DictConfig, err: OmegaConfBaseException) -> str | None:
     )
 
 
+def served_workload(data: dict):
+    """The workload node as scenario=serve draws it (serve.serve_workload): its rate replaced by
+    scenario.rate where that is set, and a workload with no count of its own given
+    scenario.num_requests; any other scenario's workload as it is."""
+    workload, scenario = data.get("workload"), data.get("scenario")
+    if not (isinstance(workload, dict) and isinstance(scenario, dict) and scenario.get("name") == "serve"):
+        return workload
+    served = dict(workload)
+    if scenario.get("rate") is not None:
+        served["rate"] = scenario["rate"]
+    capped = scenario.get("num_requests") is not None and served.get("kind") != "trace"
+    if capped and served.get("num_requests") is None:
+        served["num_requests"] = scenario["num_requests"]
+    return served
+
+
 def validate(cfg: DictConfig | dict) -> dict:
     """Check a composed config; return its groups' validated models. Raises UserError (one line)."""
     try:
@@ -347,7 +363,8 @@ def validate(cfg: DictConfig | dict) -> dict:
     for group, model in SINGLE_GROUPS.items():
         checked[group] = _check(model, data.get(group), group)
     for group in OPTION_GROUPS:
-        checked[group] = _check(_option_model(group, data.get(group)), data[group], group)
+        node = served_workload(data) if group == "workload" else data[group]
+        checked[group] = _check(_option_model(group, node), node, group)
     for kind in PLUGIN_GROUPS:
         if data.get(kind) is not None:
             checked[kind] = _plugin(kind, data[kind])

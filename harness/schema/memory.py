@@ -142,7 +142,8 @@ def estimate(
             if allocator.get("name") == "hybrid":  # its pages' caches and states, allocated whole
                 as_full = allocator.get("policy") == "as_full"
                 parts["KV cache"] = _hybrid_caches(model, scenario.dtype, int(slots), block_size, as_full)
-            parts["swap pool"] = scenario.swap_space_tokens * per_token
+            if root.engine.preemption == "swap":  # recompute builds no swap pool
+                parts["swap pool"] = scenario.swap_space_tokens * per_token
             parts["prompt tokens"] = requests * model.max_model_len * 8
         else:
             parts["KV cache"] = scenario.kv_cache_tokens * per_token
@@ -151,7 +152,8 @@ def estimate(
         # (unless scenario.profile names a profile.csv), then the serve runs', each with its pool.
         serve, profiling = scenario.serve, scenario.profiling  # changes: None where unset
         weights, per_token = _real_model(model, serve.dtype or "auto")
-        serve_kv = scenario.kv_cache_tokens + _given(serve, "swap_space_tokens", sections.Serve)
+        swapped = _given(serve, "swap_space_tokens", sections.Serve) if root.engine.preemption == "swap" else 0
+        serve_kv = scenario.kv_cache_tokens + swapped
         profile_kv = 0 if scenario.profile else _given(profiling, "kv_cache_tokens", sections.Profile)
         parts[f"{weights[0]} x2"] = 2 * weights[1]
         parts["a step's activations"] = _activations(
@@ -183,8 +185,10 @@ def estimate(
                 hardware.memory_bytes * hardware.num_gpus * hardware.gpu_memory_utilization
                 - model.num_params * DTYPE_BYTES[model.dtype]
             )
-        slots = max(kv_bytes, 0) / _kv_bytes_per_token(model, DTYPE_BYTES[model.dtype])
-        parts["KV pool bookkeeping"] = slots / block_size * BLOCK_BYTES
+        per_token = _kv_bytes_per_token(model, DTYPE_BYTES[model.dtype])
+        parts["KV pool bookkeeping"] = max(kv_bytes, 0) / per_token / block_size * BLOCK_BYTES
+        if root.engine.preemption == "swap":  # the CPU pool's free list, a block an entry
+            parts["swap pool bookkeeping"] = root.engine.swap_space_bytes / per_token / block_size * BLOCK_BYTES
     total = sum(parts.values())
     return total, [f"{name} {_gb(size)}" for name, size in parts.items() if size >= 1e8]
 
@@ -206,7 +210,10 @@ def refuse_if_too_big(root, model, hardware, workload, scenario, allocator: dict
             "profile": "the model or the KV pool (scenario.kv_cache_tokens)",
             "validate": "the model or the KV pools (scenario.kv_cache_tokens, scenario.profiling.kv_cache_tokens)",
             "kernel": "the model or the batch (batch=...)",
-        }.get(scenario.name, "the KV pool (engine.kv_cache_bytes, hardware.*) or the workload")
+        }.get(
+            scenario.name,
+            "the KV pool (engine.kv_cache_bytes, hardware.*), the swap pool (swap_space_bytes) or the workload",
+        )
         raise UserError(
             f"scenario={scenario.name} with model={model.name} would allocate about {_gb(total)} "
             f"({', '.join(parts)}) but this machine has {_gb(free)} available; shrink {shrink}"
