@@ -56,7 +56,12 @@ def _field_docs(*, _root_) -> str:
     from kvbench.schema import groups
     from kvbench.schema.docs import help_text
 
-    names = {group: OmegaConf.select(_root_, f"{group}.name", default=None) for group in groups.PLUGINS}
+    names = {}
+    for group in groups.PLUGINS:
+        try:  # a name that does not resolve (${oc.env:UNSET}): the run says so, the help still shows
+            names[group] = OmegaConf.select(_root_, f"{group}.name", default=None)
+        except Exception:  # noqa: BLE001 (OmegaConf's errors, and a resolver's own)
+            names[group] = None
     plugins = {g: name for g, name in names.items() if isinstance(name, str) and name not in groups.PLUGINS[g]}
     searchpath = OmegaConf.select(_root_, "hydra.searchpath", default=None) or []
     return help_text(OmegaConf.select(_root_, "hydra.runtime.choices", default=None), plugins, list(searchpath))

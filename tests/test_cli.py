@@ -297,6 +297,14 @@ def test_hydra_full_error_still_shows_hydra_s_traceback(tmp_path):
     assert result.returncode == 1 and "Traceback" in result.stderr
 
 
+def test_help_still_shows_where_a_plugin_name_does_not_resolve(tmp_path):
+    """`+allocator.name=${oc.env:UNSET}` made --help an error: the help looks the name up to list
+    a chosen plugin's options."""
+    env = {k: v for k, v in os.environ.items() if k != "KVBENCH_UNSET_NAME"}
+    result = bench(tmp_path, "+allocator.name=${oc.env:KVBENCH_UNSET_NAME}", "--help", env=env)
+    assert result.returncode == 0 and "== Fields" in result.stdout, result.stderr
+
+
 def readme_plugin_example() -> dict[str, str]:
     """The fenced blocks of the README's 'Adding a plugin' section, by language."""
     readme = (Path(__file__).parents[1] / "README.md").read_text()

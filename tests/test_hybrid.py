@@ -708,9 +708,9 @@ def test_a_refused_head_hashes_its_prompt_once_in_every_group(name, monkeypatch)
     chained.clear()
     for _ in range(4):
         assert not pool.admit(waiting)
-    assert len(chained) == len(pool.attention) and pool._waiting_chains.keys() == {1}
+    assert len(chained) == len(pool.attention) and pool._waiting_chains[0] == 1
     pool.free(first)
-    assert pool.admit(waiting) and pool._waiting_chains == {}
+    assert pool.admit(waiting) and pool._waiting_chains == (-1, {})
 
 
 def compose_point(overrides: list[str]):

@@ -377,3 +377,28 @@ def test_a_misspelt_hook_and_an_allocator_without_the_reader_of_its_layout_are_r
         registry.get("allocator", "tableless")
     with pytest.raises(UserError, match="has layout 'blocks'; a layout is 'paged'"):
         registry.get("allocator", "shapeless")
+
+
+def test_help_shows_an_unannotated_plugin_option_as_any_value_as_the_run_takes_it():
+    """`ratio=0.5` without an annotation read "float" in the help, though the run takes any value."""
+    import types
+
+    from kvbench.hookspecs import hookimpl
+    from kvbench.plugins.allocators.paged import PagedAllocator
+    from kvbench.registry import default_registry
+    from kvbench.schema.docs import describe, plugin_fields
+
+    class Loose(PagedAllocator):
+        name = "loose"
+
+        def __init__(self, num_slots, max_model_len, block_size=16, ratio=0.5, limit: int = 3, **options):
+            super().__init__(num_slots, max_model_len, block_size, **options)
+
+    module = types.ModuleType("loose_plugin")
+    module.kvbench_allocators = hookimpl(lambda: [Loose])
+    default_registry().register(module)
+    try:
+        shown = {key: describe(field) for key, field in plugin_fields("allocator", "loose")}
+    finally:
+        default_registry().unregister(module)
+    assert shown["allocator.ratio"] == "any" and shown["allocator.limit"] == "int"

@@ -808,6 +808,7 @@ def test_a_near_tie_s_ratio_shows_the_digits_that_tell_it_from_one():
     assert [times(x) for x in (1.0, 0.022706 / 0.022665, 0.9996, 2.5)] == ["1.00", "1.002", "0.9996", "2.50"]
     # however near: a ratio that is not 1 never reads as 1.0000, nor one far below it as 0.00
     assert [times(x) for x in (1.00001, 0.999996, 0.003)] == ["1.00001", "0.999996", "0.003"]
+    assert times(1 + 2**-52) == times(1 - 2**-53) == "1.00"  # one float's rounding against another's: a tie
 
 
 def test_a_sweep_of_one_system_over_its_settings_names_the_best_setting_at_each_rate():

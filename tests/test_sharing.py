@@ -141,11 +141,12 @@ def charged_run(allocator: str, requests: list) -> tuple[dict, object, list]:
 @pytest.mark.parametrize("output_len, copied", [(1, 0), (2, 20)])
 def test_a_fork_copies_only_for_a_step_that_reads_it_and_that_step_pays_for_it(long_decode, output_len, copied):
     """A request of two samples forks after its prefill; a reserving allocator copies the
-    prompt's range into the second sample's. With one output token both samples end at once and
-    no step reads the copy: it was made anyway (copied_bytes counted KV nobody read), and taken by
-    the empty schedule() before the next arrival, or by nobody where a steady decode ran on in a
-    quiet stretch, never costing a step. With two, the step that reads it pays for it. (Paged
-    copies on write, inside the step that writes.)"""
+    prompt's range into the second sample's where a step will read it. With one output token
+    both samples end at once and none does: the copy was made anyway (copied_bytes counted KV
+    nobody read), taken by the empty schedule() before the next arrival, or by nobody where a
+    steady decode ran on in a quiet stretch, never costing a step; now none is made. With two,
+    the step that reads it, scheduled or quiet, pays for it. (Paged copies on write, inside the
+    step that writes.)"""
     requests = [
         Request(0, 0.0, 20, 400 if long_decode else 2),  # a long decode runs on in quiet stretches
         Request(1, 0.5, 20, output_len, np.arange(20), n=2),  # forks

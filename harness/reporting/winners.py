@@ -32,8 +32,8 @@ def times(ratio: float) -> str:
     and reads as one at two decimals)."""
     if 0 < abs(ratio) < 0.01:  # 0.003, not 0.00
         return f"{ratio:.2g}"
-    off = abs(ratio - 1)
-    digits = 2 if off == 0 or not math.isfinite(off) else min(max(2, math.ceil(-math.log10(off))), 15)
+    off = abs(ratio - 1)  # below 1e-12: one number's rounding against another's, a tie
+    digits = 2 if off < 1e-12 or not math.isfinite(off) else max(2, math.ceil(-math.log10(off)))
     return f"{ratio:.{digits}f}"
 
 

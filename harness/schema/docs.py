@@ -83,7 +83,8 @@ def _type_name(annotation) -> str:
         return _type_name(args[0])
     if typing.get_origin(annotation) is list:
         return f"list of {_type_name(args[0])}" if args else "list"
-    return {bool: "bool", int: "int", float: "float", str: "str"}.get(annotation, getattr(annotation, "__name__", "?"))
+    known = {bool: "bool", int: "int", float: "float", str: "str", typing.Any: "any"}
+    return known.get(annotation, getattr(annotation, "__name__", "?"))
 
 
 def constraints(field) -> list:
@@ -204,7 +205,8 @@ def plugin_fields(group: str, name: str):
     hints = _hints(cls)
     for key, param in accepted_options(cls).items():
         default = None if param.default is param.empty else param.default
-        yield f"{group}.{key}", FieldInfo.from_annotated_attribute(hints.get(key, type(default)), default)
+        # unannotated, it takes any value (check_plugin_options checks no type it is not given)
+        yield f"{group}.{key}", FieldInfo.from_annotated_attribute(hints.get(key, typing.Any), default)
 
 
 def searchpath_docs(searchpath, group: str, option: str) -> dict[str, str]:

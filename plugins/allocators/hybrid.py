@@ -88,7 +88,8 @@ class HybridAllocator(KVAllocator):
             pools = dict.fromkeys(kinds, BlockPool(num_pages, watermark=watermark))
         self.pools = list({id(p): p for p in pools.values()}.values())
         self.one_pool = len(self.pools) == 1  # a decode step's short way (_grow_one) needs one
-        self._waiting_chains: dict[int, dict] = {}  # seq_id -> each group's hashes of a waiting prompt
+        # (seq_id, each group's hashes of its prompt) of the last sequence refused, as paged keeps it
+        self._waiting_chains: tuple[int, dict] = (-1, {})
         self.num_pages = num_pages
         self.groups: dict = {}  # kind -> its managers: one a layer group (hybrid_pages), one for linear states
         for kind in kinds:
@@ -156,7 +157,7 @@ class HybridAllocator(KVAllocator):
         if not self._fits(need, reserve=True):
             return False
         if cached:
-            del self._waiting_chains[seq.seq_id]
+            self._waiting_chains = (-1, {})
             self._adopt(seq, hit, hashes)
         else:
             for m in self.attention:
@@ -169,11 +170,10 @@ class HybridAllocator(KVAllocator):
         """The longest cached prefix every kind agrees on, never the last prompt token; and
         each kind's block hashes of the prompt."""
         tokens, limit = self.token_ids(seq, seq.num_tokens - 1), seq.num_tokens - 1
-        hashes = self._waiting_chains.get(seq.seq_id)
-        if hashes is None:  # kept until it is admitted: a head refused step after step hashes once
-            hashes = self._waiting_chains[seq.seq_id] = {
-                m: m.chain(tokens, limit // m.block_size) for m in self.attention
-            }
+        sid, hashes = self._waiting_chains
+        if sid != seq.seq_id:  # kept until it is admitted: a head refused step after step hashes once
+            hashes = {m: m.chain(tokens, limit // m.block_size) for m in self.attention}
+            self._waiting_chains = (seq.seq_id, hashes)
         hit = min([m.cached_prefix_blocks(hashes[m]) * m.block_size for m in self.attention if not m.release] + [limit])
         hit -= hit % self.hit_step
         while hit and not all(m.window_cached(hashes[m], hit) for m in self.attention if m.release):

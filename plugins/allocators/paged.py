@@ -71,9 +71,10 @@ class PagedAllocator(KVAllocator):
         self.stride = block_size if self.quiet_room and block_size > 1 else 0
         self._striding: deque[int] = deque()  # blocks take_striding took, not yet handed out
         self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
-        # seq_id -> the hashes of a waiting sequence's blocks, as far as its lookups went: a head
-        # of the queue refused step after step looks its prefix up each time, but hashes it once
-        self._waiting_chain: dict[int, list[int]] = {}
+        # (seq_id, its blocks' hashes as far as its lookups went) of the last sequence refused: a
+        # head of the queue refused step after step looks its prefix up each time, but hashes it
+        # once. One entry, whoever empties the queue; dropped once that sequence is admitted.
+        self._waiting_chain: tuple[int, list[int]] = (-1, [])
         self.prefix_hit_tokens = self.prefix_query_tokens = 0
         self.preempted_hit_tokens = 0  # what re-admitted victims found cached (vLLM's preempted_hits)
         self.enable_swap(0)
@@ -125,9 +126,12 @@ class PagedAllocator(KVAllocator):
     # --- prefix caching ------------------------------------------------------------------
     def _cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached blocks (and their hashes) that hold the sequence's first tokens, in order. The
-        hashes are kept until it is admitted (its tokens do not change while it waits)."""
+        hashes are kept until it is admitted or another is looked up (its tokens do not change
+        while it waits)."""
         tokens, bs = self.token_ids(seq, seq.num_tokens - 1), self.block_size
-        chain = self._waiting_chain.setdefault(seq.seq_id, [])
+        if self._waiting_chain[0] != seq.seq_id:
+            self._waiting_chain = (seq.seq_id, [])
+        chain = self._waiting_chain[1]
         blocks, parent, cached = [], ROOT_HASH, self.pool.cached
         for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
             if index < len(chain):
@@ -166,7 +170,7 @@ class PagedAllocator(KVAllocator):
             pool.admission_need(cdiv(seq.num_tokens, self.block_size), hits), reserve=not self.watermark_exempt
         ):
             return False
-        del self._waiting_chain[seq.seq_id]
+        self._waiting_chain = (-1, [])  # admitted: a running beam's tokens may change from here on
         ref_count = self.ref_count
         for block in hits:
             if ref_count[block]:  # held by a live sequence: one holder more (pool.hold, inlined)

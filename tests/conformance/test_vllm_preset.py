@@ -118,5 +118,6 @@ def test_the_preset_s_defaults_follow_vllm_s_memory_tiers():
 
     gib = 1 << 30
     gpus = [("l4", 24 * gib), ("x", 70 * gib - 1), ("x", 70 * gib), ("a100-80gb", 80 * gib), ("b200", 180 * gib)]
+    gpus.append(("h100", "8.6e10"))  # a number given as text (${oc.env:...}), as the schema reads it
     tiers = [tuple(vllm_batch_default(key, *gpu) for key in ("max_num_seqs", "max_num_batched_tokens")) for gpu in gpus]
-    assert tiers == [(256, 2048), (256, 2048), (1024, 8192), (256, 2048), (1024, 16384)]
+    assert tiers == [(256, 2048), (256, 2048), (1024, 8192), (256, 2048), (1024, 16384), (1024, 8192)]
