@@ -132,13 +132,16 @@ class PagedAllocator(KVAllocator):
         if self._waiting_chain[0] != seq.seq_id:
             self._waiting_chain = (seq.seq_id, [])
         chain = self._waiting_chain[1]
-        blocks, parent, cached = [], ROOT_HASH, self.pool.cached
-        for index in range(min(seq.num_tokens - 1, len(tokens)) // bs):
-            if index < len(chain):
-                parent = chain[index]
-            else:
-                parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
-                chain.append(parent)
+        blocks, cached = [], self.pool.cached
+        for parent in chain:  # hashed at an earlier try: looked up again
+            block = cached.get(parent)
+            if block is None:
+                return blocks, chain[: len(blocks)]
+            blocks.append(block)
+        parent = chain[-1] if chain else ROOT_HASH
+        for index in range(len(chain), min(seq.num_tokens - 1, len(tokens)) // bs):
+            parent = hash_block(parent, tokens[index * bs : (index + 1) * bs])
+            chain.append(parent)
             block = cached.get(parent)
             if block is None:
                 break
