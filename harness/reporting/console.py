@@ -144,8 +144,6 @@ def run_table(row: dict) -> str:
     fallbacks = _value(row, "swap_fallbacks", "{:.0f}")
     if fallbacks not in (None, "0"):
         lines.append(swap_note("", fallbacks, _value(row, "preemptions", "{:.0f}")) + ": raise it to swap them all")
-    if str(row.get("window_drained")) == "True":
-        lines.append(f"window: every request was admitted within the warm-up, so the window is {DRAINED}")
     note = layout_note(row)
     if note:
         lines.append(note)
