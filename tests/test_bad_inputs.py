@@ -357,6 +357,7 @@ CROSS_CASES = [
     (["workload=trace"], "workload.path=???: is required"),
     (["workload=trace", "workload.path=FILES/missing.csv"], "missing.csv does not exist"),
     (["workload=trace", "workload.path=FILES"], "is a directory, not a CSV file"),
+    (["workload=trace", "workload.path=FILES/binary.csv/"], "binary.csv/ names a file as a folder"),
     (["workload=trace", "workload.path=/dev/null"], "/dev/null is not a regular file"),
     (["workload=trace", "workload.path=FILES/binary.csv"], "binary.csv is not UTF-8 text"),
 ]

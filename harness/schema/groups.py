@@ -276,7 +276,9 @@ class TraceWorkload(Workload):
     def _readable_csv(cls, path: str) -> str:
         if path in ("???", ""):  # `workload.path=` is the empty string, which names the working directory
             raise ValueError("is required: workload.path=FILE.csv (columns input_len,output_len[,arrival_s])")
-        file = Path(path)
+        file = Path(path)  # which drops a trailing /, where the system refuses one after a file
+        if path.endswith("/") and file.is_file():
+            raise ValueError(f"{path} names a file as a folder: drop the trailing /")
         if not file.exists():
             raise ValueError(f"file {path} does not exist")
         if file.is_dir():
