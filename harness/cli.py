@@ -262,13 +262,13 @@ def refuse_unread_overrides(cfg: DictConfig, task: list[str] | None = None) -> N
     if scenario == "serve":  # serve's cap, which a workload without a count of its own takes
         counted.append(("scenario.num_requests", cfg.scenario.get("num_requests")))
     count = next(((key, value) for key, value in counted if value is not None), None)
-    if "workload.duration_s" in overridden and cfg.workload.get("duration_s") is not None and count:
-        if cfg.workload.kind != "trace":  # a trace's rows stop at whichever comes first
-            way = ", or scenario.num_requests=null and a finite scenario.rate" if count[0].startswith("s") else ""
-            raise UserError(
-                f"workload.duration_s is not read: {count[0]}={count[1]} bounds the run, and takes precedence; "
-                f"drop one of them{way}"
-            )
+    given = "workload.duration_s" in overridden and cfg.workload.get("duration_s") is not None
+    if given and count and cfg.workload.kind != "trace":  # a trace's rows stop at whichever comes first
+        way = ", or scenario.num_requests=null and a finite scenario.rate" if count[0].startswith("s") else ""
+        raise UserError(
+            f"workload.duration_s is not read: {count[0]}={count[1]} bounds the run, and takes precedence; "
+            f"drop one of them{way}"
+        )
     served_rate = cfg.scenario.get("rate") if scenario == "serve" else None
     if served_rate is not None and "workload.rate" in overridden:
         raise UserError(

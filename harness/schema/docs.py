@@ -55,7 +55,12 @@ def yaml_docs(text: str, prefix: str = "") -> dict[str, str]:
 @functools.cache
 def option_docs(group: str, option: str) -> dict[str, str]:
     """The YAML comments of one option of a group (conf/workload/trace.yaml's for workload=trace)."""
-    path = resources.files("kvbench.conf") / group / f"{option}.yaml"
+    return _docs_in(resources.files("kvbench.conf"), group, option)
+
+
+def _docs_in(root, group: str, option: str) -> dict[str, str]:
+    """The YAML comments of `root`/group/option.yaml; none where there is no such file."""
+    path = root / group / f"{option}.yaml"
     return yaml_docs(path.read_text(), group) if path.is_file() else {}
 
 
@@ -218,9 +223,9 @@ def searchpath_docs(searchpath, group: str, option: str) -> dict[str, str]:
             root = resources.files(where) if scheme == "pkg" else Path(where)
         except (ImportError, ValueError):  # bench itself names a searchpath that does not import
             continue
-        path = root / group / f"{option}.yaml"
-        if path.is_file():
-            return yaml_docs(path.read_text(), group)
+        found = _docs_in(root, group, option)
+        if found:
+            return found
     return {}
 
 
