@@ -347,6 +347,22 @@ def trace_requests(
     return times, inputs, outputs, dropped
 
 
+def served(workload: dict, rate, cap) -> tuple[dict, int | None]:
+    """`workload` as scenario=serve draws it: its rate replaced by `rate` (scenario.rate) where
+    that is set, and its count capped at `cap` (scenario.num_requests; a workload without a
+    count of its own takes the cap); and the most rows a trace without a count may give."""
+    spec = dict(workload)
+    if rate is not None:
+        spec["rate"] = rate
+    if cap is None:
+        return spec, None
+    count = spec.get("num_requests")
+    if count is None and spec.get("kind") == "trace":
+        return spec, int(cap)
+    spec["num_requests"] = int(cap) if count is None else min(int(cap), int(count))
+    return spec, None
+
+
 class Requests(list):
     """A run's requests, sorted by arrival, and how many trace rows were dropped as too long."""
 

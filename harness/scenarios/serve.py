@@ -63,19 +63,10 @@ def serve_workload(cfg: DictConfig) -> tuple[dict, int | None]:
     """The workload config with serve's caps applied (scenario.num_requests, scenario.rate), and
     the most requests a trace that sets no count of its own may give (the cap, which a shorter
     trace is not held to: it serves every row)."""
-    spec = OmegaConf.to_container(cfg.workload, resolve=True)
     cap, rate = cfg.scenario.get("num_requests"), cfg.scenario.get("rate")
-    if rate is not None:
-        spec["rate"] = float(rate)
-    if cap is None:
-        return spec, None
-    if int(cap) < 1:
+    if cap is not None and int(cap) < 1:
         raise UserError(f"scenario.num_requests={cap} must be >= 1 (or null for the whole workload)")
-    count = spec.get("num_requests")
-    if count is None and spec.get("kind") == "trace":
-        return spec, int(cap)
-    spec["num_requests"] = int(cap) if count is None else min(int(cap), int(count))
-    return spec, None
+    return workload.served(OmegaConf.to_container(cfg.workload, resolve=True), rate, cap)
 
 
 # the cores this process could run on when it started: a run pinned earlier in a sweep narrows

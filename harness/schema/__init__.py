@@ -307,19 +307,14 @@ def _missing_choice(cfg: DictConfig, err: OmegaConfBaseException) -> str | None:
 
 
 def served_workload(data: dict):
-    """The workload node as scenario=serve draws it (serve.serve_workload): its rate replaced by
-    scenario.rate where that is set, and a workload with no count of its own given
-    scenario.num_requests; any other scenario's workload as it is."""
+    """The workload node as scenario=serve draws it (core.workload.served); any other
+    scenario's as it is."""
     workload, scenario = data.get("workload"), data.get("scenario")
     if not (isinstance(workload, dict) and isinstance(scenario, dict) and scenario.get("name") == "serve"):
         return workload
-    served = dict(workload)
-    if scenario.get("rate") is not None:
-        served["rate"] = scenario["rate"]
-    capped = scenario.get("num_requests") is not None and served.get("kind") != "trace"
-    if capped and served.get("num_requests") is None:
-        served["num_requests"] = scenario["num_requests"]
-    return served
+    from kvbench.core.workload import served
+
+    return served(workload, scenario.get("rate"), scenario.get("num_requests"))[0]
 
 
 def validate(cfg: DictConfig | dict) -> dict:
