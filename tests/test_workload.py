@@ -60,6 +60,8 @@ def test_a_trace_is_used_in_file_order_with_its_arrivals(tmp_path):
         ("input_len,output_len\n", "no rows"),
         ("input_len,output_len\n10,5\nten,5\n", "line 3: input_len='ten' is not a number"),
         ("prompt,output\n1,2\n", "has no column for input_len: input_len or prompt_len"),
+        ('[{"input_len": 10, "output_len": 5}]\n', "reads as JSON; a trace is a CSV file"),  # vLLM's --save-result
+        ('{"prompt_len": 10, "output_len": 5}\n', "reads as JSON; a trace is a CSV file"),  # JSON lines
         ("input_len,output_len\n10,5\n20,6,7\n", "line 3: 3 field\\(s\\), but the header has 2"),
         ("input_len,output_len,arrival_s\n10,5,0\n20\n", "line 3: 1 field\\(s\\), but the header has 3"),
         ("input_len,output_len\n10.5,5\n", "line 2: input_len='10.5' is not a whole number of tokens"),

@@ -166,6 +166,11 @@ def _trace_columns(path: str, header) -> dict[str, str]:
     if not header:
         raise UserError(f"trace {path}: line 1 is blank; the first line is the header (input_len,output_len,...)")
     missing = [ours for ours in ("input_len", "output_len") if ours not in found]
+    if missing and header[0].lstrip()[:1] in ("[", "{"):  # a JSON file, or JSON lines
+        raise UserError(
+            f"trace {path} reads as JSON; a trace is a CSV file whose first line names its columns "
+            f"(input_len,output_len[,arrival_s], or vLLM's, Vidur's or BurstGPT's names: docs/paper.md)"
+        )
     if missing:
         allowed = "; ".join(f"{ours}: {' or '.join(TRACE_COLUMNS[ours])}" for ours in missing)
         raise UserError(f"trace {path}: the header {','.join(header or ())!r} has no column for {allowed}")
