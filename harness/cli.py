@@ -11,12 +11,9 @@ on; the sweep then exits 2 naming the first failure. Re-running a sweep into its
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import io
-import json
 import logging
-import math
 import os
 import re
 import sys
@@ -28,7 +25,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
 import kvbench
 from kvbench import launch, schema, sweep
@@ -43,6 +40,32 @@ from kvbench.errors import (
 )
 from kvbench.profiling import profiled
 from kvbench.reporting.results import IDENTITY, environment, write_csv
+from kvbench.schema.overrides import (
+    refuse_deleted_keys,
+    refuse_empty_ranges,
+    refuse_keys_given_twice,
+    refuse_null_groups,
+    refuse_overflowing_numbers,
+    refuse_unusable_hydra_paths,
+    run_mode_keys,
+    split_override,
+    sweeps,
+)
+from kvbench.schema.sweep_points import (
+    point_folders,
+    preset_allocator_clash,
+    refuse_a_sweep_of_nothing,
+    refuse_absent_baseline,
+    refuse_bad_points,
+    refuse_nested_folders,
+    refuse_other_sweeps_points,
+    refuse_shared_folders,
+    refuse_swept_experiments,
+    refuse_twice_swept,
+    refuse_unmeasured_sweeps,
+    task_config,
+)
+from kvbench.schema.unread import refuse_unread_overrides
 
 log = logging.getLogger("kvbench")
 single_run_done = False  # a single run ended well: `bench` may leave at once (kvbench.launch.leave)
@@ -98,25 +121,11 @@ def not_measured() -> list[str]:
     return list(HydraConfig.get().job.config.override_dirname.exclude_keys)
 
 
-@functools.lru_cache(maxsize=1)
-def run_mode_keys() -> tuple[str, ...]:
-    """The keys that change how a point runs or is reported, not what it measures: the packaged
-    conf/bench.yaml's override_dirname.exclude_keys, before a command line extends them."""
-    packaged = OmegaConf.load(str(resources.files("kvbench.conf") / "bench.yaml"))
-    return tuple(packaged.hydra.job.config.override_dirname.exclude_keys)
-
-
 def unfingerprinted() -> list[str]:
     """The keys a point's fingerprint leaves out: those of not_measured() that only change how it
     runs (run_mode_keys). A key a command line adds to exclude_keys (workload.num_requests) still
     shapes what the point measures, so a rerun that changes it runs the point again."""
     return [key for key in not_measured() if key in run_mode_keys()]
-
-
-def split_override(item: str) -> tuple[str, str]:
-    """`+key=value`, `~key` or `key=value` as (key, value)."""
-    key, _, value = item.lstrip("+~").partition("=")
-    return key, value
 
 
 def point_overrides() -> dict:
@@ -127,251 +136,8 @@ def point_overrides() -> dict:
     return {key: value for key, value in map(split_override, hydra_cfg.overrides.task) if key not in skipped}
 
 
-# Config a scenario reads only if it is one of these: given on the command line to another, it
-# would be recorded as a column of a run it never shaped, so it is refused instead.
-READ_ONLY_BY = {
-    "batch": ("kernel",),
-    "executor": ("simulate",),
-    "workload": ("simulate", "serve", "validate"),
-    # the roofline's GPU, serve's modelled preemption cost, a kernel's reference peak; a profile
-    # times the real device alone
-    "hardware": ("simulate", "serve", "kernel", "validate"),
-    # a kernel times one batch of the backend: no scheduler, engine or recorder runs
-    "scheduler": ("simulate", "serve", "profile", "validate"),  # a profile's grid stays within its limits
-    # admission headroom and the prefix cache act when a scheduler admits requests; a kernel places
-    # one batch with the allocator's layout (a watermark crashed its placement)
-    "allocator.watermark": ("simulate", "serve", "profile", "validate"),
-    "allocator.prefix_caching": ("simulate", "serve", "profile", "validate"),
-    "engine": ("simulate", "serve", "validate"),  # a profile times fixed shapes: no pool, preemption or async
-    "engine.kv_cache_bytes": ("simulate", "serve"),  # validate sizes both sides by scenario.kv_cache_tokens
-    "model.dtype": ("simulate", "kernel"),  # the real model runs in scenario.dtype
-    "measure": ("simulate", "serve", "validate"),
-    "report.goodput": ("simulate", "serve", "validate"),  # the recorder's SLOs; report.* else is a sweep's
-    "repeats": ("serve", "kernel"),  # a simulated point is exact for its seed: it runs once (scenarios/repeats)
-    # vLLM's scheduler and allocator settings (conf/preset/vllm.yaml): a kernel runs neither
-    "preset": ("simulate", "serve", "profile", "validate"),
-}
-# what the generic line adds for a key: where the setting it meant lives
-UNREAD_HINTS = {
-    ("model.dtype", "serve"): "its real model runs in scenario.dtype: set that",
-    ("model.dtype", "profile"): "its real model runs in scenario.dtype: set that",
-    ("model.dtype", "validate"): "its real model runs in scenario.serve.dtype and scenario.profiling.dtype: set those",
-    ("engine.kv_cache_bytes", "validate"): "it sizes both sides' pool by scenario.kv_cache_tokens: set that",
-}
-# the roofline's step-time knobs (cost_model); a calibrated executor times steps from its profile
-# (the peak FLOP/s still models what recomputing the preempted tokens would cost)
-ROOFLINE_STEP_KEYS = ("hardware.hbm_bytes_per_s", "hardware.hbm_efficiency", "hardware.step_overhead_s")
-# what times the roofline's tensor-parallel all-reduces, read only with hardware.num_gpus > 1
-ALLREDUCE_KEYS = ("hardware.allreduce_latency_s", "hardware.allreduce_bytes_per_s")
-ROOFLINE_STEP_KEYS += ALLREDUCE_KEYS
-# what times a swap, read (as the swap pool's size) only with engine.preemption=swap
-SWAP_KEYS = ("hardware.pcie_bytes_per_s", "hardware.copy_latency_s")
-# scenario=kernel's timing knobs by device: do_bench on cuda, torch's Timer on cpu
-KERNEL_CUDA_KEYS = ("scenario.warmup_ms", "scenario.rep_ms", "scenario.cuda_graph")
-# what validate's host-speed probe reads of scenario.profiling where a profile is given
-PROBE_KEYS = ("clock", "cpu_threads", "device")
-# the real model's shape beyond what the roofline reads (cost_model: num_params, layers, heads,
-# head_dim, window, state; the hidden size under tensor parallelism, as the all-reduces' message):
-# a simulated run with executor=roofline would record them unread
-ROOFLINE_UNREAD = ("model.hidden_size", "model.intermediate_size", "model.rope_theta", "model.vocab_size")
 # read at a sweep's end (summary, report, paper comparison): a single run would ignore them
 SWEEP_END_KEYS = ("report.paper", "report.baseline", "report.slo_s_per_token")
-
-
-def refuse_unread_overrides(cfg: DictConfig, task: list[str] | None = None) -> None:
-    """Refuse a key the command line gives (`task`: its overrides, by default the running
-    point's) that this run would not read."""
-    from kvbench.scenarios.build import plugin_cfg  # loaded by the point's run next anyway
-
-    scenario = str(cfg.scenario.name)
-    task = list(HydraConfig.get().overrides.task if task is None else task)
-    overridden = [key for key, _ in map(split_override, task)]
-    # a section set through a dict (scenario.serve={rate:2}) sets each of its keys
-    for item in task:
-        key, value = split_override(item)
-        if "{" in value:
-            overridden += [f"{key}.{sub}" for v in _values(item) if isinstance(v, dict) for sub in v]
-    for key in overridden:
-        readers = READ_ONLY_BY.get(".".join(key.split(".")[:2])) or READ_ONLY_BY.get(key.split(".")[0])
-        if readers and scenario not in readers:
-            hint = UNREAD_HINTS.get((key, scenario), "drop it")
-            raise UserError(
-                f"{key} is read by scenario={' or '.join(readers)} only; scenario={scenario} would ignore it: {hint}"
-            )
-    refuse_unread_settings(cfg, scenario, overridden)
-    kinds = set(cfg.model.get("layer_pattern") or ["full"])
-    for key, kind in (("model.window", "window"), ("model.linear_state_dim", "linear")):
-        if key in overridden and kind not in kinds and cfg.model.get(key.split(".")[1]):  # 0: none, as said
-            raise UserError(
-                f"{key} is read by {kind} layers only, and model={cfg.model.name} has none (model.layer_pattern="
-                f"[{','.join(cfg.model.get('layer_pattern') or [])}]): drop it, or give the model {kind} layers"
-            )
-    if scenario == "serve" and "scenario.kv_cache_tokens" in overridden and cfg.engine.get("kv_cache_bytes"):
-        raise UserError(
-            f"scenario.kv_cache_tokens is not read: engine.kv_cache_bytes={cfg.engine.kv_cache_bytes:g} sizes the "
-            f"pool, and wins: give one of the two"
-        )
-    served = scenario == "serve" and cfg.scenario.get("rate") is not None  # null keeps the workload's
-    pool = "scenario.swap_space_tokens" if scenario == "serve" else "engine.swap_space_bytes"  # the swap pool's size
-    if scenario == "serve" and "engine.swap_space_bytes" in overridden:
-        raise UserError(
-            f"engine.swap_space_bytes is not read by scenario=serve, whose swap pool is {pool}: set that instead"
-        )
-    # the swap pools (validate's serve runs have their own) and what times a swap
-    pools = (pool, "scenario.serve.swap_space_tokens") if scenario == "validate" else (pool,)
-    unread = next((k for k in (*pools, *SWAP_KEYS) if k in overridden), None)
-    if unread and str(cfg.engine.get("preemption")) != "swap":
-        raise UserError(
-            f"{unread} {'is' if unread in pools else 'times swaps,'} read only with engine.preemption=swap; "
-            f"engine.preemption={cfg.engine.get('preemption')} recomputes what it preempts: drop it, or set "
-            f"engine.preemption=swap"
-        )
-    parallel = int(cfg.hardware.get("num_gpus") or 1) > 1
-    roofline_unread = [k for k in ROOFLINE_UNREAD if k in overridden and not (parallel and k == "model.hidden_size")]
-    roofline = scenario == "simulate" and cfg.get("executor", {}).get("name") == "roofline"
-    unread = next((k for k in ALLREDUCE_KEYS if k in overridden), None)
-    if roofline and unread and not parallel:
-        raise UserError(
-            f"{unread} times the tensor-parallel all-reduces, read only with hardware.num_gpus > 1; "
-            f"hardware.num_gpus=1 has none: drop it, or set hardware.num_gpus"
-        )
-    if roofline and roofline_unread:
-        raise UserError(
-            f"{roofline_unread[0]} is not read by the roofline (executor=roofline), which times a step from "
-            f"model.num_params, the layers, heads and head_dim (and the hidden size on several GPUs): it shapes "
-            f"the real model (scenario=serve, profile, kernel) and executor=calibrated's profile; drop it"
-        )
-    if "workload.num_prefixes" in overridden and not cfg.workload.get("prefix_len"):
-        raise UserError(
-            "workload.num_prefixes is not read: workload.prefix_len=0 puts no shared system prompt before the "
-            "prompts; set workload.prefix_len=TOKENS too, or drop it"
-        )
-    shaping = {"workload.rate", "workload.burstiness"} | ({"scenario.rate"} if served else set())
-    arrivals = sorted(shaping.intersection(overridden))
-    if (arrivals or cfg.workload.get("shuffle") is True) and cfg.workload.kind == "trace":
-        from kvbench.core.workload import refuse_shuffled_arrivals, trace_has_arrival_times
-
-        timed = trace_has_arrival_times(str(cfg.workload.path))
-        if arrivals and timed:
-            raise UserError(
-                f"{arrivals[0]} is not read: the trace {cfg.workload.path} gives every request its arrival "
-                f"time (a rate and burstiness shape arrivals only for a trace without them): drop it"
-            )
-        refuse_shuffled_arrivals(cfg.workload, timed)
-    counted = [("workload.num_requests", cfg.workload.get("num_requests"))]
-    if scenario == "serve":  # serve's cap, which a workload without a count of its own takes
-        counted.append(("scenario.num_requests", cfg.scenario.get("num_requests")))
-    count = next(((key, value) for key, value in counted if value is not None), None)
-    given = "workload.duration_s" in overridden and cfg.workload.get("duration_s") is not None
-    if given and count and cfg.workload.kind != "trace":  # a trace's rows stop at whichever comes first
-        way = ", or scenario.num_requests=null and a finite scenario.rate" if count[0].startswith("s") else ""
-        raise UserError(
-            f"workload.duration_s is not read: {count[0]}={count[1]} bounds the run, and takes precedence; "
-            f"drop one of them{way}"
-        )
-    served_rate = cfg.scenario.get("rate") if scenario == "serve" else None
-    if served_rate is not None and "workload.rate" in overridden:
-        raise UserError(
-            f"workload.rate is not read: scenario=serve replaces it with scenario.rate={served_rate} "
-            f"(inf: every request at t=0); set scenario.rate=VALUE, or scenario.rate=null to keep workload.rate"
-        )
-    rate_key, rate = ("scenario.rate", served_rate) if served_rate is not None else ("rate", cfg.workload.rate)
-    if "workload.burstiness" in overridden and math.isinf(float(rate)):  # a timed trace was refused above
-        raise UserError(
-            f"workload.burstiness is not read: {rate_key}=inf sends every request at t=0, with no gaps to shape"
-        )
-    graph = plugin_cfg(cfg, "graph")["name"]
-    if scenario == "kernel" and graph != "eager":  # a graph mode wraps the model's forward, which a kernel has not
-        raise UserError(
-            f"graph={graph} wraps the model's forward (scenario=serve, profile or validate); scenario=kernel "
-            f"times the attention backend alone and would ignore it: drop it (on a GPU, "
-            f"scenario.cuda_graph=true also times the kernel replayed from a CUDA graph)"
-        )
-
-
-def refuse_unread_settings(cfg: DictConfig, scenario: str, overridden: list[str]) -> None:
-    """Keys a scenario reads, but not with the other settings of this run: recorded in its row,
-    they would describe a run that did not use them."""
-    executor = (cfg.get("executor") or {}).get("name")
-    unread = next((k for k in ROOFLINE_STEP_KEYS if k in overridden), None)
-    if scenario == "simulate" and executor == "calibrated" and unread:
-        raise UserError(
-            f"{unread} is read by executor=roofline only; executor=calibrated times each step from its profile "
-            f"(executor.profile): drop it"
-        )
-    if scenario == "simulate" and executor == "calibrated" and int(cfg.hardware.get("num_gpus") or 1) > 1:
-        raise UserError(
-            f"hardware.num_gpus={cfg.hardware.num_gpus}: executor=calibrated times each step as the one device "
-            f"its profile measured, so its pool and its preemptions' cost are one device's too: drop it"
-        )
-    pattern = set(cfg.model.get("layer_pattern") or ["full"])
-    if "allocator.policy" in overridden and pattern == {"full"}:  # the policies differ over layer kinds alone
-        raise UserError(
-            f"allocator.policy is not read: model={cfg.model.name} has full-attention layers only, which every "
-            f"policy pools alike (it splits or shares the pool between window, linear and full layers): drop it"
-        )
-    unread = next((k for k in (*ROOFLINE_STEP_KEYS, "hardware.memory_bytes") if k in overridden), None)
-    if scenario in ("serve", "validate") and unread:
-        raise UserError(
-            f"{unread} is read by the roofline (scenario=simulate) only; scenario={scenario} times its steps on this "
-            f"machine, and its hardware profile models only what preemptions would cost (pcie_bytes_per_s, "
-            f"copy_latency_s, peak_flops, flops_efficiency, num_gpus): drop it"
-        )
-    if "hardware.gpu_memory_utilization" in overridden:
-        kv_bytes = cfg.engine.get("kv_cache_bytes") if "engine" in cfg else None
-        if scenario != "simulate" or kv_bytes is not None:
-            pool = f"engine.kv_cache_bytes={kv_bytes:g}" if kv_bytes is not None else "scenario.kv_cache_tokens"
-            raise UserError(
-                f"hardware.gpu_memory_utilization is not read: it sizes the simulated KV pool from the GPU's memory, "
-                f"and this run's pool is {pool}: drop one"
-            )
-    if scenario == "kernel":
-        from kvbench.scenarios.build import resolve_device
-
-        device = resolve_device(str(cfg.scenario.device)).type
-        cuda_only = [k for k in overridden if k in KERNEL_CUDA_KEYS or k.split(".")[0] == "hardware"]
-        if device == "cpu" and cuda_only:
-            raise UserError(
-                f"{cuda_only[0]} is read on cuda only (do_bench, the GPU's roofline); this kernel runs on cpu "
-                f"(scenario.device={cfg.scenario.device}), timed for scenario.min_run_time_s: drop it"
-            )
-        if device == "cuda" and "scenario.min_run_time_s" in overridden:
-            raise UserError(
-                "scenario.min_run_time_s is read on cpu only; on cuda do_bench times for scenario.warmup_ms and "
-                "scenario.rep_ms: drop it"
-            )
-    sampling = cfg.scenario.get("sampling") if scenario == "serve" else None
-    if sampling is not None:
-        touched = [k for k in ("scenario.sampling.temperature", "scenario.sampling.top_p") if k in overridden]
-        beams = int(cfg.workload.get("beam_width") or 1)
-        if beams > 1 and touched:
-            raise UserError(
-                f"{touched[0]} is not read with workload.beam_width={beams}: beam search keeps the most likely "
-                f"continuations, unsampled (vLLM refuses sampling settings with beams too): drop it"
-            )
-        if "scenario.sampling.top_p" in overridden and not float(sampling.get("temperature") or 0) > 0:
-            raise UserError(
-                "scenario.sampling.top_p is read only with scenario.sampling.temperature > 0; temperature 0 decodes "
-                "greedily: set a temperature, or drop it"
-            )
-    if scenario == "validate":
-        for key in ("scenario.serve.rate", "scenario.serve.num_requests"):
-            if key in overridden:
-                raise UserError(
-                    f"{key} would serve another workload than the one simulated (validate compares the two on one "
-                    f"workload): set workload.num_requests, or scenario.load (workload.rate with scenario.load=null)"
-                )
-        if "scenario.serve.kv_cache_tokens" in overridden:  # serve's pool is engine.kv_cache_bytes, which wins
-            raise UserError(
-                f"scenario.serve.kv_cache_tokens is not read: validate sizes both sides' pool by "
-                f"scenario.kv_cache_tokens (now {cfg.scenario.kv_cache_tokens}): set that instead"
-            )
-        profiled = [k for k in overridden if k.startswith("scenario.profiling.") and k.split(".")[2] not in PROBE_KEYS]
-        if cfg.scenario.get("profile") and profiled:
-            raise UserError(
-                f"{profiled[0]} is not read: scenario.profile={cfg.scenario.profile} is simulated with, and no "
-                f"profile is taken: drop one"
-            )
 
 
 def failed_rows(cfg: DictConfig) -> list[dict]:
@@ -381,14 +147,6 @@ def failed_rows(cfg: DictConfig) -> list[dict]:
         return [identity(cfg)]
     except Exception:  # the identity itself may be what is invalid
         return [{}]
-
-
-def preset_allocator_clash(preset: str | None, allocator: str | None) -> None:
-    if preset == "vllm" and allocator not in (None, "paged"):
-        raise UserError(
-            f"+preset=vllm configures vLLM's paged allocator (conf/preset/vllm.yaml), not allocator={allocator}: "
-            f"drop +allocator={allocator}, or the preset"
-        )
 
 
 def refuse_preset_clash() -> None:
@@ -407,11 +165,6 @@ def refuse_preset_clash() -> None:
             "+allocator=... after +preset=vllm replaces the settings the preset gives the paged allocator "
             "(watermark, prefix caching): drop it (the preset chooses paged), or put it before +preset=vllm"
         )
-
-
-def task_config(config: DictConfig) -> DictConfig:
-    """A composed config without its `hydra` node: the config a point's run is handed."""
-    return OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
 
 
 # files a run reads, given relative to where `bench` was launched
@@ -450,29 +203,6 @@ def run_checked(cfg: DictConfig, out_dir: Path) -> list[dict]:
     check_run_config(cfg)
     with sweep.deadline(float(cfg.sweep.point_timeout_s)), profiled(cfg, out_dir):
         return run_point(cfg)
-
-
-def refuse_deleted_keys(overrides: list[str]) -> None:
-    """`~key` deletes a key or section that every run reads (a group's choice may go: `~allocator`).
-    Checked before Hydra composes: a key whose value is null it would call missing."""
-    deleted = [item for item in overrides if item.startswith("~")]
-    if not deleted:
-        return
-    from kvbench.schema.docs import schema_fields
-
-    read = schema_fields()
-    for item in deleted:
-        key = split_override(item)[0]
-        setting = (o for o in overrides if not o.startswith("~") and split_override(o)[0].startswith(f"{key}."))
-        inside = next(setting, None)
-        if inside is not None:  # `~workload workload.num_requests=20`: Hydra's line would say to add it with +
-            raise UserError(f"{inside} sets a key of {key}, which {item} deletes: drop one of them")
-        if "/" in key or _is_group(key):  # a group's choice (hydra/launcher, allocator) may go
-            continue
-        if key in read:
-            raise UserError(f"{item} deletes a key every run reads: set it instead ({key}=VALUE)")
-        if any(field.startswith(f"{key}.") for field in read):
-            raise UserError(f"{item} deletes a section every run reads: set its keys instead ({key}.KEY=VALUE)")
 
 
 def _draw_early(cfg: DictConfig, out_dir: Path, helper, sent: list, shares: dict) -> None:
@@ -837,339 +567,6 @@ def composing_once(args):
             setattr(owner, name, original)
 
 
-def refuse_swept_experiments(batch) -> None:
-    """Before a sweep's first point: `-m +experiment=fig2,fig13` would run one default point of
-    each, not their sweeps (an experiment's sweep is its own command's), and compare none."""
-    chosen = {value for overrides in batch for key, value in map(split_override, overrides) if key == "experiment"}
-    if len(chosen) > 1:
-        names = sorted(chosen)
-        raise UserError(
-            f"+experiment is swept ({', '.join(names)}): each experiment is a sweep of its own, which a sweep "
-            f"over experiments would not run; run them one at a time (bench +experiment={names[0]}, ...)"
-        )
-
-
-def _is_group(key: str) -> bool:
-    return (
-        "." not in key
-        and "/" not in key
-        and key != "hydra"
-        and ((resources.files("kvbench.conf") / key).is_dir() or key in schema.PLUGIN_GROUPS)
-    )
-
-
-def _parsed(items) -> list:
-    """`items` as Hydra's parser reads overrides; [] where one does not parse (Hydra says why
-    in its own words when it composes)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides(list(items))
-    except Exception:  # noqa: BLE001
-        return []
-
-
-def _values(item: str) -> list:
-    """The values an override gives, as Hydra parses them (each of a sweep's)."""
-    parsed = _parsed([item])
-    value = parsed[0].value() if parsed else []
-    return list(getattr(value, "list", None) or [value]) if not isinstance(value, list) else [value]
-
-
-def refuse_empty_ranges(overrides: list[str]) -> None:
-    """`-m seed=range(0,0)`: a sweep of no points, refused before Hydra launches it (it would
-    announce 0 jobs and leave a sweep folder behind)."""
-    from hydra.core.override_parser.types import RangeSweep
-
-    for override in _parsed(overrides):
-        value = override.value()
-        if not isinstance(value, RangeSweep) or value.step == 0:  # a step of 0: Hydra's own line says so
-            continue
-        if next(override.sweep_iterator(), None) is None:
-            raise UserError(
-                f"{override.input_line} gives no value (range(start, stop, step) stops before it starts): "
-                f"the sweep would have no points"
-            )
-
-
-def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
-    """`hydra.run.dir=''` wrote a run's files into the current folder; a search path that names
-    no folder or package was a multi-line warning, then "unknown allocator" for its plugin."""
-    import importlib.util
-
-    for item in overrides:
-        key, value = split_override(item)
-        if key in ("hydra.run.dir", "hydra.sweep.dir") and not any(str(v).strip() for v in _values(item)):
-            raise UserError(f"{key} is empty: give a folder (left out, kvbench makes one under results/)")
-        if key.endswith(".out_dir") and any(isinstance(v, str) and not v.strip() for v in _values(item)):
-            raise UserError(f"{key} is empty: give a folder, or null for the run's own")
-        if key != "hydra.searchpath":
-            continue
-        for entry in (e for v in _values(item) for e in (v if isinstance(v, list) else [v])):
-            entry = str(entry)
-            if entry.startswith("file://") and not Path(entry[len("file://") :]).is_dir():
-                raise UserError(f"hydra.searchpath names {entry}, which is no folder: give file:///path/to/conf")
-            if entry.startswith("pkg://"):
-                module = entry[len("pkg://") :].replace("/", ".")
-                try:
-                    found = importlib.util.find_spec(module) is not None
-                except (ImportError, ValueError):  # its parent package is not installed
-                    found = False
-                except Exception as err:  # noqa: BLE001 (the package raised as it was imported)
-                    raise UserError(
-                        f"a package of hydra.searchpath cannot be imported ({type(err).__name__}: {err}): fix or "
-                        f"uninstall it"
-                    ) from None
-                if not found:
-                    raise UserError(
-                        f"hydra.searchpath names {entry}, but no installed package has {module}: install the "
-                        f"package, or name its config folder with file://"
-                    )
-
-
-INF_SPELLED = re.compile(r"(?i)(?<![\w.])[-+]?inf(inity)?(?![\w.])")
-
-
-def _infinities(value) -> int:
-    """How many infinite floats a parsed override value holds (a list's or a dict's too)."""
-    if isinstance(value, float):
-        return int(math.isinf(value))
-    if isinstance(value, dict):
-        return sum(_infinities(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_infinities(v) for v in value)
-    bounds = [getattr(value, name, None) for name in ("start", "stop", "step", "end")]  # range(), interval()
-    return sum(isinstance(b, float) and math.isinf(b) for b in bounds)
-
-
-def refuse_overflowing_numbers(overrides: list[str]) -> None:
-    """`workload.rate=1e400`: Hydra reads a number beyond a float's range as inf, and the run
-    would put every request at t=0 without a word. An infinity the command line does not spell
-    `inf` is refused; a name such as `run-1e999` is Hydra's text, not a number."""
-    for item in overrides:
-        values = _values(item)
-        if any(hasattr(v, "stop") and _infinities(v) for v in values):  # range(1,inf) would never end
-            raise UserError(f"{item.lstrip('+~')}: a range() sweep needs finite start, stop and step")
-        if _infinities(values) > len(INF_SPELLED.findall(split_override(item)[1])):
-            raise UserError(
-                f"{item.lstrip('+~')} holds a number beyond a float's range (about 1.8e308), which reads as "
-                f"infinite: give a finite number, or inf where a key takes it (workload.rate=inf)"
-            )
-
-
-def refuse_null_groups(overrides: list[str]) -> None:
-    """`hardware=null` (NULL, or null among a sweep's values): Hydra's words are "Config group
-    override must be a string or a list"."""
-    for item in overrides:
-        key, value = split_override(item)
-        if "null" in value.lower() and _is_group(key) and None in _values(item):
-            plus = item[: len(item) - len(item.lstrip("+"))]  # a plugin group is added with +
-            raise UserError(
-                f"{item} chooses no option of the {key} group: choose one with {plus}{key}=NAME "
-                f"(bench --help lists them)"
-            )
-
-
-def refuse_keys_given_twice(overrides: list[str]) -> None:
-    """`seed=0,1 seed=2,3`: Hydra keeps the last list silently, and the sweep would be another
-    than the one asked for (one value after another keeps the last, as a command line does).
-    And `model={num_layers:20}` (alone or among a sweep's values): a group's keys set through a
-    dict, which no column of the row records (its name stays the option's); `model=[a,b]`, two
-    options merged into one config, the row naming the last."""
-    seen: dict[str, str] = {}
-    for item in overrides:
-        key, value = split_override(item)
-        if "{" in value and _is_group(key) and any(isinstance(v, dict) for v in _values(item)):
-            raise UserError(
-                f"{item} sets keys of the {key} group through a dict, which the result row would not record: set "
-                f"each key instead ({key}.KEY=VALUE; {key}=NAME chooses one of its options)"
-            )
-        if "[" in value and _is_group(key) and any(isinstance(v, list) for v in _values(item)):
-            raise UserError(
-                f"{item} lists several options of the {key} group, which would be merged into one config while "
-                f"the row names the last: choose one ({key}=NAME), or sweep them (-m {key}=A,B)"
-            )
-        if key in seen and _sweeps(seen[key], item):  # one value after another: the last wins, as usual
-            raise UserError(
-                f"{key} is given twice ({seen[key]} and {item}); the last would replace the first, and its points "
-                f"would be another sweep's: give one list of every value to sweep"
-            )
-        seen[key] = item
-
-
-def _sweeps(*overrides: str) -> bool:
-    """Whether any of `overrides` sweeps a list of values (a,b / range() / glob() ...)."""
-    return any(o.is_sweep_override() for o in _parsed(overrides))
-
-
-def refuse_unmeasured_sweeps(batch) -> None:
-    """`-m progress=true,false`: keys that change how a point runs, not what it measures
-    (run_mode_keys), name no point folder, so two points would be one (it read "hydra.sweep.subdir
-    gives a point the folder '.'", or "keep the default subdir", which was the one in use)."""
-    if len(batch) < 2:
-        return
-    values: dict[str, set] = {}
-    for overrides in batch:
-        for key, value in map(split_override, overrides):
-            values.setdefault(key, set()).add(value)
-    unmeasured = sorted(key for key, seen in values.items() if len(seen) > 1 and key in run_mode_keys())
-    if unmeasured:
-        one = len(unmeasured) == 1
-        raise UserError(
-            f"the sweep varies {', '.join(unmeasured)}, which {'changes' if one else 'change'} how a point runs, "
-            f"not what it measures: {'it names' if one else 'they name'} no point folder, so two points would "
-            f"be one; give {'it' if one else 'each'} one value"
-        )
-
-
-def refuse_a_sweep_of_nothing(subdir: str, folders: list[str]) -> None:
-    """`bench -m` with no values to sweep (or only settings that name no point): under the
-    default subdir (`subdir`: its text, unresolved), which names a point by its overrides, its
-    one point had no name, and was refused as a subdir of '.', which nobody gave."""
-    if [os.path.normpath(f) for f in folders] == ["."] and "point_dirname" in subdir:
-        raise UserError(
-            "-m sweeps the values given as lists (-m +allocator=paged,contiguous workload.rate=1,2); with none to "
-            "sweep, run once without -m"
-        )
-
-
-def refuse_nested_folders(folders: list[str]) -> None:
-    """A point's folder must be a folder of the sweep's own: the sweep finds its points, and a
-    rerun its finished ones, at SWEEP/*/metrics.csv."""
-    for folder in map(os.path.normpath, folders):  # s0/ and ./s0 are s0
-        if Path(folder).name != folder or folder in (".", ".."):
-            raise UserError(
-                f"hydra.sweep.subdir gives a point the folder {folder!r}, not a folder directly in the sweep's: the "
-                f"sweep finds its points at hydra.sweep.dir/*/metrics.csv; give a subdir without / or .."
-            )
-
-
-def point_folders(configs) -> list[str] | None:
-    """Each point's folder name, or None where one resolves only as its point launches (a
-    subdir of ${hydra.job.num})."""
-    try:
-        return [str(OmegaConf.select(c, "hydra.sweep.subdir", throw_on_resolution_failure=True)) for c in configs]
-    except Exception:  # noqa: BLE001 (any resolution failure: the checks below are skipped)
-        return None
-
-
-def refuse_other_sweeps_points(sweep_dir: str | None, folders: list[str], swept: set[str]) -> None:
-    """Before a sweep's first point: a sweep folder that holds results of points this sweep does
-    not run (a corrected sweep into the folder of the first, the same value spelled 1 and then
-    1.0). Its summary, report, paper comparison and exit code cover every point in the folder:
-    the earlier sweep's failed points would fail this one, its rows would be averaged in."""
-    swept.update(folders)
-    if not sweep_dir:
-        return
-    others = sorted(p.parent.name for p in Path(sweep_dir).glob("*/metrics.csv") if p.parent.name not in swept)
-    if others:
-        listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-        raise UserError(
-            f"{sweep_dir} holds points this sweep does not run ({listed}), which its summary and report "
-            f"would count; give a new hydra.sweep.dir, or this folder's whole list of points again (its "
-            f"finished points are skipped), or remove those folders"
-        )
-
-
-def refuse_shared_folders(batch, folders: list[str]) -> None:
-    """Before a sweep's first point: points whose folders are one (hydra.sweep.subdir=same) would
-    each overwrite the last one's result."""
-    for first, (folder, overrides) in enumerate(zip(folders, batch)):
-        if folder in folders[:first]:
-            other = list(batch[folders.index(folder)])
-            apart = [o for o in other if o not in overrides], [o for o in overrides if o not in other]
-            raise UserError(
-                f"hydra.sweep.subdir gives the points {' '.join(apart[0])} and {' '.join(apart[1])} one folder, "
-                f"{folder!r}: each would overwrite the last; keep the default subdir, or one that names each point"
-            )
-
-
-def refuse_twice_swept(batch, configs) -> None:
-    """Before a sweep's first point: two points that are one (seed=1000,1e3: Hydra keeps both
-    spellings) would run twice and leave two rows of one identity, which no comparison can match."""
-
-    def canonical(value):  # 1e3 is 1000
-        if isinstance(value, dict):
-            return {k: canonical(v) for k, v in value.items() if k != "hydra"}
-        if isinstance(value, list):
-            return [canonical(v) for v in value]
-        return int(value) if isinstance(value, float) and value.is_integer() else value
-
-    seen: dict[str, list[str]] = {}
-    for overrides, config in zip(batch, configs):
-        body = json.dumps(canonical(OmegaConf.to_container(config, resolve=False)), sort_keys=True, default=str)
-        if body in seen:
-            first, second = seen[body], list(overrides)
-            apart = [o for o in first if o not in second], [o for o in second if o not in first]
-            if not apart[0]:  # the same value listed twice (+allocator=paged,paged)
-                raise UserError(
-                    f"the sweep runs one point twice ({' '.join(first)}): a value is listed twice; give each once"
-                )
-            raise UserError(
-                f"the sweep runs one point twice: {' '.join(apart[0])} and {' '.join(apart[1])} are the same "
-                f"setting; give each value once"
-            )
-        seen[body] = list(overrides)
-
-
-def refuse_bad_points(batch, configs) -> None:
-    """Before a sweep's first point: a point whose config the schema refuses (`-m workload.rate=1,x`),
-    or whose allocator cannot hold its model's layers (`-m model=glob(*)` with paged and a
-    sliding-window model), would fail only when its turn came, after the points before it had
-    run. What cannot be decided from the config alone (an interpolation that resolves only as
-    its point launches) is left to the point, which fails with its own error."""
-    from kvbench.scenarios.build import allocator_class, load_specs, refuse_plugins_that_cannot_meet
-    from kvbench.scenarios.run import preflight
-
-    traces_read: set[str] = set()  # each trace file's rows are checked once, whatever points share it
-    for overrides, config in zip(batch, configs):
-        try:
-            try:  # resolved here, without the point's own Hydra settings (a ${hydra:...} value fails)
-                data = OmegaConf.to_container(task_config(config), resolve=True)
-            except (InterpolationKeyError, InterpolationResolutionError) as err:
-                # ${nosuch.key}, fig14_15.sharing=foo, fig12.duration_s=5: no launch resolves it
-                if isinstance(err, InterpolationKeyError) or "is not a container" in str(err):
-                    schema.validate(task_config(config))  # which says so in kvbench's words
-                continue
-            except Exception:  # noqa: BLE001 (it resolves only as its point launches, or fails there)
-                continue
-            schema.validate(data)
-            point = OmegaConf.create(data)
-            model = load_specs(point)[0]
-            allocator_class(point, model)
-            refuse_plugins_that_cannot_meet(point, model)
-            preflight(point)
-            refuse_unread_overrides(point, OmegaConf.select(config, "hydra.overrides.task", default=None) or overrides)
-            trace = point.workload.get("path") if point.workload.get("kind") == "trace" else None
-            if trace and str(trace) not in traces_read:  # a malformed row fails its point only as it runs
-                from kvbench.core.workload import load_trace
-
-                load_trace(str(trace))
-                traces_read.add(str(trace))
-        except UserError as err:
-            raise UserError(
-                f"the sweep's point {','.join(overrides) or '(no overrides)'} would fail: {err}; "
-                f"no point has run: fix or drop that value"
-            ) from None
-        except Exception:  # noqa: BLE001 (not decidable before the point launches)
-            continue
-
-
-def refuse_absent_baseline(batch, configs) -> None:
-    """Before a sweep's first point: a report.baseline given that no point's allocator is (its
-    report would end the sweep with this error, every point run)."""
-    asked = {value for overrides in batch for key, value in map(split_override, overrides) if key == "report.baseline"}
-    asked.discard("null")  # the default: the sweep's first system in the paper's order
-    from kvbench.scenarios.build import plugin_cfg  # a point that names no allocator runs the default
-
-    systems = [str(plugin_cfg(c, "allocator")["name"]) for c in configs]
-    for name in asked - set(systems):
-        raise UserError(
-            f"report.baseline={name!r} is not in the sweep; its allocators: "
-            f"{', '.join(dict.fromkeys(systems)) or 'none'}"
-        )
-
-
 @contextlib.contextmanager
 def missing_package_is_bad_input(parsed):
     """`bench --cfg job -p nope`: Hydra prints that the package is not found and exits 1, the code
@@ -1229,7 +626,7 @@ def main(argv: list[str] | None = None) -> None:
                 "--hydra-help shows Hydra's own flags and takes no overrides: drop them (bench --help shows "
                 "kvbench's config with them)"
             )
-        if (parsed.help or parsed.hydra_help) and parsed.multirun and _sweeps(*parsed.overrides):
+        if (parsed.help or parsed.hydra_help) and parsed.multirun and sweeps(*parsed.overrides):
             raise UserError(
                 "--help shows one config and its fields: give it one value of each key (or none), without "
                 "-m's lists; the sweep runs without --help"
