@@ -530,7 +530,8 @@ def composing_once(args):
                 check_run_config(task_config(shown[0]))
                 from hydra.types import RunMode
 
-                from kvbench.reporting.paper import check_experiment, report_settings
+                from kvbench.reporting.experiment_checks import check_experiment
+                from kvbench.reporting.paper import report_settings
 
                 full = self.compose_config(config_name, overrides, run_mode=RunMode.MULTIRUN)  # with its hydra node
                 check_experiment(full, report_settings(full.get("report"))["paper"])  # what the sweep's start refuses

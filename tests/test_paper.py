@@ -13,13 +13,9 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from kvbench.errors import UserError
+from kvbench.reporting.capacity import Capacity, capacities, capacity_note, capacity_row, capacity_rows
 from kvbench.reporting.paper import (
     FIGURES,
-    Capacity,
-    capacities,
-    capacity_note,
-    capacity_row,
-    capacity_rows,
     fig2,
     fig12,
     fig14_15,
@@ -416,7 +412,7 @@ def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_befor
 def test_the_values_a_sweep_runs_are_read_as_the_sweeper_combines_them(given, key, values):
     from omegaconf import OmegaConf
 
-    from kvbench.reporting.paper import swept_values
+    from kvbench.reporting.experiment_checks import swept_values
 
     config = OmegaConf.create(
         {"hydra": {"sweeper": {"params": {"workload": "sharegpt,alpaca"}}, "overrides": {"task": given}}}

@@ -238,7 +238,7 @@ def sweep_table(frame: pd.DataFrame, slo: float | None = None, baseline: str | N
     system's capacity at that latency target below it, where points measured normalized latency."""
     import pandas as pd  # a single run's summary needs neither pandas nor the capacity code
 
-    from kvbench.reporting.paper import capacity_note
+    from kvbench.reporting.capacity import capacity_note
     from kvbench.reporting.winners import METRIC, capacity, times
 
     if "metric" in frame and "scenario" in frame and (frame["scenario"] == "validate").all():  # a line a metric

@@ -5,27 +5,23 @@ An experiment config (conf/experiment/NAME.yaml) sets `report.paper=NAME`; when 
 value, delta for every number the paper states for that figure) and the figure's own plot. The
 categories and baselines compared are defined in docs/paper.md.
 
-Capacity at a latency target, the paper's headline metric: on each system's normalized latency
-against request rate, the highest rate whose latency stays under `report.slo_s_per_token`,
-interpolated between the last rate under it and the first above it; and each system's capacity
-as a ratio to `report.baseline`'s.
+Fig. 12's numbers are capacities at a latency target (kvbench.reporting.capacity); what an
+experiment's comparison needs of its sweep is checked before the sweep runs
+(kvbench.reporting.experiment_checks).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import UserError
-from kvbench.reporting.results import write_atomic, write_csv
+from kvbench.reporting.capacity import capacities, capacity_rows, over_served
+from kvbench.reporting.results import number, ok_dicts, write_atomic, write_csv
 from kvbench.schema.docs import constraints
 from kvbench.schema.groups import Report
 
@@ -69,26 +65,14 @@ FIG12 = {  # request rate vLLM sustains at similar normalized latency, ShareGPT 
 }
 
 
-def number(row: dict, key: str) -> float:
-    """A result cell as a float; NaN for a missing or non-numeric cell (a failed point)."""
-    try:
-        return float(row.get(key, "nan"))
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _ok(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get("status", "ok") == "ok"]
-
-
 def mean_over_seeds(rows: list[dict], key: str, **where) -> tuple[float, int]:
     """The mean of `key` over the ok rows whose columns equal `where`, and how many there were."""
-    values = [number(r, key) for r in _ok(rows) if all(r.get(k) == v for k, v in where.items())]
+    values = [number(r, key) for r in ok_dicts(rows) if all(r.get(k) == v for k, v in where.items())]
     return (float(np.mean(values)) if values else float("nan")), len(values)
 
 
 def _workloads(rows: list[dict]) -> str:
-    return "+".join(sorted({str(r.get("workload")) for r in _ok(rows)}))
+    return "+".join(sorted({str(r.get("workload")) for r in ok_dicts(rows)}))
 
 
 def comparison_row(figure, workload, system, quantity, paper, value, runs) -> dict:
@@ -112,62 +96,10 @@ def comparison_row(figure, workload, system, quantity, paper, value, runs) -> di
     }
 
 
-# settings that size the KV pool or change a system (a prefix: any key under it): the paper's
-# numbers are its setup's pool, one A100-40GB's memory less OPT-13B's weights, and its systems
-# as it defines them (vLLM in blocks of 16, Pow2 a buddy allocator)
-POOL_KEYS = ("model.", "hardware.", "engine.kv_cache_bytes", "allocator.")
-
-
-def fig2_setup(config, figure: str = "fig2") -> None:
-    """Before fig2's, fig12's or fig13's sweep runs: the paper's model and GPU (and for fig2 its
-    workload and rate, each swept value checked) as the sweep's config and command line give
-    them, and no override that sizes the pool or changes a system (POOL_KEYS)."""
-    sweep = config.hydra.sweeper.get("params") or {}
-    given = {"model": config.get("model", {}).get("name"), "hardware": config.get("hardware", {}).get("name")}
-    wanted = {"model": (FIG2_SETUP[0],), "hardware": (FIG2_SETUP[1],)}
-    if figure == "fig2":  # fig12's and fig13's workloads and rates are their own sweeps'
-        given |= {"workload": config.get("workload", {}).get("kind"), "rate": config.get("workload", {}).get("rate")}
-        wanted |= {"workload": ("sharegpt", "trace"), "rate": (4.0,)}
-    off = []
-    for key, value in given.items():
-        swept = swept_values(config, "workload" if key == "workload" else "workload.rate") if key in RUN_KEYS else None
-        if swept is not None:  # the command line's values (a sweep's, or choice(2)'s one), each checked
-            off += [f"{key}={v}" for v in swept if _as_given(key, v) not in wanted[key]]
-        elif value is not None and key not in sweep and f"workload.{key}" not in sweep and value not in wanted[key]:
-            off.append(f"{key}={value}")
-    if off:
-        setup = " with ShareGPT's lengths at 4 req/s" if figure == "fig2" else ""
-        raise UserError(
-            f"{figure}: the paper's numbers are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s{setup}; this sweep would run "
-            f"{', '.join(off)}: drop that override (or sweep without +experiment={figure})"
-        )
-    pool = [o.input_line for o in _parsed_overrides(config) if o.key_or_group.lstrip("+~").startswith(POOL_KEYS)]
-    if pool:
-        raise UserError(
-            f"{figure}: {pool[0]} sizes the KV pool or changes a system, and the paper's numbers are its setup's "
-            f"pool and systems ({FIG2_SETUP[0]} on one {FIG2_SETUP[1]}, blocks of 16): drop it (or sweep without "
-            f"+experiment={figure})"
-        )
-
-
-RUN_KEYS = ("workload", "rate")  # fig2's keys a command line may set for every point or sweep
-
-
-def _as_given(key: str, text: str):
-    """A command line's value as the config holds it: a rate as a number (text that is none stays
-    text, off the paper's setup; the sweep's check of its points has refused it already)."""
-    if key != "rate":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def fig2(rows: list[dict], cfg) -> list[dict]:
     _same_setup(rows, "fig2")
     off = set()  # the paper's setup beside the model: ShareGPT lengths at 4 req/s, blocks of 16
-    for r in _ok(rows):
+    for r in ok_dicts(rows):
         if r.get("workload") not in ("sharegpt", "trace"):  # a trace: ShareGPT's lengths, maybe
             off.add(f"workload={r.get('workload')}")
         for key, paper in (("rate", 4.0), ("block_size", 16.0)):
@@ -205,7 +137,7 @@ def fig2(rows: list[dict], cfg) -> list[dict]:
 def _same_setup(rows: list[dict], figure: str) -> None:
     """The paper's model and GPU (fig2, fig13: OPT-13B on an A100-40GB): its numbers depend on
     the pool's size against the requests'."""
-    ran = {(r.get("model"), r.get("hardware")) for r in _ok(rows) if r.get("model") and r.get("hardware")}
+    ran = {(r.get("model"), r.get("hardware")) for r in ok_dicts(rows) if r.get("model") and r.get("hardware")}
     other = sorted({f"{m} on {h}" for m, h in ran if (m, h) != FIG2_SETUP}, key=str)
     if other:
         raise UserError(
@@ -219,7 +151,7 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
     out = []
     for (workload, rate), papers in FIG13.items():
         # the paper's workload at its rate; a trace (of the paper's dataset, its user says) at that rate too
-        at_rate = [r for r in _ok(rows) if number(r, "rate") == rate and r.get("workload") in (workload, "trace")]
+        at_rate = [r for r in ok_dicts(rows) if number(r, "rate") == rate and r.get("workload") in (workload, "trace")]
         for ours in sorted({r.get("workload") for r in at_rate}):  # never a mean over two workloads' points
             label = workload if ours == workload else f"{workload} ({ours})"
             for allocator in PAPER_ORDER:
@@ -229,147 +161,6 @@ def fig13(rows: list[dict], cfg) -> list[dict]:
                     out.append(
                         comparison_row("fig13", label, SYSTEMS[allocator], quantity, papers[allocator], value, runs)
                     )
-    return out
-
-
-class Capacity(float):
-    """A capacity in req/s, interpolated between the two swept rates that bracket the target:
-    `between` = (the last rate under it, the first above), how far the interpolation reaches;
-    `served` = the most requests a second the curve's system served at any swept rate (NaN where
-    the rows hold no request_throughput). A capacity above `served` is the interpolation's, not
-    the system's: no rate above what it can serve stays within any latency target for long."""
-
-    between: tuple[float, float]
-    served: float
-
-    def __new__(cls, value: float, between: tuple[float, float], served: float = math.nan):
-        capacity = super().__new__(cls, value)
-        capacity.between, capacity.served = between, served
-        return capacity
-
-
-def rerun(rates: list[float]) -> str:
-    """The advice for a curve whose knee lies at rates whose points failed."""
-    return f"its points at {', '.join(f'{x:g}' for x in rates)} req/s failed (summary.csv says why): rerun them"
-
-
-def capacities(rows: list[dict], slo: float, unplaced: dict | None = None) -> dict[tuple[str, str], float]:
-    """(workload, allocator) -> the highest request rate with normalized latency <= `slo`. A curve
-    whose rates cannot place it is an error; where `unplaced` is given, its reason goes there
-    under (workload, allocator) instead, and the other curves are placed."""
-    series = defaultdict(lambda: defaultdict(list))
-    served = defaultdict(lambda: defaultdict(list))
-    for r in _ok(rows):
-        latency = number(r, "normalized_latency_s_per_tok")
-        series[(r.get("workload"), r.get("allocator"))][number(r, "rate")].append(latency)
-        if r.get("request_throughput") not in (None, ""):
-            served[(r.get("workload"), r.get("allocator"))][number(r, "rate")].append(number(r, "request_throughput"))
-    found = {}
-    for (workload, allocator), by_rate in sorted(series.items()):
-        rates = sorted(by_rate)
-        latency = [float(np.mean(by_rate[rate])) for rate in rates]
-        where = f"{allocator} on {workload} (rates {', '.join(f'{x:g}' for x in rates)})"
-        above = next((i for i, v in enumerate(latency) if v > slo), None)
-        failed = sorted(
-            {
-                number(r, "rate")
-                for r in rows
-                if r.get("status", "ok") != "ok" and (r.get("workload"), r.get("allocator")) == (workload, allocator)
-            }
-        )
-        reason = None
-        if len(rates) < 2:
-            reason = f"report: {where} has fewer than 2 rates: a rate sweep is needed to find its knee"
-        elif latency[0] > slo:
-            lower = [x for x in failed if x < rates[0]]
-            fix = rerun(lower) if lower else "add lower rates (workload.rate; fig12.rates under +experiment=fig12)"
-            reason = (
-                f"report: {where} is above report.slo_s_per_token={slo:g} already at the lowest "
-                f"rate ({latency[0]:.3g} s/token): {fix}"
-            )
-        elif above is None:
-            higher = [x for x in failed if x > rates[-1]]
-            fix = (
-                rerun(higher)
-                if higher
-                else "the sweep is too short to find its knee; add higher rates (workload.rate; fig12.rates under "
-                "+experiment=fig12), or more requests a point (workload.num_requests): a run too short to build a "
-                "queue stays under the target at any rate"
-            )
-            reason = (
-                f"report: {where} never exceeds report.slo_s_per_token={slo:g} (highest "
-                f"{latency[-1]:.3g} s/token): {fix}"
-            )
-        if reason is not None:
-            if unplaced is None:
-                raise UserError(reason)
-            unplaced[(workload, allocator)] = reason
-            continue
-        # interpolate in log latency: the curve is close to exponential around its knee
-        lo, hi = np.log(latency[above - 1]), np.log(latency[above])
-        bracket = (rates[above - 1], rates[above])
-        most = max((float(np.mean(v)) for v in served[(workload, allocator)].values()), default=math.nan)
-        found[(workload, allocator)] = Capacity(np.interp(np.log(slo), [lo, hi], bracket), bracket, most)
-    return found
-
-
-def between_text(capacity: float) -> str:
-    """`2-4`: the swept rates a capacity was interpolated between (a finer sweep there pins it)."""
-    low, high = getattr(capacity, "between", (math.nan, math.nan))
-    return f"{low:g}-{high:g}" if low == low else ""
-
-
-# How far a capacity may lie above the most its system served before it is called the
-# interpolation's: below the knee a point serves a few percent under its offered rate (a seed's
-# arrivals run 2-3 % under the rate at 900 s; requests still running when the window closes),
-# so a capacity interpolated between close rates sits just above the served rate (2.29 req/s
-# against 2.15 served, paged between 2.2 and 2.4), while 1, 2, 4, 8 put it 18 % above (2.62 / 2.22).
-OVER_SERVED = 1.10
-
-
-def over_served(capacity: float) -> bool:
-    """The interpolation put `capacity` well above the most its system served (OVER_SERVED)."""
-    return bool(capacity > OVER_SERVED * getattr(capacity, "served", math.nan))
-
-
-def capacity_row(workload: str, allocator: str, capacity: float) -> dict:
-    """capacity.csv's columns of one curve's capacity; `over_served` says that the interpolation
-    put it well above the most the system served (`served_max_req_s`, OVER_SERVED): a finer
-    sweep between the bracketing rates, or a longer window, would place it lower."""
-    served = getattr(capacity, "served", math.nan)
-    return {
-        "workload": workload,
-        "allocator": allocator,
-        "capacity_req_s": round(capacity, 4),
-        "between_req_s": between_text(capacity),
-        "served_max_req_s": round(served, 4),
-        "over_served": over_served(capacity),
-    }
-
-
-def capacity_note(row) -> str:
-    """The console's and the report's words for a capacity above what its system served."""
-    if not getattr(row, "over_served", False):
-        return ""
-    low, high = re.fullmatch(r"(.+?(?:e-\d+)?)-(.+)", row.between_req_s).groups()  # 1e-05-2e-05 too
-    most = f"{row.served_max_req_s:.3g}"
-    return (
-        f"; above the {most} req/s it served at most: a finer sweep between {low} and {high}, or a longer "
-        f"workload.duration_s, places it lower"
-    )
-
-
-def capacity_rows(found: dict, baseline: str) -> list[dict]:
-    out = []
-    for (workload, allocator), capacity in found.items():
-        base = found.get((workload, baseline))
-        if base is None:
-            known = sorted({a for w, a in found if w == workload})
-            raise UserError(
-                f"report.baseline={baseline!r} is not a system of the {workload} sweep; known: {', '.join(known)}"
-            )
-        row = capacity_row(workload, allocator, capacity)
-        out.append({**row, f"ratio_to_{baseline}": round(capacity / base, 4)})
     return out
 
 
@@ -400,7 +191,7 @@ def sharing_points(rows: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
     """(workload, sharing mode, width) -> its ok rows, in the paper's order; the mode and width are
     the columns conf/experiment/fig14_15.yaml sweeps."""
     points = defaultdict(list)
-    for r in _ok(rows):
+    for r in ok_dicts(rows):
         key = (r.get("workload"), r.get("fig14_15.sharing"))
         if key in FIG14_15 and r.get("fig14_15.width"):
             points[(*key, int(number(r, "fig14_15.width")))].append(r)
@@ -416,7 +207,9 @@ def fig14_15(rows: list[dict], cfg) -> list[dict]:
             "fig14_15: no point says its sharing (columns fig14_15.sharing and fig14_15.width, "
             "workload alpaca or sharegpt): run bench +experiment=fig14_15"
         )
-    knobs = sorted({k for r in _ok(rows) for k in ("workload.n", "workload.beam_width") if r.get(k) not in (None, "")})
+    knobs = sorted(
+        {k for r in ok_dicts(rows) for k in ("workload.n", "workload.beam_width") if r.get(k) not in (None, "")}
+    )
     if knobs:  # the experiment sets them from fig14_15.width: the width compared would not be the one run
         raise UserError(
             f"fig14_15: {knobs[0]} is set on the command line, but the experiment sets it from fig14_15.sharing "
@@ -445,13 +238,13 @@ def fig18(rows: list[dict], cfg) -> list[dict]:
     all: a tie that includes the paper's 16 (a load no block size strains) neither confirms nor
     refutes it, and compares nothing (n/a); one without it compares its block nearest 16. A
     sweep that did not run 16 compares nothing either, and names its best."""
-    others = sorted({r.get("allocator") for r in _ok(rows)} - {"paged", None, ""})
+    others = sorted({r.get("allocator") for r in ok_dicts(rows)} - {"paged", None, ""})
     if others:
         raise UserError(f"fig18 is vLLM's block size (allocator paged); this sweep ran allocator {', '.join(others)}")
     out = []
-    for workload in sorted({r.get("workload") for r in _ok(rows)}):
+    for workload in sorted({r.get("workload") for r in ok_dicts(rows)}):
         by_block = {}
-        for r in _ok(rows):
+        for r in ok_dicts(rows):
             if r.get("workload") == workload:
                 by_block.setdefault(int(number(r, "block_size")), []).append(number(r, "normalized_latency_s_per_tok"))
         if len(by_block) < 2:
@@ -488,11 +281,11 @@ def fig19(rows: list[dict], cfg) -> list[dict]:
         "preemption time": {"swap": "swap_time_model_s", "recompute": "recompute_time_model_s"},
         "normalized latency": {"swap": "normalized_latency_s_per_tok", "recompute": "normalized_latency_s_per_tok"},
     }
-    preempted = any(number(r, "preemptions") > 0 for r in _ok(rows))
+    preempted = any(number(r, "preemptions") > 0 for r in ok_dicts(rows))
     out = []
     for measure, column_of in measures.items():
         by_block = defaultdict(dict)
-        for r in _ok(rows):
+        for r in ok_dicts(rows):
             mode = r.get("engine.preemption")
             if mode in column_of:
                 by_block[int(number(r, "block_size"))][mode] = number(r, column_of[mode])
@@ -568,7 +361,7 @@ def setup_lines(rows: list[dict]) -> list[str]:
     """What the compared points ran (scenario, model, the hardware simulated or the device that
     served), and a caveat where it is not the paper's setup: OPT-13B simulated on an A100-40GB."""
     ran: dict[str, dict[str, list]] = {}  # setup -> workload -> its rates, in the order they ran
-    for r in _ok(rows):
+    for r in ok_dicts(rows):
         rates = ran.setdefault(f"{r.get('model') or '?'} on {ran_on(r) or '?'} ({r.get('scenario') or 'simulate'})", {})
         rates.setdefault(str(r.get("workload") or "?"), []).append(number(r, "rate"))
 
@@ -578,7 +371,7 @@ def setup_lines(rows: list[dict]) -> list[str]:
     setups = [f"{setup}: " + "; ".join(f"{w} at {listed(r)}" for w, r in loads.items()) for setup, loads in ran.items()]
     lines = [f"kvbench ran: {'; '.join(setups)}."]
     paper = ("opt-13b", "a100-40gb", "simulate")
-    if any((r.get("model"), r.get("hardware"), r.get("scenario") or "simulate") != paper for r in _ok(rows)):
+    if any((r.get("model"), r.get("hardware"), r.get("scenario") or "simulate") != paper for r in ok_dicts(rows)):
         lines.append(
             "The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model or GPU, or served "
             "on this host, so compare which way and how far each figure moves, not its value."
@@ -640,7 +433,7 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     only with `plots`: `plots=false` draws nothing)."""
     settings = report_settings(report)
     rows = sweep_rows(sweep_dir)
-    if not _ok(rows):
+    if not ok_dicts(rows):
         raise UserError(f"{sweep_dir} has no successful point to compare with the paper")
     name = settings["paper"]
     # fig12's capacities, found once: a curve its rates cannot place (a workload's sweep too
@@ -670,7 +463,9 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
         # as the report's verdict takes it: the default falls back to the sweep's first system in
         # the paper's order (fig12 narrowed to paged and oracle), a baseline set explicitly does not
         explicit = configured(sweep_dir)[1]
-        baseline = resolve_baseline(pd.DataFrame(_ok(rows)), settings["baseline"], explicit) or settings["baseline"]
+        baseline = (
+            resolve_baseline(pd.DataFrame(ok_dicts(rows)), settings["baseline"], explicit) or settings["baseline"]
+        )
         # a workload whose baseline is unplaced has no ratios
         placed = {key: c for key, c in found.items() if (key[0], baseline) not in unplaced}
         write_csv(sweep_dir / "capacity.csv", capacity_rows(placed, baseline))
@@ -679,164 +474,13 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
         from kvbench.reporting import paper_plots  # matplotlib is slow to load; only plots need it
 
         if name == "fig2":
-            written.append(paper_plots.fig2_breakdown(_ok(rows), sweep_dir))
+            written.append(paper_plots.fig2_breakdown(ok_dicts(rows), sweep_dir))
         if name == "fig14_15":
             written.append(paper_plots.sharing_savings(sharing_points(rows), sweep_dir))
         if name == "fig12":
-            written.append(paper_plots.latency_knees(_ok(rows), found, settings["slo"], sweep_dir))
+            written.append(paper_plots.latency_knees(ok_dicts(rows), found, settings["slo"], sweep_dir))
     if unplaced:
         first, *rest = unplaced.values()
         more = f"; {len(rest)} more curve(s) cannot be placed either" if rest else ""
         raise UserError(f"{first}{more} ({', '.join(p.name for p in written)} written from the curves placed)")
     return written
-
-
-# The axes an experiment's comparison needs several values of (fig12's capacity curve, fig18's
-# best block, fig19's crossover); the others (a system, a workload) may be narrowed
-NEEDED_AXES = {  # workload.rate: fig12's and fig13's rates are their tables' (fig12.rates, fig13.rates)
-    "fig12": ("fig12.point", "workload.rate"),
-    "fig13": ("workload.rate",),
-    "fig18": ("allocator.block_size",),
-    "fig19": ("engine.preemption", "allocator.block_size"),
-}
-
-
-def task_overrides(config) -> list[str]:
-    """A saved sweep config's command line (hydra.overrides.task) as it was typed: an override
-    that holds an interpolation (`seed=${hydra:job.num}`) stays text, where reading it would
-    resolve it without the point it belongs to."""
-    node = OmegaConf.select(config, "hydra.overrides.task", default=None)
-    return [str(item) for item in OmegaConf.to_container(node, resolve=False)] if node is not None else []
-
-
-def _parsed_overrides(config, before: tuple | list = ()) -> list:
-    """`before`, then the sweep's command line (hydra.overrides.task), as Hydra parses overrides."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create().parse_overrides([*before, *task_overrides(config)])
-
-
-def swept_values(config, key: str) -> list[str] | None:
-    """The values a sweep's points take for `key` (a group or key, with or without its +), as the
-    basic sweeper combines them: the experiment's params, then the command line's, the later
-    winning; None where neither names it (the config's one value), or where only the sweeper
-    knows them (glob(), which it expands against the config's options)."""
-    from hydra.errors import HydraException
-
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-    values = None
-    for override in _parsed_overrides(config, params):
-        if override.key_or_group != key:
-            continue
-        if override.is_delete():
-            values = None  # `~workload`: whatever that leaves is refused elsewhere
-            continue
-        try:
-            taken = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-        except HydraException:  # glob(): expanded by the sweeper, against the config's options
-            values = None
-            continue
-        values = [str(getattr(value, "text", value)) for value in taken]  # 'sharegpt': its text
-    return values
-
-
-def fig12_setup(config) -> None:
-    """Before fig12's sweep: its ratios are paged's capacity over oracle's and contiguous's, on
-    ShareGPT; a sweep narrowed to fewer systems or another workload would run every point and
-    then have nothing to compare."""
-    allocators, workloads = swept_values(config, "allocator"), swept_values(config, "workload")
-    if allocators is not None and not any(a in allocators and b in allocators for a, b in FIG12):
-        pairs = " or ".join(f"{a} with {b}" for a, b in FIG12)
-        raise UserError(
-            f"fig12's ratios compare {pairs}; this sweep runs allocator {', '.join(allocators)} only: "
-            f"sweep a pair (+allocator=paged,oracle) or drop the override"
-        )
-    if workloads is not None and "sharegpt" not in workloads:
-        raise UserError(
-            f"fig12's ratios are ShareGPT's; this sweep runs workload {', '.join(workloads)} only: add sharegpt "
-            f"(workload=sharegpt,{workloads[0]}) or drop the override"
-        )
-
-
-# where fig12's and fig13's rates are set: a workload's own table, which the points read by its kind
-RATE_TABLES = {
-    "fig12": "fig12.rates.sharegpt.r1=0.4 (each workload's points r1..r10)",
-    "fig13": "fig13.rates.sharegpt=2",
-}
-
-
-def refuse_fixed_axes(config, paper: str | None) -> None:
-    """Before an experiment's sweep: a command line that fixes an axis its comparison needs
-    (`+experiment=fig19 engine.preemption=swap`) would run every point and then be refused."""
-    needed = NEEDED_AXES.get(paper or "", ())
-    tables = paper in RATE_TABLES and OmegaConf.select(config, f"{paper}.rates", default=None) is not None
-    for override in _parsed_overrides(config) if needed else []:
-        if override.key_or_group == "workload.rate" and tables:  # +experiment's tables: one value or several
-            raise UserError(
-                f"+experiment={paper} takes each workload's rates from {paper}.rates, not {override.input_line}: "
-                f"give {RATE_TABLES[paper]} (a trace's: +{paper}.rates.trace=..., +{paper}.duration_s.trace=...)"
-            )
-        if override.key_or_group in needed and not override.is_sweep_override():
-            swept = (config.hydra.sweeper.get("params") or {}).get(override.key_or_group, "several values")
-            raise UserError(
-                f"+experiment={paper} sweeps {override.key_or_group} over {swept}, and its comparison needs them: "
-                f"{override.input_line} fixes it to one; drop it (or sweep without +experiment={paper})"
-            )
-
-
-SHARING_KNOBS = ("workload.n", "workload.beam_width")
-# experiments whose numbers are vLLM's alone (sharing, block size, preemption): their config chooses paged
-PAGED_ONLY = ("fig14_15", "fig18", "fig19")
-
-
-def paged_only(config, paper: str) -> None:
-    """Before fig14_15's, fig18's or fig19's sweep: another allocator's points would be compared
-    with vLLM's numbers (or fail one by one: Orca shares nothing)."""
-    names = swept_values(config, "allocator") or [OmegaConf.select(config, "allocator.name", default=None)]
-    others = [str(name) for name in names if name not in (None, "paged")]
-    if others:
-        raise UserError(
-            f"+experiment={paper} measures vLLM's paged allocator; this sweep would run allocator "
-            f"{', '.join(others)}: drop that override (or sweep without +experiment={paper})"
-        )
-
-
-class PaperComparison(Callback):
-    """Checks `report.*` before a sweep runs. The comparison itself is written at the sweep's
-    end, after its summary (kvbench.callbacks.paper_comparison)."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        paper = self._settings(config)["paper"]
-        try:
-            check_experiment(config, paper)
-        except UserError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-
-    @staticmethod
-    def _settings(config: DictConfig) -> dict:
-        try:
-            return report_settings(config.get("report"))
-        except UserError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-
-
-def check_experiment(config: DictConfig, paper: str | None) -> None:
-    """What the paper comparison would refuse at a sweep's end, known before it runs (the
-    sweep's start, and `bench --cfg job`): `config` with its hydra node."""
-    if paper in ("fig2", "fig12", "fig13"):
-        fig2_setup(config, paper)
-    if paper == "fig12":
-        fig12_setup(config)
-    if paper in PAGED_ONLY:
-        paged_only(config, paper)
-    if paper == "fig14_15":  # the experiment sets them from its width; the rows would be refused at the end
-        knob = next((o for o in _parsed_overrides(config) if o.key_or_group in SHARING_KNOBS), None)
-        if knob is not None:
-            raise UserError(
-                f"+experiment=fig14_15 sets workload.n and workload.beam_width from fig14_15.sharing and "
-                f"fig14_15.width; {knob.input_line} would run another width than the one compared: drop it, "
-                f"and give the width as fig14_15.width=2,4,6"
-            )
-    refuse_fixed_axes(config, paper)

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_with, guarded_stdout, reportable
+from kvbench.reporting.capacity import capacity_note
 from kvbench.reporting.console import drained_note
 from kvbench.reporting.figures import context_title
-from kvbench.reporting.paper import capacity_note
 from kvbench.reporting.results import (
     ENVIRONMENT,
     IDENTITY,

@@ -149,6 +149,19 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def number(row: dict, key: str) -> float:
+    """A result cell as a float; NaN for a missing or non-numeric cell (a failed point)."""
+    try:
+        return float(row.get(key, "nan"))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def ok_dicts(rows: list[dict]) -> list[dict]:
+    """The rows (dicts) of the points that ran: status ok, or no status."""
+    return [r for r in rows if r.get("status", "ok") == "ok"]
+
+
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"].fillna("ok") == "ok"] if "status" in frame else frame
 

@@ -5,7 +5,7 @@ At one setting (a request rate, say) every system is offered the same load; the 
 it at the lowest normalized latency, the paper's measure (mean over requests of end-to-end
 latency / output tokens). Its margin is the baseline's normalized latency over the winner's,
 beside the ratio of their request throughputs. Across the rates of a sweep, a system's capacity
-is the highest rate it serves within the latency target (kvbench.reporting.paper.capacities).
+is the highest rate it serves within the latency target (kvbench.reporting.capacity.capacities).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from kvbench.errors import UserError
-from kvbench.reporting.paper import capacities, capacity_row, capacity_rows, task_overrides
+from kvbench.reporting.capacity import capacities, capacity_row, capacity_rows
+from kvbench.reporting.experiment_checks import task_overrides
 from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, rate_curves, varying_keys
 
 METRIC = "normalized_latency_s_per_tok"
@@ -166,7 +167,7 @@ def capacity(frame: pd.DataFrame, slo: float, baseline: str | None) -> tuple[pd.
         setting = point_labels(rows.iloc[:1], keys).iloc[0] if keys else ""
         curves = {}
         for _, curve in rows.groupby("allocator", sort=False):
-            try:  # paper.capacities reads the rows as text cells, every one of them an ok point
+            try:  # capacity.capacities reads the rows as text cells, every one of them an ok point
                 curves |= capacities(curve.assign(status="ok").to_dict("records"), slo)
             except UserError as err:  # named by its setting: two seeds' curves read alike
                 reason = str(err).removeprefix("report: ")
