@@ -139,7 +139,7 @@ def paper_comparison(config: DictConfig, sweep_dir: Path, plots: bool) -> tuple[
         return ("; no paper comparison" if now is None or now == before else f"; {table.name} from what it could"), err
     for path in written:
         log.info("wrote %s", path)
-    from kvbench.reporting.report import add_paper_section
+    from kvbench.reporting.page import add_paper_section
 
     add_paper_section(sweep_dir)  # the report was written before the comparison
     return f"; {written[1].name} compares the others with the paper", None

@@ -157,7 +157,7 @@ def _read_statuses(metrics: Path) -> list[str]:
     """A finished point's rows' statuses, its rows checked as the sweep's report will check them:
     a cell that is no number there (a file edited by hand, a disk's damage) reruns the point, where
     skipping it would end the sweep in that error."""
-    from kvbench.reporting.report import check_results  # only a resumed sweep reads a finished point back
+    from kvbench.reporting.inputs import check_results  # only a resumed sweep reads a finished point back
     from kvbench.reporting.results import read_csv
 
     frame = read_csv(metrics)

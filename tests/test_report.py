@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 
 from kvbench.errors import UserError
-from kvbench.reporting import plots, report
+from kvbench.reporting import inputs, plots, report
+from kvbench.reporting import page as report_page
 from kvbench.reporting.figures import KV_PARTS
 from kvbench.reporting.results import rate_curves, read_csv, write_csv
 from kvbench.reporting.winners import winners
@@ -319,7 +320,7 @@ def linear_sweep(rates) -> pd.DataFrame:
 
 
 def verdict_of(frame: pd.DataFrame, slo: float = 0.5, baseline: str = "contiguous") -> str:
-    page = report.render_html(frame, [], [Path("sweep")], baseline, baseline, slo)
+    page = report_page.render_html(frame, [], [Path("sweep")], baseline, baseline, slo)
     return page.split("<h2>Verdict</h2>")[1].split("<h2>Results</h2>")[0]
 
 
@@ -581,9 +582,9 @@ def test_a_validation_sweep_s_rows_a_metric_each_are_not_taken_for_repeated_poin
         for a in ("paged", "contiguous")
         for m in ("request_throughput", "median_ttft_ms")
     ]
-    report.refuse_repeated_points(pd.DataFrame(rows), "sweep")
+    inputs.refuse_repeated_points(pd.DataFrame(rows), "sweep")
     with pytest.raises(UserError, match="holds two rows of one point"):
-        report.refuse_repeated_points(pd.DataFrame(rows + rows[:1]), "sweep")
+        inputs.refuse_repeated_points(pd.DataFrame(rows + rows[:1]), "sweep")
 
 
 def test_a_share_that_rounds_to_zero_is_written_0_not_minus_0(tmp_path):
@@ -821,9 +822,9 @@ def test_a_sweep_of_one_system_over_its_settings_names_the_best_setting_at_each_
             for (r, b), v in latency.items()
         ]
     )
-    text = re.sub("<[^>]+>", "", "".join(report._verdict(frame, None, "contiguous", 0.5)))
+    text = re.sub("<[^>]+>", "", "".join(report_page._verdict(frame, None, "contiguous", 0.5)))
     assert "One system only (paged); its settings by normalized latency:" in text
     assert "rate=1: block_size=16 (0.02 s/token), 1.50× lower normalized latency than block_size=8" in text
     assert "rate=2: block_size=32 (0.04 s/token), 1.50× lower normalized latency than block_size=16" in text
     alone = frame[frame["block_size"] == 16]  # a rate sweep of one setting: nothing to compare
-    assert "nothing to compare" in "".join(report._verdict(alone, None, "contiguous", 0.5))
+    assert "nothing to compare" in "".join(report_page._verdict(alone, None, "contiguous", 0.5))

@@ -29,8 +29,8 @@ import tomllib
 import kvbench
 from kvbench.errors import UserError
 from kvbench.reporting.compare import benchmark_frame, compare
+from kvbench.reporting.inputs import load_rows
 from kvbench.reporting.policy import Policy
-from kvbench.reporting.report import load_rows
 from kvbench.reporting.results import identity_text
 from kvbench.reporting.significance import fewest_runs
 from kvbench.scenarios.repeats import aggregate, interleaved_order

@@ -20,14 +20,14 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import ArgumentParser, UserError, exit_interrupted, exit_with, guarded_stdout, reportable
-from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.report import (
+from kvbench.reporting.inputs import (
     check_statuses,
     load_rows,
     metric_cell_checks,
     non_negative_metrics,
     refuse_nameless_rows,
 )
+from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
 from kvbench.reporting.results import ENVIRONMENT, identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
