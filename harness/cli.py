@@ -46,6 +46,7 @@ from kvbench.schema.overrides import (
     refuse_keys_given_twice,
     refuse_null_groups,
     refuse_overflowing_numbers,
+    refuse_underscored_numbers,
     refuse_unusable_hydra_paths,
     run_mode_keys,
     split_override,
@@ -634,6 +635,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         refuse_null_groups(parsed.overrides)
         refuse_overflowing_numbers(parsed.overrides)
+        refuse_underscored_numbers(parsed.overrides)
         refuse_unusable_hydra_paths(parsed.overrides)
         refuse_empty_ranges(parsed.overrides)
         refuse_deleted_keys(parsed.overrides)

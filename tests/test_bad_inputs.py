@@ -483,6 +483,8 @@ RUN_CASES = [
         ["scenario=serve", "model=tiny", "scenario.cpu_affinity=99"],
         "scenario.cpu_affinity=99 must be a list: write [a,b]",
     ),
+    # its fit had only prefill steps, and decode steps were timed from them, without a word
+    (["scenario=profile", "model=tiny", "scenario.decode_batch=[]"], "scenario.decode_batch=[] must list at least 1"),
     (["report.goodput=5"], "report.goodput=5 must be a section: set its keys, report.goodput.KEY=VALUE"),
     (["model.name=-5"], "model.name=-5 must be text (a name)"),
     (  # it recomputed, and the row said swap
@@ -910,6 +912,9 @@ RUN_CASES = [
     (["scenario=profile", "model=tiny", "scenario.out_dir="], "scenario.out_dir is empty: give a folder, or null"),
     (["-m", "workload.rate=1,-1e999"], "workload.rate=1,-1e999 holds a number beyond a float's range"),
     (["-m", "workload.rate=range(1,1e999)"], "workload.rate=range(1,1e999): a range() sweep needs finite start"),
+    # Hydra reads 1_0 as 10: 1,000 req/s ran 900,765 requests for a mistyped 1_000 (a path's 1_0 is a name)
+    (["workload.num_requests=1_0"], "workload.num_requests=1_0: 1_0 reads as 10 (an underscore between digits"),
+    (["-m", "seed=range(0,1_0)", "hydra.sweep.dir=FILES/s_1_0"], "seed=range(0,1_0): 1_0 reads as 10"),
 ]
 
 

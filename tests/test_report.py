@@ -691,6 +691,32 @@ def test_the_width_bars_are_laid_out_by_is_the_width_matplotlib_gives_a_panel(co
         assert ax.get_position().width * MAX_WIDTH_IN == pytest.approx(plots.panel_width_in(cols), rel=1e-3)
 
 
+@pytest.mark.parametrize("rates, scale", [([3, 4, 5, 32, 96], "log"), ([0.4, 1, 2, 4, 8], "linear"), ([], "linear")])
+def test_rates_over_decades_of_load_lie_on_a_log_axis_in_every_figure(tmp_path, monkeypatch, rates, scale):
+    """fig12's Alpaca panel ran 3-96 req/s on a linear axis: the knees at 3-5 req/s, where Orca
+    crosses the target, lay on top of each other at its left edge."""
+    from kvbench.reporting import paper_plots
+    from kvbench.reporting.figures import rate_axis, subplots
+
+    fig, ax = subplots()
+    rate_axis(ax, rates)
+    assert ax.get_xscale() == scale and ax.get_xlabel() == "request rate (req/s)"
+    if not rates:
+        return
+    rows = [
+        {"allocator": a, "workload": "alpaca", "rate": str(r), "normalized_latency_s_per_tok": str(0.01 * r)}
+        for a in ("contiguous", "paged")
+        for r in rates
+    ]
+    seen = []
+    real = paper_plots.save_figure
+    monkeypatch.setattr(
+        paper_plots, "save_figure", lambda fig, path: seen.append(fig.axes[0].get_xscale()) or real(fig, path)
+    )
+    paper_plots.latency_knees(rows, {}, 0.5, tmp_path)
+    assert seen == [scale]
+
+
 def test_a_figure_that_fails_to_draw_costs_only_itself(tmp_path, monkeypatch, caplog):
     def broken(*args):
         raise ValueError("bottom cannot be >= top")

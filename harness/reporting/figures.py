@@ -102,6 +102,15 @@ def save_figure(fig, path: Path, crop: bool = True) -> Path:
     return path
 
 
+def rate_axis(ax, rates) -> None:
+    """The request rate on `ax`'s x axis, logarithmic where the rates span more than 20x (curves
+    over decades of load, fig12's Alpaca at 3-96 req/s): linear, their low rates, where the
+    slowest systems cross the target, lie on top of each other."""
+    ax.set_xlabel("request rate (req/s)")
+    if len(rates) and min(rates) > 0 and max(rates) > 20 * min(rates):
+        ax.set_xscale("log")
+
+
 def legend_below(fig, ax, margins_in: tuple[float, float, float, float] | None = None) -> None:
     """`ax`'s legend under the figure, five entries a row, the axes shrunk to make room: by
     `margins_in` (left, right, bottom, top, in inches) where given, else by tight_layout."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.figures import SYSTEM_COLORS, legend_below, save_figure, subplots
+from kvbench.reporting.figures import SYSTEM_COLORS, legend_below, rate_axis, save_figure, subplots
 from kvbench.reporting.paper import FIG2_PARTS, FIG14_15, PAPER_ORDER, SHARING, SYSTEMS, ran_on
 
 COLORS = {
@@ -99,7 +99,7 @@ def latency_knees(rows: list[dict], capacity: dict, slo: float, out: Path) -> Pa
                 ax.axvline(knee, color=line.get_color(), linestyle=":", linewidth=1)
         ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"target {slo:g} s/token")
         ax.set_yscale("log")
-        ax.set_xlabel("request rate (req/s)")
+        rate_axis(ax, curves.index)
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_title(f"{_setup(frame)}, {workload}:\ncapacity = rate at the target (dotted)")
     legend_below(fig, axes[0][0])  # one legend under both: inside a panel it sat on vLLM's knee

@@ -22,6 +22,7 @@ from kvbench.reporting.figures import (
     context_title,
     kv_figure,
     legend_below,
+    rate_axis,
     save_figure,
     subplots,
 )
@@ -201,9 +202,7 @@ def _lines(ax, frame: pd.DataFrame, metric: str, curves: list[str], **style) -> 
     frame, rates = frame[np.isfinite(rates)], rates[np.isfinite(rates)]  # rate=inf is on no line
     for name, color, line, rows in _series(frame, curves):
         ax.plot(pd.to_numeric(rows["rate"]), rows[metric], line, marker="o", color=color, label=name, **style)
-    ax.set_xlabel("request rate (req/s)")
-    if rates.min() > 0 and rates.max() > 20 * rates.min():  # curves over decades of load (fig12's workloads)
-        ax.set_xscale("log")
+    rate_axis(ax, rates)
 
 
 def latency_vs_rate(frame: pd.DataFrame, curves=AUTO, slo: float | None = None):

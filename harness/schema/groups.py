@@ -345,10 +345,11 @@ class Profile(Section):
     repeats: Int = Field(5, ge=1, le=10_000)
     burst: Int = Field(3, ge=1, le=1_000)
     fit_to: Literal["median", "mean"] = "mean"
-    prefill_len: list[Length] = [16, 64, 256, "max"]
-    prefill_seqs: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4]
-    decode_batch: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [1, 4, 16, 64, 256]
-    decode_context: list[Length] = [16, 64, 256, "max"]
+    # the fit times prefill and decode steps apart: each phase needs a shape (mixed steps may go)
+    prefill_len: list[Length] = Field([16, 64, 256, "max"], min_length=1)
+    prefill_seqs: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = Field([1, 4], min_length=1)
+    decode_batch: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = Field([1, 4, 16, 64, 256], min_length=1)
+    decode_context: list[Length] = Field([16, 64, 256, "max"], min_length=1)
     mixed_batch: list[Annotated[Int, Field(ge=1, le=1_000_000)]] = [4, 32]
     mixed_prefill_len: list[Length] = [32, 256]
     kv_cache_tokens: Int = Field(65536, ge=1, le=10**10)

@@ -115,7 +115,10 @@ def allowed(error: dict) -> str:
     if error["type"] == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == r"\S":
         return "must not be empty: it names the rows"
     if error["type"] == "list_type":
-        return "must be a list: write [a,b] (or [] for none)"
+        return "must be a list: write [a,b]"
+    if error["type"] == "too_short":
+        least = (error.get("ctx") or {}).get("min_length", 1)
+        return f"must list at least {least} value{'s' if least != 1 else ''}"
     return (
         message.replace("Input should be", "must be")
         .replace("greater than or equal to", ">=")

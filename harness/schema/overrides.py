@@ -167,6 +167,26 @@ def refuse_overflowing_numbers(overrides: list[str]) -> None:
             )
 
 
+# a value (or a list's, a range's) of digits with an underscore between them (1_0), not a part
+# of a name (run_1_0, /tmp/1_0) or a quoted text
+UNDERSCORED = re.compile(r"(?<![^\s,\[(:{])[-+]?\d+(?:_\d+)+(?:\.\d*)?(?:[eE][-+]?\d+)?(?![^\s,\])}])")
+QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def refuse_underscored_numbers(overrides: list[str]) -> None:
+    """`workload.num_requests=1_0`: Hydra reads 1_0 as 10, as Python does; a typo for 10 or 100
+    would run another workload without a word (a trace's cell 1_0 is refused the same way)."""
+    for item in overrides:
+        unquoted = QUOTED.sub("", split_override(item)[1])
+        for text in UNDERSCORED.findall(unquoted):
+            number = override_values(f"x={text}")
+            if number and isinstance(number[0], (int, float)) and not isinstance(number[0], bool):
+                raise UserError(
+                    f"{item.lstrip('+~')}: {text} reads as {number[0]:g} (an underscore between digits is dropped), "
+                    f"which may be a typo: write the number without underscores"
+                )
+
+
 def refuse_null_groups(overrides: list[str]) -> None:
     """`hardware=null` (NULL, or null among a sweep's values): Hydra's words are "Config group
     override must be a string or a list"."""
