@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import UserError
 from kvbench.reporting.paper import FIG2_SETUP, FIG12, report_settings
+from kvbench.schema.overrides import task_overrides
 
 # settings that size the KV pool or change a system (a prefix: any key under it): the paper's
 # numbers are its setup's pool, one A100-40GB's memory less OPT-13B's weights, and its systems
@@ -72,14 +73,6 @@ NEEDED_AXES = {  # workload.rate: fig12's and fig13's rates are their tables' (f
     "fig18": ("allocator.block_size",),
     "fig19": ("engine.preemption", "allocator.block_size"),
 }
-
-
-def task_overrides(config) -> list[str]:
-    """A saved sweep config's command line (hydra.overrides.task) as it was typed: an override
-    that holds an interpolation (`seed=${hydra:job.num}`) stays text, where reading it would
-    resolve it without the point it belongs to."""
-    node = OmegaConf.select(config, "hydra.overrides.task", default=None)
-    return [str(item) for item in OmegaConf.to_container(node, resolve=False)] if node is not None else []
 
 
 def _parsed_overrides(config, before: tuple | list = ()) -> list:

@@ -357,9 +357,12 @@ def ran_on(row: dict) -> str:
     return str((row.get("hardware") if scenario == "simulate" else row.get("device") or row.get("hardware")) or "")
 
 
-def setup_lines(rows: list[dict]) -> list[str]:
+def setup_lines(rows: list[dict], given: list[str] = ()) -> list[str]:
     """What the compared points ran (scenario, model, the hardware simulated or the device that
-    served), and a caveat where it is not the paper's setup: OPT-13B simulated on an A100-40GB."""
+    served), what the command line set beside the experiment (`given`), and a caveat where it is
+    not the paper's setup (OPT-13B simulated on an A100-40GB), or where a point's measurement
+    window was its batch draining (a run too short for its rate), not the steady state the
+    paper's numbers describe."""
     ran: dict[str, dict[str, list]] = {}  # setup -> workload -> its rates, in the order they ran
     for r in ok_dicts(rows):
         rates = ran.setdefault(f"{r.get('model') or '?'} on {ran_on(r) or '?'} ({r.get('scenario') or 'simulate'})", {})
@@ -376,7 +379,37 @@ def setup_lines(rows: list[dict]) -> list[str]:
             "The paper's numbers are OPT-13B's on an A100-40GB; these points ran another model or GPU, or served "
             "on this host, so compare which way and how far each figure moves, not its value."
         )
+    if given:
+        lines.append(f"Besides the experiment, the command line set: {', '.join(given)}.")
+    drained = [r for r in ok_dicts(rows) if str(r.get("window_drained", "")).strip().lower() == "true"]
+    if drained:
+        lines.append(
+            f"{len(drained)} of the {len(ok_dicts(rows))} points compared admitted every request within their "
+            f"warm-up: their window is the batch draining, not the steady state the paper's numbers describe, "
+            f"and their shares and batch sizes are not the paper's quantities (give the run more requests or "
+            f"time: workload.num_requests, workload.duration_s)."
+        )
     return lines
+
+
+def command_line_settings(sweep_dir: Path) -> list[str]:
+    """What a sweep's command line set beside +experiment (multirun.yaml's task overrides), less
+    Hydra's own keys and those that change how a point runs, not what it measures."""
+    from omegaconf import OmegaConf
+
+    from kvbench.schema.overrides import run_mode_keys, split_override, task_overrides
+
+    saved = Path(sweep_dir) / "multirun.yaml"
+    if not saved.is_file():
+        return []
+    try:
+        overrides = task_overrides(OmegaConf.load(saved))
+    except Exception:  # noqa: BLE001 (not a config: the comparison says nothing of it)
+        return []
+    skipped = set(run_mode_keys()) | {"experiment"}
+    return [
+        o for o in overrides if split_override(o)[0] not in skipped and not split_override(o)[0].startswith("hydra")
+    ]
 
 
 def markdown(rows: list[dict], title: str, failed: list[dict] = (), setup: list[str] = ()) -> str:
@@ -454,7 +487,7 @@ def write_comparison(sweep_dir: Path, report, plots: bool = True) -> list[Path]:
     write_csv(written[0], compared)
     failed = [r for r in rows if r.get("status", "ok") != "ok"]
     title = f"{name}: the paper's numbers and kvbench's"
-    write_atomic(written[1], markdown(compared, title, failed, setup_lines(rows)))
+    write_atomic(written[1], markdown(compared, title, failed, setup_lines(rows, command_line_settings(sweep_dir))))
     if name == "fig12":
         import pandas as pd
 

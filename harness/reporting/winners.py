@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 
 from kvbench.errors import UserError
 from kvbench.reporting.capacity import capacities, capacity_row, capacity_rows
-from kvbench.reporting.experiment_checks import task_overrides
 from kvbench.reporting.results import ALLOCATOR_ORDER, ok_rows, point_labels, rate_curves, varying_keys
+from kvbench.schema.overrides import task_overrides
 
 METRIC = "normalized_latency_s_per_tok"
 DEFAULT_BASELINE = "contiguous"

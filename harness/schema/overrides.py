@@ -55,6 +55,14 @@ def sweeps(*overrides: str) -> bool:
     return any(o.is_sweep_override() for o in parse_overrides(overrides))
 
 
+def task_overrides(config) -> list[str]:
+    """A saved sweep config's command line (hydra.overrides.task) as it was typed: an override
+    that holds an interpolation (`seed=${hydra:job.num}`) stays text, where reading it would
+    resolve it without the point it belongs to."""
+    node = OmegaConf.select(config, "hydra.overrides.task", default=None)
+    return [str(item) for item in OmegaConf.to_container(node, resolve=False)] if node is not None else []
+
+
 @functools.lru_cache(maxsize=1)
 def run_mode_keys() -> tuple[str, ...]:
     """The keys that change how a point runs or is reported, not what it measures: the packaged
