@@ -43,8 +43,7 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         plots = config.get("plots", "auto") is not False
         if not any(sweep_dir.glob("*/metrics.csv")):  # every point leaves one, a failed point too
-            if self.lock is not None:
-                self.lock.release()
+            # the lock stays held: bench releases it and removes the folder it left bare
             exit_with(
                 UserError(
                     "the sweep has no points: a value list on the command line is empty (range() with "

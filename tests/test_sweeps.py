@@ -229,6 +229,22 @@ def test_a_subdir_that_puts_points_outside_the_sweep_as_they_launch_is_refused(t
     assert not (tmp_path / "x0").exists() and not (tmp_path / "sweep").exists()  # Hydra's files for them: removed
 
 
+@pytest.mark.parametrize(
+    "swept, said",
+    [
+        ("workload.rate=range(1,9,0)", "error: range(start, stop, step) needs a step other than 0"),
+        ("+allocator=glob(x*)", "error: the sweep has no points: a value list on the command line is empty"),
+        ("seed=range(0,1000000)", "error: the sweep has 1,000,000 points (seed=range(0,1000000): 1,000,000)"),
+    ],
+)
+def test_a_sweep_refused_before_its_points_are_checked_leaves_no_folder(tmp_path, monkeypatch, capsys, swept, said):
+    """Each took the sweep folder's lock first, and left the folder behind holding only it (a
+    million-point range ran silently for minutes, checking its points, before any refusal)."""
+    line = refused_sweep(tmp_path, monkeypatch, capsys, swept)
+    assert line.startswith(said)
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_range_sweep_runs_one_point_per_value(tmp_path, monkeypatch):
     sweep_in_process(tmp_path, monkeypatch, "workload.rate=range(1,4)", "workload.num_requests=20")
     rows = summary(tmp_path / "sweep")

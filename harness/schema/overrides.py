@@ -195,6 +195,33 @@ def refuse_underscored_numbers(overrides: list[str]) -> None:
                 )
 
 
+# A sweep larger than this is a typo (range(0,1000000) for range(0,10)): each point's config is
+# composed and checked before the first runs (0.15-0.25 s a point), then each runs
+MAX_SWEEP_POINTS = 10_000
+
+
+def refuse_huge_sweeps(overrides: list[str]) -> None:
+    """`-m seed=range(0,1000000)`: Hydra lists every point, and kvbench composes each to check
+    it, before the first one runs: minutes to days with no word. The number of points is the
+    product of each swept key's count of values (a glob() counts as unknown, and is left out)."""
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    counts = []
+    for override in parse_overrides(overrides):
+        value = override.value()
+        if isinstance(value, RangeSweep) and value.step:
+            counts.append((override.input_line, max(0, math.ceil((value.stop - value.start) / value.step))))
+        elif isinstance(value, ChoiceSweep):
+            counts.append((override.input_line, len(value.list)))
+    points = math.prod(count for _, count in counts)
+    if points > MAX_SWEEP_POINTS:
+        sizes = " x ".join(f"{line}: {count:,}" for line, count in counts if count > 1)
+        raise UserError(
+            f"the sweep has {points:,} points ({sizes}), more than {MAX_SWEEP_POINTS:,}: each is checked and run "
+            f"one by one; narrow it, or split it into several sweeps"
+        )
+
+
 def refuse_null_groups(overrides: list[str]) -> None:
     """`hardware=null` (NULL, or null among a sweep's values): Hydra's words are "Config group
     override must be a string or a list"."""
