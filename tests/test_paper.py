@@ -384,6 +384,8 @@ def test_the_paper_figures_draw_from_the_sweep_s_text_cells(tmp_path):
         (["+experiment=fig14_15", "workload.n=2"], "workload.n=2 would run another width than the one compared"),
         # every point failed as it ran: "ConfigTypeError raised while resolving interpolation"
         (["+experiment=fig12", "fig12.duration_s=5"], "fig12.duration_s is a table the config reads by key"),
+        # all 80 points ran, and none read it
+        (["+experiment=fig12", "+fig12.rates.sharegpt.r11=5"], "+fig12.rates.sharegpt.r11=5 is read by no point"),
     ],
 )
 def test_an_axis_the_comparison_needs_fixed_on_the_command_line_is_refused_before_the_sweep(tmp_path, args, said):

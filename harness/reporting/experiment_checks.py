@@ -109,7 +109,16 @@ def swept_values(config, key: str) -> list[str] | None:
 def fig12_setup(config) -> None:
     """Before fig12's sweep: its ratios are paged's capacity over oracle's and contiguous's, on
     ShareGPT; a sweep narrowed to fewer systems or another workload would run every point and
-    then have nothing to compare."""
+    then have nothing to compare. A rate the command line adds to a curve (fig12.rates.sharegpt.r11)
+    at a point the sweep does not run would be read by none of them."""
+    points = swept_values(config, "fig12.point") or [str(OmegaConf.select(config, "fig12.point", default=""))]
+    for override in _parsed_overrides(config):
+        parts = override.key_or_group.split(".")
+        if len(parts) == 4 and parts[:2] == ["fig12", "rates"] and parts[3] not in points:
+            raise UserError(
+                f"{override.input_line} is read by no point: the sweep runs fig12.point={','.join(points)}; "
+                f"sweep {parts[3]} too (fig12.point={','.join([*points, parts[3]])}), or drop it"
+            )
     allocators, workloads = swept_values(config, "allocator"), swept_values(config, "workload")
     if allocators is not None and not any(a in allocators and b in allocators for a, b in FIG12):
         pairs = " or ".join(f"{a} with {b}" for a, b in FIG12)
