@@ -186,6 +186,24 @@ def test_a_point_that_failed_now_is_a_regression():
     assert "point failed" in out.getvalue()
 
 
+def test_goodput_slos_score_a_point_without_naming_it_and_goodput_under_other_slos_is_not_judged():
+    """`report.goodput.ttft_ms=2000` on one side made "no point of the current run matches the
+    baseline": the SLO became an identity column, though the runs were the same."""
+    base = [row("paged", 2.0, request_goodput="1.5"), row("pow2", 1.0, request_goodput="0.8")]
+    strict = [
+        row("paged", 2.0, request_goodput="0.5", **{"report.goodput.ttft_ms": "2000"}),
+        row("pow2", 1.0, request_goodput="0.1", **{"report.goodput.ttft_ms": "2000"}),
+    ]
+    out = io.StringIO()
+    assert compare(base, strict, load_policy(), out=out) == 0  # a stricter SLO is no regression
+    text = out.getvalue()
+    assert text.count("not compared: scored under other SLOs (report.goodput.ttft_ms: (unset) -> 2000)") == 2
+    assert "allocator=paged" in text and "column(s) the policy does not judge changed" not in text
+    out = io.StringIO()  # the same SLOs on both sides: goodput is judged as ever
+    assert compare(strict, [{**strict[0], "request_goodput": "0.4"}, strict[1]], load_policy(), out=out) == 1
+    assert "request_goodput" in out.getvalue() and "REGRESSED" in out.getvalue()
+
+
 def test_swept_parameters_are_part_of_a_points_identity():
     out = io.StringIO()
     base = [row("paged", 2.0, **{"workload.rate": "2"}), row("paged", 4.0, **{"workload.rate": "8"})]

@@ -28,7 +28,7 @@ from kvbench.reporting.inputs import (
     refuse_nameless_rows,
 )
 from kvbench.reporting.policy import DEFAULT_POLICY, Policy, load_policy
-from kvbench.reporting.results import ENVIRONMENT, identity_text, path_given
+from kvbench.reporting.results import ENVIRONMENT, cell_text, identity_text, path_given
 from kvbench.reporting.significance import NO_CHANGE, NOT_MEANINGFUL, SMALL, judge
 from kvbench.scenarios.repeats import SAMPLES, samples_of
 
@@ -114,8 +114,31 @@ def _identity(policy: Policy, frames) -> list[str]:
     columns = set().union(*(f.columns for f in frames))
     named = [c for c in policy.identity if c in columns]  # a swept key the policy names counts once
     # a swept group.key whose key is a named column (workload.rate: rate) is matched by that
-    # column, which every row holds resolved: a sweep that left the default unswept matches too
-    return named + sorted(c for c in columns if "." in c and c not in named and c.rsplit(".", 1)[-1] not in named)
+    # column, which every row holds resolved: a sweep that left the default unswept matches too.
+    # report.* keys (the goodput SLOs) change how a result is scored, not what ran: no identity
+    return named + sorted(
+        c
+        for c in columns
+        if "." in c and c not in named and c.rsplit(".", 1)[-1] not in named and not c.startswith(REPORTING)
+    )
+
+
+# the command line's keys that score a point's result (goodput's SLOs) rather than shape its run
+REPORTING = "report."
+# the metric those keys score: compared only where both sides scored it alike
+SCORED = "request_goodput"
+
+
+def _scored_apart(point: pd.Series) -> list[str]:
+    """The report.* settings (goodput's SLOs) a matched point's two sides scored it under that
+    differ, as `key: baseline -> current`."""
+    shown = lambda cell: "(unset)" if pd.isna(cell) or cell == "" else cell_text(cell)
+    keys = sorted({c.removesuffix(BASE) for c in point.index if c.startswith(REPORTING) and c.endswith(BASE)})
+    return [
+        f"{key}: {shown(point[key + BASE])} -> {shown(point[key + CUR])}"
+        for key in keys
+        if shown(point[key + BASE]) != shown(point[key + CUR])
+    ]
 
 
 def _label(point: pd.Series, shown: list[str]) -> str:
@@ -392,8 +415,16 @@ def compare(
         print(header, file=out)
         base_samples, cur_samples = samples[BASE][i], samples[CUR][i]
         scenario = str(point.get("scenario", ""))
+        scored_apart = _scored_apart(point)
         for metric, rule in policy.rules_for(scenario).items():
             bv, cv = (float(point.get(f"{metric}{side}", float("nan"))) for side in (BASE, CUR))
+            if metric == SCORED and scored_apart:
+                print(
+                    f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {'':>8}  not compared: scored under other SLOs "
+                    f"({'; '.join(scored_apart)})",
+                    file=out,
+                )
+                continue
             if pd.isna(bv) and pd.isna(cv) and metric not in base_samples:
                 continue
             ratio = cv / bv if bv else (1.0 if cv == bv else float("inf"))
@@ -445,7 +476,12 @@ def compare(
             shown_ratio = f"{ratio:>8.4f}" if abs(ratio) < 1e6 else f"{ratio:>8.3g}"  # not 300 digits
             print(f"  {metric:<30} {bv:>12.6g} {cv:>12.6g} {shown_ratio}  {verdict}{detail}", file=out)
         if scenario == "simulate":  # exact numbers: any that moved is news, judged or not
-            skip = {*columns, *policy.environment, *ENVIRONMENT}
+            skip = {
+                *columns,
+                *policy.environment,
+                *ENVIRONMENT,
+                *(c.removesuffix(BASE) for c in point.index if c.startswith(REPORTING)),
+            }
             changed = _ungated_changes(point, policy.rules_for(scenario), skip)
             if changed:
                 print(f"  not judged by the policy, changed: {', '.join(text for _, text in changed)}", file=out)
