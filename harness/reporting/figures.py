@@ -108,7 +108,12 @@ def rate_axis(ax, rates) -> None:
     slowest systems cross the target, lie on top of each other."""
     ax.set_xlabel("request rate (req/s)")
     if len(rates) and min(rates) > 0 and max(rates) > 20 * min(rates):
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 2, 5, 10, 20, 50: rates, not decades
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def legend_below(fig, ax, margins_in: tuple[float, float, float, float] | None = None) -> None:
