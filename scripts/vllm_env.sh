@@ -14,6 +14,12 @@
 #   4. the test runner, then kvbench itself (--no-deps -e .).
 # A DIR that was already built from the same pins is reused (a stamp file records them).
 set -euo pipefail
+usage="usage: scripts/vllm_env.sh [DIR]   (DIR: a new or empty folder, or one this script built; default \$VLLM_VENV, else .vllm-venv)"
+case "${1:-}" in
+  -h|--help) echo "$usage"; exit 0 ;;
+  -*) echo "vllm_env: unknown option '$1'; $usage" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "vllm_env: one DIR at most, got $#; $usage" >&2; exit 2; }
 given=${1:-${VLLM_VENV:-}}
 case "$given" in  # a DIR given is the caller's, relative to where it was given
   ""|/*) ;;
@@ -50,14 +56,20 @@ pipi() {  # pip's log is shown only when it fails
     || { tail -30 "$log"; keep_log=1; echo "vllm_env: FAILED: pip install $* (log: $log)" >&2; exit 1; }
 }
 t0=$SECONDS
-# rebuilt only where it is a virtual environment (this script's, stale) or nothing yet: any other
-# folder is somebody's, never removed
-if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ] && [ -n "$(ls -A "$VENV" 2>/dev/null || echo x)" ]; then
-  echo "vllm_env: $VENV exists and is not a virtual environment; give a new or empty DIR" >&2
+# rebuilt only where it is this script's (its stamp, written as a build starts, so a build cut
+# short is rebuilt too) or nothing yet: any other folder, another virtual environment included
+# (kvbench's own .venv), is somebody's, never removed
+if [ -e "$VENV" ] && [ ! -f "$STAMP" ] && [ -n "$(ls -A "$VENV" 2>/dev/null || echo x)" ]; then
+  if [ -f "$VENV/pyvenv.cfg" ]; then
+    echo "vllm_env: $VENV is a virtual environment this script did not build (no $(basename "$STAMP")); give a new or empty DIR" >&2
+  else
+    echo "vllm_env: $VENV exists and is not a virtual environment; give a new or empty DIR" >&2
+  fi
   exit 2
 fi
 rm -rf "$VENV"
 python3 -m venv "$VENV"
+echo "building" >"$STAMP"  # ours from here on: a rerun after a failure rebuilds it
 echo "vllm_env: torch==$TORCH_VERSION (CPU)";  pipi "torch==$TORCH_VERSION"
 echo "vllm_env: vllm==$VLLM_VERSION --no-deps"; pipi --no-deps "vllm==$VLLM_VERSION"
 echo "vllm_env: $REQS --no-deps";             pipi --no-deps -r "$REQS"

@@ -760,3 +760,29 @@ def test_a_benchmark_whose_run_took_another_path_is_not_compared(paths, code):
         assert "OK: 0 point(s) match the baseline within tolerance" in said and "1 took another path" in said
     else:
         assert "calls_per_step" in said and "REGRESSED" in said
+
+
+def test_the_reference_side_drops_kvbench_s_editable_finder_and_keeps_a_plugin_s(tmp_path):
+    """A plugin installed editable beside kvbench failed every --against run: the reference
+    side dropped every editable import finder, the plugin's too, and its import failed."""
+    from kvbench.reporting.ab import BOOTSTRAP
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "mine = type('_EditableFinder', (), {'find_spec': classmethod(lambda *a, **k: None)})\n"
+        "mine.__module__ = '__editable___my_plugin_0_1_finder'\n"
+        "sys.meta_path.append(mine)\n"
+    )
+    (site / "show_finders.py").write_text("import sys\nprint([getattr(f, '__module__', '') for f in sys.meta_path])\n")
+    result = subprocess.run(
+        [sys.executable, "-c", BOOTSTRAP, "show_finders"],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "__editable___my_plugin_0_1_finder" in result.stdout
+    assert "__editable___kvbench_" not in result.stdout

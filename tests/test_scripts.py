@@ -125,6 +125,16 @@ def test_vllm_env_never_removes_a_folder_that_is_not_its_environment(tmp_path):
     result = run("bash", SCRIPTS / "vllm_env.sh", "results", cwd=tmp_path)  # relative to the caller
     assert result.returncode == 2 and "is not a virtual environment" in result.stderr
     assert kept.read_text() == "precious\n"
+    # another virtual environment (kvbench's own .venv) was removed and rebuilt as vLLM's
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "venv" / "mine").write_text("kept\n")
+    result = run("bash", SCRIPTS / "vllm_env.sh", "venv", cwd=tmp_path)
+    assert result.returncode == 2 and "is a virtual environment this script did not build" in result.stderr
+    assert (tmp_path / "venv" / "mine").read_text() == "kept\n"
+    result = run("bash", SCRIPTS / "vllm_env.sh", "--help", cwd=tmp_path)  # it built a venv named --help
+    assert result.returncode == 0 and result.stdout.startswith("usage: scripts/vllm_env.sh [DIR]")
+    assert not (tmp_path / "--help").exists()
 
 
 @pytest.mark.parametrize("message", ["garbage", '{"nojob": 1}', '{"job": "bogus"}'])

@@ -36,11 +36,12 @@ from kvbench.reporting.significance import fewest_runs
 from kvbench.scenarios.repeats import aggregate, interleaved_order
 
 HOT_PATHS = ["tests/benchmarks"]
-# REF's side runs `python -c BOOTSTRAP MODULE ARGS...`: this environment's editable install adds an
-# import finder that would fill any module REF lacks with this tree's, silently mixing the two.
+# REF's side runs `python -c BOOTSTRAP MODULE ARGS...`: this environment's editable install of
+# kvbench adds an import finder that would fill any module REF lacks with this tree's, silently
+# mixing the two. Only kvbench's goes: a plugin installed editable beside it stays importable.
 BOOTSTRAP = (
     "import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
-    "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; "
+    "if not getattr(f, '__module__', '').startswith('__editable___kvbench_')]; "
     "module = sys.argv.pop(1); runpy.run_module(module, run_name='__main__', alter_sys=True)"
 )
 # A flagged regression's second round (confirm) takes this many times the first's runs a side.
