@@ -457,6 +457,16 @@ def test_a_grid_too_small_to_fit_says_how_many_shapes_the_fit_needs_before_measu
         profile(tmp_path, *limited)
 
 
+def test_a_grid_whose_limits_leave_no_decode_step_is_refused_before_measuring_any(tmp_path, monkeypatch):
+    """Every decode batch above scheduler.max_num_seqs left prefill and mixed shapes only: the
+    profile was written, and a calibrated run timed its decode steps from the prompts' fit."""
+    import kvbench.scenarios.profile as profiling
+
+    monkeypatch.setattr(profiling, "measure", lambda *a, **k: pytest.fail("measured a grid with no decode step"))
+    with pytest.raises(UserError, match=r"the grid keeps no decode step \(each of scenario.decode_batch x scenario"):
+        profile(tmp_path, "scenario.decode_batch=[512]", "scenario.mixed_batch=[4]", "scheduler.max_num_seqs=256")
+
+
 def test_a_fit_with_too_few_shapes_to_hold_any_out_reports_no_held_out_error():
     # it scored the forms on the shapes they were fitted to and reported that as held-out error
     rows = [

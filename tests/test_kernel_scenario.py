@@ -211,10 +211,18 @@ class NaNs(EagerBackend):
         return torch.full_like(super().forward(query, *args), math.nan)
 
 
+class Forgetful(EagerBackend):
+    name = "forgetful"
+
+    def forward(self, query, *args):
+        super().forward(query, *args)  # its return forgotten: a traceback from the shape check
+
+
 @pytest.mark.parametrize(
     "backend, said",
     [
         (OneRow, r"backend one_row returned attention of shape \(1, 4, 16\) for a query of \(10, 4, 16\)"),
+        (Forgetful, "backend forgetful returned NoneType from forward, not a tensor"),
         (NaNs, "backend nans's attention holds NaN or inf where eager's does not"),
     ],
 )

@@ -213,6 +213,22 @@ def too_few(count: int, shapes: list, ruled_out: int, scenario) -> None:
     )
 
 
+def refuse_a_missing_phase(shapes, scenario, ran: bool = False) -> None:
+    """The fit times decode-only steps apart from those that carry a prompt: a grid whose limits
+    or pool leave none of one kind would have that kind's steps timed from the other's fit."""
+    phases = {shape.phase for shape in shapes}
+    for kind, knobs in (("decode", "decode_batch, decode_context"), ("prefill", "prefill_seqs, prefill_len")):
+        if not phases & ({"decode"} if kind == "decode" else {"prefill", "mixed"}):
+            limits = (
+                "the KV pool of scenario.kv_cache_tokens" if ran else "scheduler.max_num_seqs or max_num_batched_tokens"
+            )
+            grid = "scenario." + knobs.replace(", ", " x scenario.")
+            raise UserError(
+                f"the grid {'ran' if ran else 'keeps'} no {kind} step (each of {grid} exceeds {limits}): the fit would "
+                f"time {kind} steps from the others'; give it values within those limits, or raise them"
+            )
+
+
 def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[dict], int]:
     """Measure the grid on the configured model and device; one row per shape it could hold."""
     scenario = cfg.scenario
@@ -225,8 +241,10 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     burst = int(scenario.get("burst", 1))
     statistic = str(scenario.get("fit_to", "mean"))
     too_few(len(shapes), shapes, ruled_out, scenario)  # before minutes of measuring, where it can tell
+    refuse_a_missing_phase(shapes, scenario)
     measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between, statistic=statistic)
     too_few(len(measured), shapes, ruled_out, scenario)
+    refuse_a_missing_phase(measured, scenario, ran=True)
     identity = {
         "model": spec.name,
         "model_shape": model_shape(spec),

@@ -51,6 +51,11 @@ class AttentionMetadata:
 def refuse_misshapen(name: str, result: torch.Tensor, query: torch.Tensor) -> None:
     """A backend's forward returns one row per query token: any other shape (a [1, h, d] row
     that copy_ would broadcast over every token) is refused, naming the backend, not timed or served."""
+    if not isinstance(result, torch.Tensor):  # None, a list: forward forgot its return
+        raise UserError(
+            f"backend {name} returned {type(result).__name__} from forward, not a tensor; "
+            f"AttentionBackend.forward returns the attention, one row per query token"
+        )
     if result.shape != query.shape:
         raise UserError(
             f"backend {name} returned attention of shape {tuple(result.shape)} for a query of "
