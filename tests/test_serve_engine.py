@@ -239,3 +239,29 @@ def test_cpu_affinity_pins_exactly_the_listed_cores_or_refuses(monkeypatch):
     finally:
         os.sched_setaffinity(0, before)
     assert serving._ranges([0, 1, 2, 5, 7, 8]) == ["0-2", "5", "7-8"]
+
+
+def test_warm_up_takes_the_run_s_own_pool_where_an_allocator_cannot_work_in_a_small_one(monkeypatch):
+    """The README's plugin keeps `spare_blocks` in reserve: with 64 of them the warm-up's fixed
+    512-slot pool had none left, and the run ended in a traceback before its first step."""
+    from types import SimpleNamespace
+
+    from kvbench.scenarios import serve
+
+    tried = []
+
+    def build(cfg, spec, pool):
+        tried.append(pool)
+        if pool < 2048:  # what the reserve leaves of a small pool: nothing
+            raise RuntimeError("zeros: Dimension size must be non-negative")
+        return SimpleNamespace(pool=pool)
+
+    monkeypatch.setattr(serve, "build_allocator", build)
+    monkeypatch.setattr(serve, "StepTimer", lambda *a: SimpleNamespace(time=lambda shape: None))
+    real = SimpleNamespace(spec=SimpleNamespace(max_model_len=2048, vocab_size=100), executor=lambda allocator: None)
+    serve.warm_up(SimpleNamespace(seed=0), real, 1, num_slots=4096)
+    assert tried == [512, 4096]
+    tried.clear()
+    with pytest.raises(RuntimeError):  # the run's own pool fails too: the run would, so it says so
+        serve.warm_up(SimpleNamespace(seed=0), real, 1, num_slots=1024)
+    assert tried == [512, 1024]

@@ -224,17 +224,26 @@ def real_model(cfg: DictConfig) -> RealModel:
     return RealModel(model_spec, device, model, backend_cls, graph_mode(cfg), sampling, backend_options(cfg))
 
 
-def warm_up(cfg: DictConfig, real: RealModel, steps: int) -> None:
+def warm_up(cfg: DictConfig, real: RealModel, steps: int, num_slots: int) -> None:
     """Run `steps` synthetic prefill and decode steps on a throwaway pool, so that first-call
-    costs (allocations, dispatch caches, lazy initialisation) land before the measured steps."""
+    costs (allocations, dispatch caches, lazy initialisation) land before the measured steps.
+    The pool is small (8 sequences of 64 tokens), or the run's own size where an allocator
+    cannot work in that (a plugin that keeps blocks in reserve); freed before the run's is made."""
     if steps < 1:
         return
     length = min(64, real.spec.max_model_len)
-    allocator = build_allocator(cfg, real.spec, 8 * length)
-    timer = StepTimer(allocator, real.executor(allocator), 4, 4 * length, real.spec.vocab_size, int(cfg.seed))
-    for _ in range(steps):
-        timer.time(Shape(prefill_seqs=1, prefill_len=length))
-        timer.time(Shape(decode_seqs=4, decode_context=length))
+    pools = [8 * length, *([num_slots] if num_slots > 8 * length else [])]
+    for pool in pools:
+        try:
+            allocator = build_allocator(cfg, real.spec, pool)
+            timer = StepTimer(allocator, real.executor(allocator), 4, 4 * length, real.spec.vocab_size, int(cfg.seed))
+            for _ in range(steps):
+                timer.time(Shape(prefill_seqs=1, prefill_len=length))
+                timer.time(Shape(decode_seqs=4, decode_context=length))
+            return
+        except (RuntimeError, ValueError, UserError):  # too small a pool for this allocator: the run's own next
+            if pool == pools[-1]:
+                raise
 
 
 def pool_hint(kv_bytes, num_slots: int, allocator) -> str:
@@ -310,7 +319,7 @@ def serve(cfg: DictConfig, prepare=None) -> tuple[dict, Engine]:
 
     # first: its throwaway executor's graph mode resets torch.compile (plugins/graphs/piecewise.py),
     # which after the measured one's compile would discard it into the first measured step
-    warm_up(cfg, real, int(scenario.get("warmup_steps", 0)))
+    warm_up(cfg, real, int(scenario.get("warmup_steps", 0)), num_slots)
     engine = build_engine(cfg, model_spec, num_slots, make_executor, swap_slots=swap_slots)
     engine.step_clock = step_clock(scenario, device, async_scheduling)
     engine.executor.use_clock(engine.step_clock)  # its phases on the steps' clock, so they add up
