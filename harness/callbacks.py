@@ -17,12 +17,16 @@ import re
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import UserError, exit_crashed, exit_with, one_line, reportable
 from kvbench.sweep import SweepLock
 
 log = logging.getLogger("kvbench")
+
+
+# scenarios whose numbers are this machine's wall-clock times, which points run side by side share
+TIMED = ("serve", "kernel", "profile", "validate")
 
 
 class SweepSummary(Callback):
@@ -32,12 +36,22 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.lock = SweepLock(Path(config.hydra.sweep.dir))
         try:
-            check_joblib(config.hydra.get("launcher") or {})
+            launcher = config.hydra.get("launcher") or {}
+            check_joblib(launcher)
             self.lock.acquire()
         except Exception as err:
             if not reportable(err):
                 raise
             exit_with(err)
+        scenario = OmegaConf.select(config, "scenario.name", default=None)
+        parallel = "joblib" in str(launcher.get("_target_", "")).lower() and launcher.get("n_jobs") != 1
+        if parallel and scenario in TIMED:
+            log.warning(
+                "hydra/launcher=joblib runs scenario=%s points side by side (hydra.launcher.n_jobs=%s): their "
+                "wall-clock timings share this machine's cores; hydra.launcher.n_jobs=1 times each point alone",
+                scenario,
+                launcher.get("n_jobs"),
+            )
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -166,10 +180,13 @@ def check_joblib(launcher) -> None:
     pre_dispatch = str(launcher.get("pre_dispatch", "2*n_jobs"))
     if pre_dispatch != "all" and not re.fullmatch(r"\d+|(\d+\s*\*\s*)?n_jobs", pre_dispatch.strip()):
         raise UserError(f"hydra.launcher.pre_dispatch={pre_dispatch} must be all, a number, or N*n_jobs, e.g. 2*n_jobs")
-    backends = ("loky", "multiprocessing", "threading", "sequential")
-    for key, allowed in (("backend", backends), ("require", ("sharedmem",))):
-        if launcher.get(key) not in (None, *allowed):
-            raise UserError(f"hydra.launcher.{key}={launcher.get(key)} must be {', '.join(allowed)} or null")
+    if launcher.get("backend") not in (None, "loky"):  # Hydra's joblib launcher sets loky, whatever is given
+        raise UserError(
+            f"hydra.launcher.backend={launcher.get('backend')} is not used: Hydra's joblib launcher always runs "
+            f"joblib's loky processes; give loky or null (hydra.launcher.n_jobs=1 runs the points one at a time)"
+        )
+    if launcher.get("require") not in (None, "sharedmem"):
+        raise UserError(f"hydra.launcher.require={launcher.get('require')} must be sharedmem or null")
     if launcher.get("timeout") is not None:
         raise UserError(
             f"hydra.launcher.timeout={launcher.get('timeout')} would stop the whole sweep and leave no summary of "

@@ -741,6 +741,11 @@ RUN_CASES = [
         ["-m", "hydra/launcher=joblib", "hydra.launcher.timeout=5", "hydra.sweep.dir=FILES/sweep-g"],
         "would stop the whole sweep and leave no summary",
     ),
+    # Hydra's joblib launcher runs loky whatever is given: `sequential` ran serve points side by side
+    (
+        ["-m", "hydra/launcher=joblib", "hydra.launcher.backend=sequential", "hydra.sweep.dir=FILES/sweep-gb"],
+        "hydra.launcher.backend=sequential is not used: Hydra's joblib launcher always runs joblib's loky",
+    ),
     # it said "graph.capture_sizes is not a key of graph (its keys: name, capture_sizes)"
     (
         ["+graph=eager", "graph.capture_sizes=[1]"],
