@@ -33,8 +33,20 @@ if ! OUT="$(mkdir -p "$asked" 2>/dev/null && cd "$asked" && pwd)" || [[ ! -w "$O
   exit 2
 fi
 failed=0  # stages that finished nothing: the exit code says so
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/kvbench-gpu.XXXXXX")"
 PY="${PYTHON:-python}"
+# --cpu installs nothing (the GPU mode installs kvbench into $PY first): without kvbench, every
+# stage "finished nothing", then a traceback
+if [[ $MODE == cpu ]] && ! "$PY" -c "import kvbench" 2>/dev/null; then
+  echo "gpu_check: $PY cannot import kvbench: set PYTHON=.venv/bin/python (the environment kvbench is installed in)" >&2
+  exit 2
+fi
+# this run's results only: a stage that finishes nothing must not leave an earlier run's files
+# to be read as its own
+for f in tests.txt kernel.csv graphs.csv latency_vs_context.png figures.txt profile.csv profile_fit.json \
+         validation.csv validation.md step_time.png; do
+  rm -f "$OUT/$f"
+done
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/kvbench-gpu.XXXXXX")"
 BENCH=("$PY" -m kvbench.cli)
 started=$SECONDS
 stage() { echo "== [$((SECONDS - started))s] $*"; }

@@ -116,6 +116,15 @@ def test_gpu_check_says_its_usage_and_refuses_what_it_does_not_know(tmp_path):
         timeout=60,
     )
     assert blocked.returncode == 2 and "cannot write results into OUT=" in blocked.stderr
+    # a python without kvbench: every stage said it finished nothing, then a traceback
+    bare = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--cpu"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "PYTHON": "/usr/bin/python3"},
+        timeout=60,
+    )
+    assert bare.returncode == 2 and "cannot import kvbench: set PYTHON=" in bare.stderr
 
 
 def test_vllm_env_never_removes_a_folder_that_is_not_its_environment(tmp_path):
