@@ -82,8 +82,8 @@ def main() -> None:
     for index in range(args.trials):
         try:
             row = trial(args.ref, args.repeats, args.serve, args.slowdown)
-        except UserError:
-            save(rows, args.out)  # the trials that finished are kept
+        except (UserError, KeyboardInterrupt):  # a failed trial, Ctrl-C or SIGTERM: the finished ones are kept
+            save(rows, args.out)
             raise
         rows.append(row)
         verdict = "REGRESSION" if row["exit"] else "no regression"
@@ -121,7 +121,8 @@ def appendable(out: Path) -> None:
 
 def save(rows: list[dict], out: Path | None) -> None:
     if out and rows:
-        pd.DataFrame(rows, columns=COLUMNS).to_csv(out, mode="a", header=not out.exists(), index=False)
+        fresh = not out.exists() or out.stat().st_size == 0  # an empty file gets the header too
+        pd.DataFrame(rows, columns=COLUMNS).to_csv(out, mode="a", header=fresh, index=False)
         print(f"wrote {out}", file=sys.stderr)
 
 

@@ -170,3 +170,31 @@ def test_hybrid_compare_s_figure_names_the_prompt_lengths_it_ran():
     finally:
         sys.path.remove(str(SCRIPTS))
     assert lengths(16384) == "8k-24k" and lengths(2048) == "1k-3k" and lengths(2000) == "1000-3000"
+
+
+def test_gate_trials_keeps_the_finished_trials_when_stopped_and_heads_an_empty_file(tmp_path, monkeypatch):
+    """Ctrl-C in the third trial lost the two finished ones (minutes each); an empty --out file
+    got rows with no header, which the next run refused as "not a trials CSV"."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # its script_checks, as running it from scripts/ finds it
+    spec = importlib.util.spec_from_file_location("gate_trials", SCRIPTS / "gate_trials.py")
+    gate_trials = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate_trials)
+    calls = []
+
+    def trial(*args):
+        calls.append(args)
+        if len(calls) == 3:  # Ctrl-C in the third trial
+            raise KeyboardInterrupt
+        return dict.fromkeys(gate_trials.COLUMNS, 0)
+
+    out = tmp_path / "trials.csv"
+    out.write_text("")
+    monkeypatch.setattr(gate_trials, "trial", trial)
+    monkeypatch.setattr(sys, "argv", ["gate_trials.py", "--trials", "5", "--out", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        gate_trials.main()
+    lines = out.read_text().splitlines()
+    assert lines[0] == ",".join(gate_trials.COLUMNS) and len(lines) == 3  # the header and the two trials
+    gate_trials.appendable(out)  # a trials CSV: the next run appends to it
