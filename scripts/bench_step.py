@@ -50,6 +50,7 @@ import importlib.util
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -269,7 +270,11 @@ def reference_tree(rev: str) -> Path:
         ["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
     ).stdout.strip()
     tree = Path(tempfile.gettempdir()) / f"kvbench-ref-{sha}"
+    if tree.exists() and not (tree / "harness" / "__init__.py").is_file():  # a checkout cut short, or emptied
+        shutil.rmtree(tree)
     if not tree.exists():
+        # a checkout the temp folder's cleaning removed is still registered: git would refuse to add it again
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True, text=True)
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
             check=True,
