@@ -467,6 +467,23 @@ def test_ab_a_test_path_that_is_not_there_is_refused_before_anything_runs(capsys
     assert len(err) == 1 and "no_such_test_path.py: no such test file or folder" in err[0]
 
 
+@pytest.mark.parametrize(
+    "what, said",
+    [
+        # the sweep ran, and tests/benchmarks was dropped without a word
+        (["tests/benchmarks", "workload.rate=1"], "not both: tests/benchmarks beside workload.rate=1; give one kind"),
+        # both sides' pytest started, then failed: exit 1, a regression's code
+        (["README.md"], "README.md is not a test file (a .py file or a folder of them)"),
+    ],
+)
+def test_ab_targets_it_would_drop_or_not_run_are_refused_before_anything_runs(capsys, what, said):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--against", "HEAD", "--repeats", "2", *what])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0]
+
+
 @pytest.mark.parametrize("where", ["s1", "outside"])
 def test_ab_a_target_that_is_no_path_in_the_tree_is_refused_not_run(tmp_path, capsys, where):
     """`s1` (no .py, no slash) and a folder outside the tree passed the check, and each side's

@@ -320,7 +320,14 @@ def run_ab(
     if out_dir is not None:
         check_out_dir(Path(out_dir))
     bench_overrides = [w for w in what if "=" in w and not w.startswith("-")]
-    targets = [w for w in what if w not in bench_overrides] or HOT_PATHS
+    given = [w for w in what if w not in bench_overrides]
+    paths = [w for w in given if not w.startswith("-")]
+    if bench_overrides and paths:  # a bench sweep runs; the pytest paths would be dropped without a word
+        raise UserError(
+            f"--against measures a bench sweep (KEY=VALUE overrides) or pytest benchmarks (paths), not both: "
+            f"{paths[0]} beside {bench_overrides[0]}; give one kind"
+        )
+    targets = given or HOT_PATHS
     tree = source_tree()
     for target in targets:
         path = target.split("::")[0]
@@ -330,6 +337,8 @@ def run_ab(
                 f"{target}: no such test file or folder in {tree} (pytest runs there); give pytest paths "
                 f"relative to it (tests/benchmarks), or bench overrides (KEY=VALUE)"
             )
+        if not target.startswith("-") and (tree / path).is_file() and (tree / path).suffix != ".py":
+            raise UserError(f"{target} is not a test file (a .py file or a folder of them): e.g. tests/benchmarks")
     extra = {}
     for item in current_env:
         key, sep, value = item.partition("=")
