@@ -600,6 +600,11 @@ RUN_CASES = [
         ["scenario=validate", "model=tiny", "engine.async_scheduling=true"],
         "scenario.serve.clock=cpu (validate's default) needs scenario.serve.device=cpu",
     ),
+    # its profile was taken on the wall clock, and predicted serve steps timed on the CPU clock
+    (
+        ["scenario=validate", "model=tiny", "scenario.profiling.clock=wall"],
+        "scenario.profiling.clock=wall but scenario.serve.clock=cpu: the profile taken would time",
+    ),
     # the command line: a key given twice kept the last list, a dict set a group's keys unrecorded
     (
         ["-m", "seed=0,1", "seed=2,3", "hydra.sweep.dir=FILES/sweep-x2"],

@@ -279,7 +279,15 @@ def check_serve_clock(cfg: DictConfig) -> None:
     """The serve runs' clock (scenario.serve.clock, cpu unless changed), checked before a profile
     is taken (minutes on a larger model), in validate's own keys."""
     serve = scenario_cfg(cfg, "serve", cfg.scenario.get("serve")).scenario
-    if str(serve.get("clock", "wall")) != "cpu":
+    profiling = (cfg.scenario.get("profiling") or {}).get("clock")
+    clock = str(serve.get("clock", "wall"))
+    if not cfg.scenario.get("profile") and profiling is not None and str(profiling) != clock:
+        raise UserError(  # a given profile's clock is checked against its rows (run)
+            f"scenario.profiling.clock={profiling} but scenario.serve.clock={clock}: the profile taken would time "
+            f"steps on another clock than the serve runs it predicts (a wall-clock step holds other processes' "
+            f"time too); set both alike"
+        )
+    if clock != "cpu":
         return
     asynchronous = bool(cfg.engine.get("async_scheduling"))
     if resolve_device(str(serve.device)).type != "cpu" or serve.get("cpu_threads") != 1 or asynchronous:
