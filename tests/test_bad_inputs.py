@@ -1316,3 +1316,17 @@ def test_a_resumed_profile_sweep_s_finished_point_is_not_refused_before_it_is_sk
     preflight(cfg)
     with pytest.raises(kvbench_errors.UserError, match="holds an earlier run.s profile.csv"):
         profile.refuse_replacing(cfg.scenario, ("profile.csv", "profile_fit.json"))
+
+
+def test_a_search_path_package_whose_own_import_fails_says_so(tmp_path, monkeypatch):
+    """A plugin package installed but missing a dependency of its own was told "no installed
+    package has my_package.conf: install the package", which it was."""
+    package = tmp_path / "site" / "broken_plugin"
+    (package / "conf").mkdir(parents=True)
+    (package / "__init__.py").write_text("import a_dependency_not_installed\n")
+    (package / "conf" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    line = refused(lambda: cli.main(["hydra.searchpath=[pkg://broken_plugin.conf]", "--cfg", "job"]))
+    assert line.startswith("error: a package of hydra.searchpath, broken_plugin, cannot be imported (ModuleNotFound")
+    line = refused(lambda: cli.main(["hydra.searchpath=[pkg://not_installed_anywhere.conf]", "--cfg", "job"]))
+    assert "no installed package has not_installed_anywhere.conf: install the package" in line

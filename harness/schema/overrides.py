@@ -131,8 +131,15 @@ def refuse_unusable_hydra_paths(overrides: list[str]) -> None:
                 module = entry[len("pkg://") :].replace("/", ".")
                 try:
                     found = importlib.util.find_spec(module) is not None
-                except (ImportError, ValueError):  # its parent package is not installed
-                    found = False
+                except (ImportError, ValueError) as err:  # its parent package is not installed, or failed to import
+                    top = module.split(".")[0]
+                    if top == module or importlib.util.find_spec(top) is None or getattr(err, "name", None) == top:
+                        found = False
+                    else:  # installed, but its own import failed (a dependency of its own missing)
+                        raise UserError(
+                            f"a package of hydra.searchpath, {top}, cannot be imported ({type(err).__name__}: {err}): "
+                            f"fix or uninstall it"
+                        ) from None
                 except Exception as err:  # noqa: BLE001 (the package raised as it was imported)
                     raise UserError(
                         f"a package of hydra.searchpath cannot be imported ({type(err).__name__}: {err}): fix or "
