@@ -279,7 +279,7 @@ def _plugin(kind: str, node) -> dict:
     return {**node, **check_plugin_options(kind, cls, options)}
 
 
-def _missing_choice(cfg: DictConfig, err: OmegaConfBaseException) -> str | None:
+def missing_choice(cfg: DictConfig, err: OmegaConfBaseException) -> str | None:
     """`${a.b.${c}}` where `c`'s value is no key of a.b (an experiment's table read by a setting,
     +experiment=fig12 fig12.point=r9): which table lacks it, and the keys it has."""
     scalar = re.search(r"access ([\w.]+): node `([\w.]+)` is not a container", str(err))
@@ -324,7 +324,7 @@ def validate(cfg: DictConfig | dict) -> dict:
     except OmegaConfBaseException as err:  # an interpolation that does not resolve
         from kvbench.schema.hydra_errors import hydra_line
 
-        raise UserError(_missing_choice(cfg, err) or hydra_line(err)) from None
+        raise UserError(missing_choice(cfg, err) or hydra_line(err)) from None
     data.pop("hydra", None)
     known = top_level_keys()
     for key in data:
