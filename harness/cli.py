@@ -253,9 +253,8 @@ def run_point_and_record(cfg: DictConfig, out_dir: Path, multirun: bool) -> None
         try:
             refuse_nested_folders([str(HydraConfig.get().sweep.subdir)])
         except UserError:
-            sweep.remove_if_bare(out_dir, (".hydra", "cli.log"))  # what Hydra made there for the point
-            if Path(sweep_dir).resolve() not in folders_before:  # and the sweep's folder, if it made it
-                sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
+            # what Hydra made there for the point; the sweep's folder goes as bench ends (remove_bare_sweep_folders)
+            sweep.remove_if_bare(out_dir, (".hydra", "cli.log"))
             raise
         try:
             current = sweep.fingerprint(cfg, unfingerprinted())
@@ -600,6 +599,18 @@ def missing_package_is_bad_input(parsed):
 folders_before: set[Path] = set()  # the sweep folders named on the command line that existed before it ran
 
 
+def remove_bare_sweep_folders() -> None:
+    """A sweep that ends before its first point (refused, interrupted, or stopped by a bad value
+    list such as range(1,9,0), whose folder's lock was taken before its points were checked)
+    leaves no folder holding only Hydra's multirun.yaml and the lock; a folder that existed
+    before the command is the user's, and stays."""
+    folders = {Path(sweep_dir)} if sweep_dir else set()
+    folders |= {lock.path.parent for lock in sweep.SweepLock.held}
+    for folder in folders:
+        if folder.resolve() not in folders_before:
+            sweep.remove_if_bare(folder, ("multirun.yaml", sweep.LOCK))
+
+
 @guarded_stdout()  # a console closed early costs the console only
 def main(argv: list[str] | None = None) -> None:
     """`bench [OVERRIDES]`: every error kvbench can name is one line and exit code 2; a bug in
@@ -662,8 +673,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (errors.Terminated)
         if user_setting == "1":
             raise
-        if sweep_dir and Path(sweep_dir).resolve() not in folders_before:  # stopped before any point: no folder
-            sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
+        remove_bare_sweep_folders()  # before the line below, which says whether the folder stays
         if not sweep_dir:
             said = "the run wrote no result"
         elif not Path(sweep_dir).is_dir():  # stopped while its points were checked, or removed bare
@@ -684,17 +694,10 @@ def main(argv: list[str] | None = None) -> None:
             )
         if user_setting == "1" or (line is None and not reportable(err)):
             raise
-        if sweep_dir and Path(sweep_dir).resolve() not in folders_before:  # a refused sweep's new folder goes
-            sweep.remove_if_bare(Path(sweep_dir), ("multirun.yaml", sweep.LOCK))
         exit_with(UserError(line) if line is not None else err)
     finally:
-        # a sweep refused before its points were checked (range(1,9,0), a glob() of no option)
-        # took its folder's lock already: a folder it left bare goes, as a refused sweep's does
-        locked = [lock.path.parent for lock in sweep.SweepLock.held]
+        remove_bare_sweep_folders()
         sweep.SweepLock.release_all()
-        for folder in locked:
-            if folder.resolve() not in folders_before:
-                sweep.remove_if_bare(folder, ("multirun.yaml", sweep.LOCK))
         if user_setting is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
