@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import UserError
 from kvbench.reporting.paper import FIG2_SETUP, FIG12, report_settings
-from kvbench.schema.overrides import task_overrides
+from kvbench.schema.overrides import parse_overrides, task_overrides
 
 # settings that size the KV pool or change a system (a prefix: any key under it): the paper's
 # numbers are its setup's pool, one A100-40GB's memory less OPT-13B's weights, and its systems
@@ -42,7 +42,7 @@ def fig2_setup(config, figure: str = "fig2") -> None:
             f"{figure}: the paper's numbers are {FIG2_SETUP[0]} on {FIG2_SETUP[1]}'s{setup}; this sweep would run "
             f"{', '.join(off)}: drop that override (or sweep without +experiment={figure})"
         )
-    pool = [o.input_line for o in _parsed_overrides(config) if o.key_or_group.lstrip("+~").startswith(POOL_KEYS)]
+    pool = [o.input_line for o in _command_line(config) if o.key_or_group.lstrip("+~").startswith(POOL_KEYS)]
     if pool:
         raise UserError(
             f"{figure}: {pool[0]} sizes the KV pool or changes a system, and the paper's numbers are its setup's "
@@ -75,11 +75,9 @@ NEEDED_AXES = {  # workload.rate: fig12's and fig13's rates are their tables' (f
 }
 
 
-def _parsed_overrides(config, before: tuple | list = ()) -> list:
+def _command_line(config, before: tuple | list = ()) -> list:
     """`before`, then the sweep's command line (hydra.overrides.task), as Hydra parses overrides."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create().parse_overrides([*before, *task_overrides(config)])
+    return parse_overrides([*before, *task_overrides(config)])
 
 
 def swept_values(config, key: str) -> list[str] | None:
@@ -91,7 +89,7 @@ def swept_values(config, key: str) -> list[str] | None:
 
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     values = None
-    for override in _parsed_overrides(config, params):
+    for override in _command_line(config, params):
         if override.key_or_group != key:
             continue
         if override.is_delete():
@@ -112,7 +110,7 @@ def fig12_setup(config) -> None:
     then have nothing to compare. A rate the command line adds to a curve (fig12.rates.sharegpt.r11)
     at a point the sweep does not run would be read by none of them."""
     points = swept_values(config, "fig12.point") or [str(OmegaConf.select(config, "fig12.point", default=""))]
-    for override in _parsed_overrides(config):
+    for override in _command_line(config):
         parts = override.key_or_group.split(".")
         if len(parts) == 4 and parts[:2] == ["fig12", "rates"] and parts[3] not in points:
             raise UserError(
@@ -145,7 +143,7 @@ def refuse_fixed_axes(config, paper: str | None) -> None:
     (`+experiment=fig19 engine.preemption=swap`) would run every point and then be refused."""
     needed = NEEDED_AXES.get(paper or "", ())
     tables = paper in RATE_TABLES and OmegaConf.select(config, f"{paper}.rates", default=None) is not None
-    for override in _parsed_overrides(config) if needed else []:
+    for override in _command_line(config) if needed else []:
         if override.key_or_group == "workload.rate" and tables:  # +experiment's tables: one value or several
             raise UserError(
                 f"+experiment={paper} takes each workload's rates from {paper}.rates, not {override.input_line}: "
@@ -228,7 +226,7 @@ def check_experiment(config: DictConfig, paper: str | None) -> None:
     if paper in PAGED_ONLY:
         paged_only(config, paper)
     if paper == "fig14_15":  # the experiment sets them from its width; the rows would be refused at the end
-        knob = next((o for o in _parsed_overrides(config) if o.key_or_group in SHARING_KNOBS), None)
+        knob = next((o for o in _command_line(config) if o.key_or_group in SHARING_KNOBS), None)
         if knob is not None:
             raise UserError(
                 f"+experiment=fig14_15 sets workload.n and workload.beam_width from fig14_15.sharing and "

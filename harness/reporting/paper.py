@@ -407,9 +407,8 @@ def command_line_settings(sweep_dir: Path) -> list[str]:
     except Exception:  # noqa: BLE001 (not a config: the comparison says nothing of it)
         return []
     skipped = set(run_mode_keys()) | {"experiment"}
-    return [
-        o for o in overrides if split_override(o)[0] not in skipped and not split_override(o)[0].startswith("hydra")
-    ]
+    keys = [split_override(o)[0] for o in overrides]
+    return [o for o, key in zip(overrides, keys) if key not in skipped and not key.startswith("hydra")]
 
 
 def markdown(rows: list[dict], title: str, failed: list[dict] = (), setup: list[str] = ()) -> str:
