@@ -44,8 +44,7 @@ class SweepSummary(Callback):
                 raise
             exit_with(err)
         scenario = OmegaConf.select(config, "scenario.name", default=None)
-        parallel = "joblib" in str(launcher.get("_target_", "")).lower() and launcher.get("n_jobs") != 1
-        if parallel and scenario in TIMED:
+        if is_joblib(launcher) and launcher.get("n_jobs") != 1 and scenario in TIMED:
             log.warning(
                 "hydra/launcher=joblib runs scenario=%s points side by side (hydra.launcher.n_jobs=%s): their "
                 "wall-clock timings share this machine's cores; hydra.launcher.n_jobs=1 times each point alone",
@@ -158,11 +157,15 @@ def paper_comparison(config: DictConfig, sweep_dir: Path, plots: bool) -> tuple[
     return f"; {written[1].name} compares the others with the paper", None
 
 
+def is_joblib(launcher) -> bool:
+    return "joblib" in str(launcher.get("_target_", "")).lower()
+
+
 def check_joblib(launcher) -> None:
     """hydra/launcher=joblib's settings that joblib refuses only once the sweep launches (a
     traceback), and its timeout, which ends the whole sweep with no summary of the points it
     finished: each point has its own, sweep.point_timeout_s."""
-    if "joblib" not in str(launcher.get("_target_", "")).lower():
+    if not is_joblib(launcher):
         return
     n_jobs, prefer, batch_size = launcher.get("n_jobs"), launcher.get("prefer"), launcher.get("batch_size")
     if n_jobs == 0:

@@ -213,7 +213,7 @@ def too_few(count: int, shapes: list, ruled_out: int, scenario) -> None:
     )
 
 
-def refuse_a_missing_phase(shapes, scenario, ran: bool = False) -> None:
+def refuse_a_missing_phase(shapes, ran: bool = False) -> None:
     """The fit times decode-only steps apart from those that carry a prompt: a grid whose limits
     or pool leave none of one kind would have that kind's steps timed from the other's fit."""
     phases = {shape.phase for shape in shapes}
@@ -241,10 +241,10 @@ def profile_rows(cfg: DictConfig, progress: bool, between=None) -> tuple[list[di
     burst = int(scenario.get("burst", 1))
     statistic = str(scenario.get("fit_to", "mean"))
     too_few(len(shapes), shapes, ruled_out, scenario)  # before minutes of measuring, where it can tell
-    refuse_a_missing_phase(shapes, scenario)
+    refuse_a_missing_phase(shapes)
     measured = measure(timer, shapes, warmup, repeats, progress, burst=burst, between=between, statistic=statistic)
     too_few(len(measured), shapes, ruled_out, scenario)
-    refuse_a_missing_phase(measured, scenario, ran=True)
+    refuse_a_missing_phase(measured, ran=True)
     identity = {
         "model": spec.name,
         "model_shape": model_shape(spec),
